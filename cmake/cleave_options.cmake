@@ -1,0 +1,46 @@
+# Helpers for AUTO/ON/OFF options: AUTO enables a feature when its dependencies are found,
+# ON fails the configure step when they are not, OFF skips it.
+
+function(cleave_tristate name doc)
+  set(${name} AUTO CACHE STRING "${doc}: AUTO, ON or OFF")
+  set_property(CACHE ${name} PROPERTY STRINGS AUTO ON OFF)
+endfunction()
+
+# cleave_resolve(<option> <result-var> <what> CHECK <function>)
+# Calls <function>(<found-var>) unless the option is OFF and sets <result-var> to TRUE/FALSE.
+macro(cleave_resolve opt result what)
+  cmake_parse_arguments(_cr "" "CHECK" "" ${ARGN})
+  set(${result} FALSE)
+  string(TOUPPER "${${opt}}" _cr_val)
+  if(NOT _cr_val STREQUAL "OFF")
+    cmake_language(CALL ${_cr_CHECK} _cr_found)
+    if(_cr_found)
+      set(${result} TRUE)
+    elseif(_cr_val STREQUAL "ON")
+      message(FATAL_ERROR "${opt}=ON but ${what} not found")
+    else()
+      message(STATUS "cleave: ${opt}=AUTO: ${what} not found, disabled")
+    endif()
+  endif()
+endmacro()
+
+function(cleave_find_net_deps out)
+  find_path(ASIO_INCLUDE_DIR asio.hpp)
+  find_package(OpenSSL 3 QUIET)
+  find_package(FlatBuffers QUIET)
+  find_package(CLI11 QUIET)
+  if(ASIO_INCLUDE_DIR AND OpenSSL_FOUND AND FlatBuffers_FOUND AND CLI11_FOUND)
+    if(NOT TARGET cleave_asio)
+      add_library(cleave_asio INTERFACE)
+      target_include_directories(cleave_asio SYSTEM INTERFACE ${ASIO_INCLUDE_DIR})
+      target_compile_definitions(cleave_asio INTERFACE ASIO_STANDALONE ASIO_NO_DEPRECATED)
+      target_link_libraries(cleave_asio INTERFACE Threads::Threads)
+      # False positive on Asio awaitables under g++ 12.
+      target_compile_options(cleave_asio INTERFACE
+        $<$<CXX_COMPILER_ID:GNU>:-Wno-mismatched-new-delete>)
+    endif()
+    set(${out} TRUE PARENT_SCOPE)
+  else()
+    set(${out} FALSE PARENT_SCOPE)
+  endif()
+endfunction()

@@ -1,0 +1,24 @@
+// Failure kinds used across cleave: programmer bugs (CLEAVE_ASSERT), and errors that abort an
+// operation (cleave::core::error) carrying a message a user can act on.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace cleave::core {
+
+// An error that aborts the current operation: bad input, vendor API failure, lost peer.
+class error : public std::runtime_error {
+ public:
+  explicit error(const std::string& what) : std::runtime_error(what) {}
+};
+
+[[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
+
+}  // namespace cleave::core
+
+// For programmer errors only, never for input: always on, reports file:line.
+#define CLEAVE_ASSERT(cond, ...)                                                                   \
+  do {                                                                                             \
+    if (!(cond)) ::cleave::core::assert_fail(#cond, __FILE__, __LINE__, std::string{__VA_ARGS__}); \
+  } while (0)
