@@ -245,6 +245,17 @@ model_spec parse_model_spec(std::string_view text, std::string_view source) {
   return m;
 }
 
+flat_layout layout_of(const model_spec& m) {
+  flat_layout l;
+  l.param_offset.push_back(0);
+  l.buffer_offset.push_back(0);
+  for (const auto& b : m.blocks) {
+    l.param_offset.push_back(l.param_offset.back() + b.n_params);
+    l.buffer_offset.push_back(l.buffer_offset.back() + b.n_buffers);
+  }
+  return l;
+}
+
 model_spec load_model_spec_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw error("model spec '" + path + "': cannot open file");

@@ -29,6 +29,14 @@ struct model_spec {
   std::int64_t n_params() const;
 };
 
+// Where each block's parameters and state sit in the model's flat buffers (the concatenation
+// of all blocks in order; a stage of blocks [b, e) holds the slice [offset[b], offset[e])).
+struct flat_layout {
+  std::vector<std::int64_t> param_offset;   // n_blocks + 1 entries
+  std::vector<std::int64_t> buffer_offset;  // n_blocks + 1 entries
+};
+flat_layout layout_of(const model_spec& m);
+
 // Parses and validates a spec. `source` names it in errors (e.g. the file name). Errors name
 // the block and the field: "model spec 'net.json': block 3 (conv2d): field 'kernel': ...".
 model_spec parse_model_spec(std::string_view json_text, std::string_view source = "<text>");
