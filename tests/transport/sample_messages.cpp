@@ -113,6 +113,12 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
   out.emplace_back("Ping", make_ping(1, 123456789));
   out.emplace_back("Pong", make_pong(1, 123456789));
   out.emplace_back("Error", make_error(wire::ErrorCode::stale_epoch, "plan epoch 2 is older than 3"));
+  {
+    message_builder leave(128);
+    const auto reason = leave.fbb().CreateString("link lost");
+    leave.finish(wire::CreateLeave(leave.fbb(), 3, reason));
+    out.emplace_back("Leave", std::move(leave));
+  }
   return out;
 }
 

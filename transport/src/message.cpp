@@ -84,6 +84,13 @@ void message_builder::finish(wire::Body type, flatbuffers::Offset<void> body) {
   finished_ = true;
 }
 
+message_builder message_builder::from_frame(std::span<const std::byte> frame) {
+  message_builder b(frame.size());
+  b.fbb_.PushBytes(reinterpret_cast<const std::uint8_t*>(frame.data()), frame.size());
+  b.finished_ = true;
+  return b;
+}
+
 std::span<const std::byte> message_builder::frame() const {
   CLEAVE_ASSERT(finished_, "message not finished");
   return {reinterpret_cast<const std::byte*>(fbb_.GetBufferPointer()), fbb_.GetSize()};

@@ -87,6 +87,9 @@ class checker {
     if (rank > static_cast<std::uint32_t>(core::shape::max_rank))
       return fail(std::string(what) + ": rank " + std::to_string(rank) + " above " +
                   std::to_string(core::shape::max_rank));
+    // The Verifier checks a vector's length field, not the alignment of 8-byte elements.
+    if (rank && reinterpret_cast<std::uintptr_t>(shape->data()) % alignof(std::int64_t) != 0)
+      return fail(std::string(what) + ": misaligned shape");
     std::uint64_t n = 1;
     for (std::uint32_t i = 0; i < rank; ++i) {
       const std::int64_t d = shape->Get(i);
@@ -137,7 +140,10 @@ class checker {
     if (m.n_blocks() > lim_.max_blocks)
       return fail("plan of " + std::to_string(m.n_blocks()) + " blocks exceeds the limit of " +
                   std::to_string(lim_.max_blocks));
-    if (!string(m.model(), "model name") || !count(m.devices(), lim_.max_list, "plan devices")) return false;
+    if (m.model() && m.model()->size() > lim_.max_model_bytes)
+      return fail("model spec of " + std::to_string(m.model()->size()) + " bytes exceeds the limit of " +
+                  std::to_string(lim_.max_model_bytes));
+    if (!string(m.training(), "training settings") || !count(m.devices(), lim_.max_list, "plan devices")) return false;
     if (m.n_micro_batches() > lim_.max_micro_batches)
       return fail("plan of " + std::to_string(m.n_micro_batches()) + " micro-batches exceeds the limit");
     if (!m.devices()) return true;
@@ -154,6 +160,14 @@ class checker {
 
   bool check(const wire::Activations& m) {
     if (!step(m) || !tensor(m.activation(), "activation")) return false;
+    if (m.batch_size() || m.n_micro_batches()) {
+      const auto* a = m.activation()->shape();
+      if (m.n_micro_batches() == 0 || m.n_micro_batches() > lim_.max_micro_batches ||
+          m.n_micro_batches() > m.batch_size() || !a || a->size() == 0 || a->Get(0) < 1 ||
+          static_cast<std::uint64_t>(a->Get(0)) > m.batch_size())
+        return fail("batch size " + std::to_string(m.batch_size()) + " and " + std::to_string(m.n_micro_batches()) +
+                    " micro-batches do not fit the activation");
+    }
     if (!m.labels()) return true;
     if (!tensor(m.labels(), "labels")) return false;
     const auto* a = m.activation()->shape();
@@ -167,16 +181,32 @@ class checker {
 
   bool check(const wire::RoundStart& m) {
     if (!std::isfinite(m.learning_rate())) return fail("learning rate is not finite");
-    return true;
+    return node(m.device_id(), "device id") && nodes(m.devices(), "round devices");
   }
 
   bool check(const wire::ReplicaUpload& m) {
-    return node(m.node_id(), "node id") && range(m.first_block(), m.end_block(), lim_.max_blocks, "replica") &&
+    if (!node(m.node_id(), "node id") || !nodes(m.devices(), "replica devices") ||
+        !measure(static_cast<float>(m.loss_sum()), "loss sum"))
+      return false;
+    // A part without weights (statistics only) may have an empty range.
+    const bool empty = m.first_block() == m.end_block() && (!m.weights() || m.weights()->size() == 0);
+    return (empty || range(m.first_block(), m.end_block(), lim_.max_blocks, "replica")) &&
            tensors(m.weights(), "weights");
   }
 
   bool check(const wire::GlobalWeights& m) {
-    return range(m.first_block(), m.end_block(), lim_.max_blocks, "global weights") && tensors(m.weights(), "weights");
+    return node(m.device_id(), "device id") &&
+           range(m.first_block(), m.end_block(), lim_.max_blocks, "global weights") && tensors(m.weights(), "weights");
+  }
+
+  bool check(const wire::Leave& m) { return node(m.node_id(), "node id") && string(m.reason(), "reason"); }
+
+  bool nodes(const flatbuffers::Vector<std::uint32_t>* v, const char* what) {
+    if (!count(v, lim_.max_list, what)) return false;
+    if (v)
+      for (auto id : *v)
+        if (!node(id, what)) return false;
+    return true;
   }
 
   bool check(const wire::Profile& m) {
@@ -284,6 +314,9 @@ std::optional<std::string> check_message(const wire::Message& m, const frame_lim
       break;
     case wire::Body::Error:
       ok = check_body<wire::Error>(c, m, "Error");
+      break;
+    case wire::Body::Leave:
+      ok = check_body<wire::Leave>(c, m, "Leave");
       break;
     case wire::Body::NONE:
     default:

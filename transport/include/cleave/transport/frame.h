@@ -31,7 +31,8 @@ struct frame_limits {
   std::uint32_t max_tables = 1u << 16;         // tables in one frame
   std::uint32_t max_tensors = 4096;            // tensors in one message
   std::uint32_t max_list = 1u << 16;           // entries of any other list
-  std::uint32_t max_string_bytes = 4096;       // any string
+  std::uint32_t max_string_bytes = 4096;       // any string but the model spec
+  std::uint32_t max_model_bytes = 1u << 20;    // the model spec in a Plan
   std::uint32_t max_blocks = 1u << 16;         // block indices lie in [0, max_blocks]
   std::uint32_t max_micro_batches = 1u << 16;  // micro-batch ids lie in [0, max_micro_batches)
   std::uint32_t max_node_id = 1u << 24;        // node ids lie in [0, max_node_id)

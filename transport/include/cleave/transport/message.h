@@ -36,6 +36,9 @@ class message_builder {
   // `initial_bytes`: the expected frame size; a good estimate avoids regrowing (a copy).
   explicit message_builder(std::size_t initial_bytes = 1024);
 
+  // A builder holding a copy of a whole frame (a received message passed on unchanged).
+  static message_builder from_frame(std::span<const std::byte> frame);
+
   flatbuffers::FlatBufferBuilder& fbb() { return fbb_; }
 
   // Writes a tensor whose bytes are produced by `fill(std::span<std::byte> dst)`; dst has
@@ -246,6 +249,7 @@ class message {
   }
   // Bytes of the whole frame, length prefix included.
   std::size_t frame_bytes() const { return buf_.size(); }
+  std::span<const std::byte> frame() const { return {buf_.data(), buf_.size()}; }
 
  private:
   friend result<message> decode_frame(aligned_bytes frame, const frame_limits& limits);
