@@ -452,9 +452,12 @@ void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples) 
     d.final_part = i + 1 == segs.size();
     if (d.final_part) {
       d.stats.compute_us = static_cast<std::uint64_t>(compute_s_ * 1e6);
-      d.stats.loss_sum = loss_sum_;
-      d.stats.n_loss = n_loss_;
-      d.stats.n_correct = n_correct_;
+      // The loss is reported by whoever computed it: here only in U-shape.
+      if (route_.u_shape()) {
+        d.stats.loss_sum = loss_sum_;
+        d.stats.n_loss = n_loss_;
+        d.stats.n_correct = n_correct_;
+      }
     }
     core::stage& st = host_->stage_of(c_.id, seg);
     send(transport::make_replica_upload(d, *be_, st.params(), st.buffers()));
@@ -462,9 +465,9 @@ void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples) 
 }
 
 int agent::impl::run() {
+  be_ = backend::make_backend(c_.backend);
   data_ = core::load_dataset(c_.data);
   shard_ = pick_shard(c_, data_.train);
-  be_ = backend::make_backend(c_.backend);
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_.size(),
                c_.data, c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());
   asio::co_spawn(io_, connect_loop(), [](std::exception_ptr e) {

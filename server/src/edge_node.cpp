@@ -53,6 +53,7 @@ class edge_node::impl {
     std::shared_ptr<transport::outbox> out;
     bool alive = true;
     bool announced = false;
+    std::vector<std::byte> hello;  // its Hello, passed on to the server (again after a reconnect)
   };
   struct device_state {
     std::shared_ptr<device_peer> peer;
@@ -75,11 +76,13 @@ class edge_node::impl {
   void start_round(const wire::RoundStart& r);
   void maybe_flush(bool deadline);
   void finish(const std::string& why);
+  // f is a named object of the caller (alive across the co_await).
   template <class F>
-  asio::awaitable<std::invoke_result_t<F>> on_worker(F f) {
-    using R = std::invoke_result_t<F>;
-    co_return co_await asio::co_spawn(
-        work_, [f = std::move(f)]() mutable -> asio::awaitable<R> { co_return f(); }, asio::use_awaitable);
+  asio::awaitable<std::invoke_result_t<F&>> on_worker(F& f) {
+    using R = std::invoke_result_t<F&>;
+    // Named, not a temporary in the co_await expression: g++ 12 destroys those twice.
+    auto task = [&f]() -> asio::awaitable<R> { co_return f(); };
+    co_return co_await asio::co_spawn(work_, std::move(task), asio::use_awaitable);
   }
 
   edge_config c_;
@@ -149,12 +152,8 @@ asio::awaitable<void> edge_node::impl::upstream_loop() {
     send_up(transport::make_hello(h));
     // Devices already here are announced again (the server may have restarted).
     for (auto& [id, d] : devices_)
-      if (d.peer && d.peer->alive) {
-        transport::hello_info dh;
-        dh.role = transport::node_role::device;
-        dh.node_id = id;
-        send_up(transport::make_hello(dh));
-      }
+      if (d.peer && d.peer->alive && !d.peer->hello.empty())
+        send_up(transport::message_builder::from_frame(d.peer->hello));
     for (;;) {
       auto m = co_await up_.receive();
       if (!m) {
@@ -331,7 +330,7 @@ void edge_node::impl::maybe_flush(bool deadline) {
       io_,
       [this, routes, done, round = round_]() -> asio::awaitable<void> {
         // Add this edge's own replicas of the devices that finished.
-        co_await on_worker([this, routes, avg = avg_.get()] {
+        auto add_own = [this, routes, avg = avg_.get()] {
           for (const auto& [id, r, n_samples] : routes)
             for (int seg : r.segments_on(core::tier::edge)) {
               if (r.begin(seg) == r.end(seg) || !host_->hosts(id, seg)) continue;
@@ -343,7 +342,8 @@ void edge_node::impl::maybe_flush(bool deadline) {
               avg->add(r.begin(seg), r.end(seg), static_cast<double>(n_samples), p, b);
             }
           return 0;
-        });
+        };
+        co_await on_worker(add_own);
         if (round != round_) co_return;
         std::uint64_t bytes = 0;
         for (auto& p : peers_) {
@@ -417,16 +417,17 @@ void edge_node::impl::step_message(std::uint32_t dev, transport::message m, bool
       std::uint64_t step;
       std::uint32_t mb;
       transport::batch_info bi{};
+      core::tensor labels;
       if (is_activation) {
         const auto& a = *m.as<wire::Activations>();
         step = a.step();
         mb = a.micro_batch();
         bi = transport::batch_of(a);
-        const bool loss_here = seg + 1 == r.n_segments();
-        if (loss_here != (a.labels() != nullptr)) throw core::error("labels do not match the plan");
+        // Labels travel with activations up to the loss, unless the route is U-shaped.
+        if (r.u_shape() != (a.labels() == nullptr)) throw core::error("labels do not match the plan");
         core::tensor x = transport::to_backend(*be_, transport::view_of(*a.activation()));
-        core::tensor y = a.labels() ? transport::to_backend(*be_, transport::view_of(*a.labels())) : core::tensor{};
-        o = host_->forward(dev, seg, {step, mb}, x, y, static_cast<float>(x.shape()[0]) / bi.batch_size,
+        if (a.labels()) labels = transport::to_backend(*be_, transport::view_of(*a.labels()));
+        o = host_->forward(dev, seg, {step, mb}, x, labels, static_cast<float>(x.shape()[0]) / bi.batch_size,
                            bi.n_micro_batches, core::hash32(static_cast<std::uint32_t>(step), mb));
       } else {
         const auto& g = *m.as<wire::Gradients>();
@@ -438,7 +439,8 @@ void edge_node::impl::step_message(std::uint32_t dev, transport::message m, bool
       // Where the next segment runs: up the route is toward path[seg + 1].
       if (o.dir == core::segment_output::direction::up) {
         const transport::step_key key{plan_epoch_, step, mb, dev, static_cast<std::uint32_t>(r.end(seg))};
-        auto msg = transport::make_activations(key, bi, *be_, o.value, nullptr);
+        // Labels on their way to the loss above pass through unchanged.
+        auto msg = transport::make_activations(key, bi, *be_, o.value, labels.defined() ? &labels : nullptr);
         (r.path[static_cast<std::size_t>(seg + 1)] == core::tier::server ? up : down)->post(std::move(msg));
       } else if (o.dir == core::segment_output::direction::down) {
         const transport::step_key key{plan_epoch_, step, mb, dev, static_cast<std::uint32_t>(r.begin(seg))};
@@ -535,6 +537,7 @@ asio::awaitable<void> edge_node::impl::serve_device(std::shared_ptr<device_peer>
   st.planned = false;
   d->announced = true;
   spdlog::info("edge {}: device {} ({}) connected", c_.id, d->id, d->ch.peer_identity());
+  d->hello.assign(first->frame().begin(), first->frame().end());
   send_up(transport::copy_of(*first));
   for (;;) {
     auto m = co_await d->ch.receive();

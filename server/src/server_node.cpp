@@ -107,11 +107,13 @@ class server_node::impl {
   void compute_step(std::uint32_t device, const core::route& r, std::shared_ptr<transport::outbox> out,
                     transport::message m, bool is_activation, std::shared_ptr<peer> p);
   // Runs f on the worker thread and resumes on the I/O thread with its result.
+  // f is a named object of the caller (alive across the co_await).
   template <class F>
-  asio::awaitable<std::invoke_result_t<F>> on_worker(F f) {
-    using R = std::invoke_result_t<F>;
-    co_return co_await asio::co_spawn(
-        work_, [f = std::move(f)]() mutable -> asio::awaitable<R> { co_return f(); }, asio::use_awaitable);
+  asio::awaitable<std::invoke_result_t<F&>> on_worker(F& f) {
+    using R = std::invoke_result_t<F&>;
+    // Named, not a temporary in the co_await expression: g++ 12 destroys those twice.
+    auto task = [&f]() -> asio::awaitable<R> { co_return f(); };
+    co_return co_await asio::co_spawn(work_, std::move(task), asio::use_awaitable);
   }
 
   server_config c_;
@@ -514,7 +516,10 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     return n;
   };
   spdlog::info("server: waiting for {} device{}", c_.min_devices, c_.min_devices == 1 ? "" : "s");
-  if (!co_await wait_until([&] { return n_connected() >= c_.min_devices; }, join_deadline)) {
+  // Callables passed to coroutines are named first (g++ 12 destroys temporaries in a co_await
+  // expression twice).
+  const std::function<bool()> enough = [&] { return n_connected() >= c_.min_devices; };
+  if (!co_await wait_until(enough, join_deadline)) {
     if (!stopping_)
       shutdown("only " + std::to_string(n_connected()) + " of " + std::to_string(c_.min_devices) +
                " devices joined within " + std::to_string(static_cast<int>(c_.join_timeout_s)) + " s");
@@ -544,17 +549,18 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     // the I/O thread keeps changing devices_ meanwhile.
     std::vector<std::pair<std::uint32_t, core::route>> routes;
     for (auto id : participants) routes.emplace_back(id, devices_.at(id).route);
-    co_await on_worker([this, routes, p = global_p_, b = global_b_] {
+    auto install_task = [this, routes, p = global_p_, b = global_b_] {
       for (const auto& [id, route] : routes)
         for (int seg : route.segments_on(core::tier::server)) {
           if (!host_->hosts(id, seg)) host_->host(id, route, seg, c_.mode == training_mode::sequential);
           transport::install(host_->stage_of(id, seg), p, b);
         }
       return 0;
-    });
+    };
+    co_await on_worker(install_task);
     round_open_ = true;
     const auto deadline = clock::now() + std::chrono::milliseconds(static_cast<long>(c_.round_deadline_s * 1000));
-    auto all_done = [&] {
+    const std::function<bool()> all_done = [&] {
       for (auto id : participants) {
         const auto& d = devices_.at(id);
         if (d.connected && !d.done) return false;
@@ -581,7 +587,8 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
       for (auto id : participants) {
         if (!devices_.at(id).connected) continue;
         start(id);
-        co_await wait_until([&] { return devices_.at(id).done || !devices_.at(id).connected; }, deadline);
+        const std::function<bool()> turn_over = [&] { return devices_.at(id).done || !devices_.at(id).connected; };
+        co_await wait_until(turn_over, deadline);
       }
       co_await wait_until(all_done, deadline);
     }
@@ -598,31 +605,30 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
       core::eval_report eval;
     };
     std::set<std::uint32_t> in(included.begin(), included.end());
-    const auto result =
-        co_await on_worker([this, routes, in, avg = avg_.get(), p = global_p_, b = global_b_]() mutable {
-          std::set<std::pair<int, int>> shared_done;
-          const bool shared = c_.mode == training_mode::sequential;
-          for (const auto& [id, route] : routes) {
-            for (int seg : route.segments_on(core::tier::server)) {
-              if (!in.count(id) || route.begin(seg) == route.end(seg)) continue;
-              if (shared && !shared_done.insert({route.begin(seg), route.end(seg)}).second) continue;
-              core::stage& st = host_->stage_of(id, seg);
-              std::vector<float> sp(static_cast<std::size_t>(st.n_params())),
-                  sb(static_cast<std::size_t>(st.n_buffers()));
-              if (!sp.empty()) be_->download(st.params(), sp.data());
-              if (!sb.empty()) be_->download(st.buffers(), sb.data());
-              const double w =
-                  static_cast<double>(c_.local_steps) * c_.batch * (shared ? static_cast<double>(in.size()) : 1.0);
-              avg->add(route.begin(seg), route.end(seg), w, sp, sb);
-            }
-            host_->discard_pending(id);
-          }
-          avg->mean_into(p, b);
-          core::stage& es = eval_->model_stage();
-          be_->upload(es.params(), p.data());
-          if (!b.empty()) be_->upload(es.buffers(), b.data());
-          return averaged{std::move(p), std::move(b), eval_->evaluate(data_.test)};
-        });
+    auto average_task = [this, routes, in, avg = avg_.get(), p = global_p_, b = global_b_]() mutable {
+      std::set<std::pair<int, int>> shared_done;
+      const bool shared = c_.mode == training_mode::sequential;
+      for (const auto& [id, route] : routes) {
+        for (int seg : route.segments_on(core::tier::server)) {
+          if (!in.count(id) || route.begin(seg) == route.end(seg)) continue;
+          if (shared && !shared_done.insert({route.begin(seg), route.end(seg)}).second) continue;
+          core::stage& st = host_->stage_of(id, seg);
+          std::vector<float> sp(static_cast<std::size_t>(st.n_params())), sb(static_cast<std::size_t>(st.n_buffers()));
+          if (!sp.empty()) be_->download(st.params(), sp.data());
+          if (!sb.empty()) be_->download(st.buffers(), sb.data());
+          const double w =
+              static_cast<double>(c_.local_steps) * c_.batch * (shared ? static_cast<double>(in.size()) : 1.0);
+          avg->add(route.begin(seg), route.end(seg), w, sp, sb);
+        }
+        host_->discard_pending(id);
+      }
+      avg->mean_into(p, b);
+      core::stage& es = eval_->model_stage();
+      be_->upload(es.params(), p.data());
+      if (!b.empty()) be_->upload(es.buffers(), b.data());
+      return averaged{std::move(p), std::move(b), eval_->evaluate(data_.test)};
+    };
+    const auto result = co_await on_worker(average_task);
     global_p_ = result.params;
     global_b_ = result.buffers;
     const core::eval_report ev = result.eval;
@@ -695,10 +701,10 @@ round_report server_node::impl::run() {
         "rounds, local steps, batch and micro-batches must be >= 1, and the batch a multiple of the "
         "micro-batches");
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
+  be_ = backend::make_backend(c_.backend);
   data_ = core::load_dataset(c_.data);
   model_ = core::resolve_model(c_.model, data_.train.item, data_.train.n_classes);
   data_.train = {};  // the server only evaluates
-  be_ = backend::make_backend(c_.backend);
   // Validate the configured cuts now, not when the first device joins.
   route_for_device(false);
   route_for_device(true);

@@ -146,7 +146,10 @@ template <class AddWeights>
 message_builder replica_message(const replica_desc& d, std::size_t bytes, AddWeights add) {
   message_builder m(bytes + 512 + d.devices.size() * 4);
   auto& f = m.fbb();
-  const auto weights = add(m);
+  // A part without blocks carries only statistics.
+  const auto weights = d.first_block == d.end_block
+                           ? flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Tensor>>>()
+                           : add(m);
   const auto devices = f.CreateVector(d.devices.data(), d.devices.size());
   m.finish(wire::CreateReplicaUpload(f, d.round, d.node_id, d.first_block, d.end_block, d.n_samples, weights, devices,
                                      d.final_part, d.stats.compute_us, d.stats.device_compute_us, d.stats.bytes_moved,
