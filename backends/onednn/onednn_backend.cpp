@@ -68,8 +68,10 @@ void same_numel(const tensor& a, const tensor& b, const char* op) {
 }  // namespace
 
 onednn_backend::onednn_backend(onednn_options opt)
-    : n_threads_(std::clamp(opt.n_threads, 1, hardware_threads())), layout_(opt.layout) {
-  use_threads();
+    : n_threads_(std::clamp(opt.n_threads, 1, hardware_threads())),
+      layout_(opt.layout),
+      min_parallel_work_(opt.min_parallel_work) {
+  set_threads(n_threads_);
   eng_ = CLEAVE_CHECK_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0));
   stream_ = CLEAVE_CHECK_DNNL(dnnl::stream(eng_));
 }
@@ -81,12 +83,12 @@ std::string onednn_backend::device_name() const {
          std::to_string(n_threads_) + (n_threads_ == 1 ? " thread)" : " threads)");
 }
 
-void onednn_backend::use_threads() const {
-  if (omp_get_max_threads() != n_threads_) omp_set_num_threads(n_threads_);
+void onednn_backend::set_threads(int n) {
+  if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
 
 void onednn_backend::run(planned_op& op, std::initializer_list<binding> args) {
-  use_threads();
+  set_threads(op.n_threads());
   op.run(stream_, arena_, args);
 }
 
@@ -113,7 +115,7 @@ void onednn_backend::relu_forward(const tensor& x, const tensor& y) {
   same_numel(x, y, "relu_forward");
   const std::int64_t n = x.numel();
   if (n == 0) return;
-  auto& op = plan(make_key(op_tag::relu_fwd) << n, [&](planned_op& p) {
+  auto& op = plan(make_key(op_tag::relu_fwd) << n, 4.0 * 8 * n, [&](planned_op& p) {
     const dnnl::memory::desc md({n}, dt::f32, tag::x);
     auto pd = CLEAVE_CHECK_DNNL(dnnl::eltwise_forward::primitive_desc(
         {dnnl::prop_kind::forward_training, dnnl::algorithm::eltwise_relu, md, 0.0f}, eng_));
@@ -132,7 +134,7 @@ void onednn_backend::relu_backward(const tensor& y, const tensor& dy, const tens
   same_numel(dy, dx, "relu_backward");
   const std::int64_t n = y.numel();
   if (n == 0) return;
-  auto& op = plan(make_key(op_tag::relu_bwd) << n, [&](planned_op& p) {
+  auto& op = plan(make_key(op_tag::relu_bwd) << n, 4.0 * 12 * n, [&](planned_op& p) {
     const dnnl::memory::desc md({n}, dt::f32, tag::x);
     // dx = y > 0 ? dy : 0 reads the forward output, as the interface passes y, not x.
     const auto alg = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
@@ -164,7 +166,7 @@ void onednn_backend::matmul(const tensor& a, const tensor& b, const tensor& c, b
   const bool scaled = alpha != 1.0f;
   op_key key = make_key(op_tag::matmul);
   key << m << n << k << std::int64_t{trans_a} << std::int64_t{trans_b} << std::int64_t{scaled} << beta;
-  auto& op = plan(key, [&](planned_op& p) {
+  auto& op = plan(key, 2.0 * m * n * k, [&](planned_op& p) {
     const auto a_md = trans_a ? col_major(m, k) : row_major(m, k);
     const auto b_md = trans_b ? col_major(k, n) : row_major(k, n);
     const auto c_md = row_major(m, n);
@@ -203,16 +205,17 @@ void onednn_backend::linear_forward(const tensor& x, const tensor& w, const tens
                 "linear_forward shapes");
   if (n == 0 || in == 0 || out == 0) return reference_backend::linear_forward(x, w, b, y);
   const bool bias = b.defined();
-  auto& op = plan(make_key(op_tag::linear_fwd) << n << in << out << std::int64_t{bias}, [&](planned_op& p) {
-    const auto x_md = row_major(n, in), w_md = col_major(in, out), y_md = row_major(n, out);
-    const auto b_md = bias ? row_major(1, out) : dnnl::memory::desc();
-    auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({x_md, w_md, b_md, y_md}, eng_));
-    p.input(DNNL_ARG_SRC, x_md, pd.src_desc());
-    p.input(DNNL_ARG_WEIGHTS, w_md, pd.weights_desc());
-    if (bias) p.input(DNNL_ARG_BIAS, b_md, pd.bias_desc());
-    p.output(DNNL_ARG_DST, y_md, pd.dst_desc());
-    p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::matmul(pd)));
-  });
+  auto& op = plan(make_key(op_tag::linear_fwd) << n << in << out << std::int64_t{bias}, 2.0 * n * in * out,
+                  [&](planned_op& p) {
+                    const auto x_md = row_major(n, in), w_md = col_major(in, out), y_md = row_major(n, out);
+                    const auto b_md = bias ? row_major(1, out) : dnnl::memory::desc();
+                    auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({x_md, w_md, b_md, y_md}, eng_));
+                    p.input(DNNL_ARG_SRC, x_md, pd.src_desc());
+                    p.input(DNNL_ARG_WEIGHTS, w_md, pd.weights_desc());
+                    if (bias) p.input(DNNL_ARG_BIAS, b_md, pd.bias_desc());
+                    p.output(DNNL_ARG_DST, y_md, pd.dst_desc());
+                    p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::matmul(pd)));
+                  });
   run(op, {{DNNL_ARG_SRC, x.host_data()},
            {DNNL_ARG_WEIGHTS, w.host_data()},
            {DNNL_ARG_BIAS, bias ? b.host_data() : nullptr},
@@ -227,7 +230,7 @@ void onednn_backend::linear_backward_data(const tensor& dy, const tensor& w, con
   const std::int64_t n = dy.shape()[0], in = w.shape()[1], out = w.shape()[0];
   CLEAVE_ASSERT(dy.numel() == n * out && dx.numel() == n * in, "linear_backward_data shapes");
   if (n == 0 || in == 0 || out == 0) return reference_backend::linear_backward_data(dy, w, dx);
-  auto& op = plan(make_key(op_tag::linear_bwd_data) << n << in << out, [&](planned_op& p) {
+  auto& op = plan(make_key(op_tag::linear_bwd_data) << n << in << out, 2.0 * n * in * out, [&](planned_op& p) {
     const auto dy_md = row_major(n, out), w_md = row_major(out, in), dx_md = row_major(n, in);
     auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({dy_md, w_md, dx_md}, eng_));
     p.input(DNNL_ARG_SRC, dy_md, pd.src_desc());
@@ -249,7 +252,7 @@ void onednn_backend::linear_backward_weights(const tensor& x, const tensor& dy, 
                 "linear_backward_weights shapes");
   if (n == 0 || in == 0 || out == 0) return reference_backend::linear_backward_weights(x, dy, dw, db);
   // dw += dy^T x: the sum post-op makes the primitive accumulate into dw.
-  auto& op = plan(make_key(op_tag::linear_bwd_weights) << n << in << out, [&](planned_op& p) {
+  auto& op = plan(make_key(op_tag::linear_bwd_weights) << n << in << out, 2.0 * n * in * out, [&](planned_op& p) {
     const auto dyt_md = col_major(out, n), x_md = row_major(n, in), dw_md = row_major(out, in);
     dnnl::post_ops po;
     po.append_sum(1.0f);

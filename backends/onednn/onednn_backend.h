@@ -49,8 +49,11 @@ enum class conv_layout : std::uint8_t {
 };
 
 struct onednn_options {
-  int n_threads = 2;  // OpenMP threads for every primitive (capped at the hardware's count)
+  int n_threads = 2;  // OpenMP threads for primitives (capped at the hardware's count)
   conv_layout layout = conv_layout::automatic;
+  // Ops with less work than this (flops, or 4 x bytes moved for memory-bound ops) run on one
+  // thread: a fork and join would cost more than the second thread saves.
+  double min_parallel_work = 2e6;
 };
 
 class onednn_backend final : public reference_backend {
@@ -101,14 +104,24 @@ class onednn_backend final : public reference_backend {
                           const core::tensor& gamma, const core::tensor& save_mean, const core::tensor& save_invstd,
                           const core::tensor& dx, const core::tensor& dgamma, const core::tensor& dbeta) override;
 
+  void sgd_update(const core::sgd_desc& d, const core::tensor& param, const core::tensor& grad,
+                  const core::tensor& momentum_buf) override;
+  void adamw_update(const core::adamw_desc& d, const core::tensor& param, const core::tensor& grad,
+                    const core::tensor& m, const core::tensor& v) override;
+
  private:
-  // Sets the calling thread's OpenMP thread count (oneDNN's OMP runtime reads it per call).
-  void use_threads() const;
-  // The cached plan for `key`, built by `build(planned_op&)` on first use.
+  // Threads for an op of `work` (see onednn_options::min_parallel_work).
+  int threads_for(double work) const;
+  // Sets the calling thread's OpenMP thread count, which oneDNN's OMP runtime reads both when it
+  // creates a primitive (to split the work) and when it runs one.
+  static void set_threads(int n);
+  // The cached plan for `key`, built by `build(planned_op&)` on first use; `work` (see
+  // onednn_options::min_parallel_work) sets its thread count.
   template <class Build>
-  planned_op& plan(const op_key& key, Build&& build) {
+  planned_op& plan(const op_key& key, double work, Build&& build) {
     if (auto it = cache_.find(key); it != cache_.end()) return *it->second;
-    auto op = std::make_unique<planned_op>(eng_);
+    auto op = std::make_unique<planned_op>(eng_, threads_for(work));
+    set_threads(op->n_threads());
     build(*op);
     return *cache_.emplace(key, std::move(op)).first->second;
   }
@@ -118,6 +131,7 @@ class onednn_backend final : public reference_backend {
 
   int n_threads_;
   conv_layout layout_;
+  double min_parallel_work_;
   dnnl::engine eng_;
   dnnl::stream stream_;
   scratch_arena arena_;

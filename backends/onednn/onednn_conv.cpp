@@ -31,6 +31,10 @@ bool empty_conv(const conv_dims& c) {
   return c.n * c.c * c.h * c.w * c.k * c.r * c.s * c.p * c.q == 0;
 }
 
+double conv_flops(const conv_dims& c) {
+  return 2.0 * c.n * c.k * c.p * c.q * c.c * c.r * c.s;
+}
+
 enum class conv_op : std::uint8_t { forward, backward_data, backward_weights };
 
 // The activation layout per op, measured on oneDNN 2.6.3 with AVX-512 (bench/onednn): the
@@ -101,8 +105,7 @@ void onednn_backend::conv2d_forward(const core::conv2d_desc& d, const tensor& x,
   op_key key = make_key(op_tag::conv_fwd);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
       << std::int64_t{d.pad_h} << std::int64_t{d.pad_w} << std::int64_t{bias};
-  auto& op = plan(key, [&](planned_op& p) {
-    use_threads();
+  auto& op = plan(key, conv_flops(c), [&](planned_op& p) {
     const auto m = conv_descs(d, c, activation_tag(layout_, conv_op::forward, c.c), bias);
     const auto pd = conv_forward_pd(m, eng_);
     p.input(DNNL_ARG_SRC, m.ux, pd.src_desc());
@@ -127,8 +130,7 @@ void onednn_backend::conv2d_backward_data(const core::conv2d_desc& d, const tens
   op_key key = make_key(op_tag::conv_bwd_data);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
       << std::int64_t{d.pad_h} << std::int64_t{d.pad_w};
-  auto& op = plan(key, [&](planned_op& p) {
-    use_threads();
+  auto& op = plan(key, conv_flops(c), [&](planned_op& p) {
     const auto m = conv_descs(d, c, activation_tag(layout_, conv_op::backward_data, c.c), false);
     const auto hint = conv_forward_pd(m, eng_);
     const auto pd = CLEAVE_CHECK_DNNL(dnnl::convolution_backward_data::primitive_desc(
@@ -155,8 +157,7 @@ void onednn_backend::conv2d_backward_weights(const core::conv2d_desc& d, const t
   op_key key = make_key(op_tag::conv_bwd_weights);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
       << std::int64_t{d.pad_h} << std::int64_t{d.pad_w} << std::int64_t{bias};
-  auto& op = plan(key, [&](planned_op& p) {
-    use_threads();
+  auto& op = plan(key, conv_flops(c), [&](planned_op& p) {
     const auto m = conv_descs(d, c, activation_tag(layout_, conv_op::backward_weights, c.c), bias);
     const auto hint = conv_forward_pd(m, eng_);
     const auto pd = CLEAVE_CHECK_DNNL(dnnl::convolution_backward_weights::primitive_desc(
@@ -234,8 +235,7 @@ void onednn_backend::pool2d_forward(const core::pool2d_desc& d, const tensor& x,
   if (x.numel() == 0 || y.numel() == 0) return reference_backend::pool2d_forward(d, x, y, ws);
   op_key key = pool_key(op_tag::pool_fwd, d, x.shape(), y.shape());
   key << std::int64_t{training};
-  auto& op = plan(key, [&](planned_op& p) {
-    use_threads();
+  auto& op = plan(key, 4.0 * 4 * static_cast<double>(x.numel() + y.numel()), [&](planned_op& p) {
     const auto s = pool_descs(d, x.shape(), y.shape());
     const auto pd = pool_forward_pd(s, training, eng_);
     p.input(DNNL_ARG_SRC, s.x, pd.src_desc());
@@ -262,8 +262,8 @@ void onednn_backend::pool2d_backward(const core::pool2d_desc& d, const tensor& x
     std::fill_n(dx.f32(), dx.numel(), 0.0f);
     return;
   }
-  auto& op = plan(pool_key(op_tag::pool_bwd, d, dx.shape(), dy.shape()), [&](planned_op& p) {
-    use_threads();
+  const double work = 4.0 * 4 * static_cast<double>(dx.numel() + dy.numel());
+  auto& op = plan(pool_key(op_tag::pool_bwd, d, dx.shape(), dy.shape()), work, [&](planned_op& p) {
     const auto s = pool_descs(d, dx.shape(), dy.shape());
     const auto hint = pool_forward_pd(s, true, eng_);
     const auto pd = CLEAVE_CHECK_DNNL(

@@ -58,8 +58,7 @@ void onednn_backend::batchnorm_forward_train(const core::batchnorm_desc& d, cons
   if (count == 0 || c == 0)
     return reference_backend::batchnorm_forward_train(d, x, gamma, beta, y, save_mean, save_invstd, running_mean,
                                                       running_var);
-  auto& op = plan(bn_key(op_tag::bn_train, dm, d.eps), [&](planned_op& p) {
-    use_threads();
+  auto& op = plan(bn_key(op_tag::bn_train, dm, d.eps), 4.0 * 12 * x.numel(), [&](planned_op& p) {
     const dnnl::memory::desc md(dm, dt::f32, tag::nchw), cd({c}, dt::f32, tag::x);
     const auto pd =
         bn_forward_pd(dnnl::prop_kind::forward_training, md, d.eps, flags::use_scale | flags::use_shift, eng_);
@@ -102,8 +101,7 @@ void onednn_backend::batchnorm_forward_infer(const core::batchnorm_desc& d, cons
   check_channel(*this, running_mean, c, "batchnorm_forward_infer: running_mean");
   check_channel(*this, running_var, c, "batchnorm_forward_infer: running_var");
   if (x.numel() == 0) return;
-  auto& op = plan(bn_key(op_tag::bn_infer, dm, d.eps), [&](planned_op& p) {
-    use_threads();
+  auto& op = plan(bn_key(op_tag::bn_infer, dm, d.eps), 4.0 * 8 * x.numel(), [&](planned_op& p) {
     const dnnl::memory::desc md(dm, dt::f32, tag::nchw), cd({c}, dt::f32, tag::x);
     const auto pd = bn_forward_pd(dnnl::prop_kind::forward_inference, md, d.eps,
                                   flags::use_global_stats | flags::use_scale | flags::use_shift, eng_);
@@ -139,8 +137,7 @@ void onednn_backend::batchnorm_backward(const core::batchnorm_desc& d, const ten
   check_channel(*this, dbeta, c, "batchnorm_backward: dbeta");
   if (count == 0 || c == 0)
     return reference_backend::batchnorm_backward(d, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
-  auto& op = plan(bn_key(op_tag::bn_bwd, dm, d.eps), [&](planned_op& p) {
-    use_threads();
+  auto& op = plan(bn_key(op_tag::bn_bwd, dm, d.eps), 4.0 * 16 * x.numel(), [&](planned_op& p) {
     const dnnl::memory::desc md(dm, dt::f32, tag::nchw), cd({c}, dt::f32, tag::x);
     const auto f = flags::use_scale | flags::use_shift;
     const auto hint = bn_forward_pd(dnnl::prop_kind::forward_training, md, d.eps, f, eng_);

@@ -61,7 +61,10 @@ struct binding {
 // oneDNN's backward-weights primitives overwrite.
 class planned_op {
  public:
-  explicit planned_op(const dnnl::engine& eng) : eng_(eng) {}
+  planned_op(const dnnl::engine& eng, int n_threads) : eng_(eng), n_threads_(n_threads) {}
+
+  // The OpenMP threads it was created for and must run with.
+  int n_threads() const { return n_threads_; }
 
   void input(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want);
   void output(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want, bool accumulate = false);
@@ -88,6 +91,7 @@ class planned_op {
   void add(int arg, bool is_output, const dnnl::memory::desc& user, const dnnl::memory::desc& want, bool accumulate);
 
   dnnl::engine eng_;
+  int n_threads_;
   dnnl::primitive prim_;
   std::vector<slot> slots_;
   std::unordered_map<int, dnnl::memory> exec_args_;

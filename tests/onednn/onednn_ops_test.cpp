@@ -373,3 +373,23 @@ TEST_CASE("a oneDNN failure surfaces as core::error naming the call") {
     CHECK(msg.find("matmul::primitive_desc") != std::string::npos);
   }
 }
+
+TEST_CASE("SGD and AdamW updates match reference on buffers large enough to be split over threads") {
+  backends b;
+  core::rng g(13);
+  const std::int64_t n = 100003;
+  auto p1 = b.random({n}, g), p2 = b.random({n}, g), p3 = b.random({n}, g), p4 = b.random({n}, g);
+  auto buf1 = b.filled({n}, 0.0f), buf2 = b.filled({n}, 0.0f), m = b.filled({n}, 0.0f), v = b.filled({n}, 0.0f);
+  for (int step = 1; step <= 3; ++step) {
+    auto gr = b.random({n}, g);
+    b.ref.sgd_update({0.1f, 0.9f, 5e-4f, false}, p1.r, gr.r, buf1.r);
+    b.dnn.sgd_update({0.1f, 0.9f, 5e-4f, false}, p1.d, gr.d, buf1.d);
+    b.ref.sgd_update({0.1f, 0.9f, 0.0f, true}, p2.r, gr.r, buf2.r);
+    b.dnn.sgd_update({0.1f, 0.9f, 0.0f, true}, p2.d, gr.d, buf2.d);
+    b.ref.sgd_update({0.05f, 0.0f, 0.01f, false}, p3.r, gr.r, tensor());
+    b.dnn.sgd_update({0.05f, 0.0f, 0.01f, false}, p3.d, gr.d, tensor());
+    b.ref.adamw_update({1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f, step}, p4.r, gr.r, m.r, v.r);
+    b.dnn.adamw_update({1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f, step}, p4.d, gr.d, m.d, v.d);
+  }
+  for (const twin* t : {&p1, &buf1, &p2, &buf2, &p3, &p4, &m, &v}) CHECK(rel_error(b, *t) < 1e-6);
+}
