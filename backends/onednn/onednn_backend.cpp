@@ -70,6 +70,7 @@ void same_numel(const tensor& a, const tensor& b, const char* op) {
 onednn_backend::onednn_backend(onednn_options opt)
     : n_threads_(std::clamp(opt.n_threads, 1, hardware_threads())),
       layout_(opt.layout),
+      pooling_(opt.pooling),
       min_parallel_work_(opt.min_parallel_work) {
   set_threads(n_threads_);
   eng_ = CLEAVE_CHECK_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0));

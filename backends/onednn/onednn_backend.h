@@ -48,9 +48,14 @@ enum class conv_layout : std::uint8_t {
   nchw,       // the caller's layout: no reorders (oneDNN then uses im2col + GEMM)
 };
 
+// How pooling runs: loops for 2x2 windows of stride 2 and oneDNN's primitive for the rest, or
+// the primitive for every window (for measurements).
+enum class pool_impl : std::uint8_t { automatic, primitive };
+
 struct onednn_options {
   int n_threads = 2;  // OpenMP threads for primitives (capped at the hardware's count)
   conv_layout layout = conv_layout::automatic;
+  pool_impl pooling = pool_impl::automatic;
   // Ops with less work than this (flops, or 4 x bytes moved for memory-bound ops) run on one
   // thread: a fork and join would cost more than the second thread saves.
   double min_parallel_work = 2e6;
@@ -131,6 +136,7 @@ class onednn_backend final : public reference_backend {
 
   int n_threads_;
   conv_layout layout_;
+  pool_impl pooling_;
   double min_parallel_work_;
   dnnl::engine eng_;
   dnnl::stream stream_;

@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
   }
   const double budget = quick ? 0.05 : 0.3;
 
-  onednn_backend dnn(onednn_options{n_threads, conv_layout::automatic});
+  onednn_backend dnn(onednn_options{.n_threads = n_threads});
   reference_backend ref;
   std::printf("onednn: %s\n\n", dnn.device_name().c_str());
 
@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<onednn_backend>> by_layout;
   std::vector<std::unique_ptr<lenet>> nets;
   for (auto c : layouts) {
-    by_layout.push_back(std::make_unique<onednn_backend>(onednn_options{n_threads, c}));
+    by_layout.push_back(std::make_unique<onednn_backend>(onednn_options{.n_threads = n_threads, .layout = c}));
     nets.push_back(std::make_unique<lenet>(*by_layout.back()));
   }
   for (const auto& op : lenet_ops()) {
@@ -285,12 +285,25 @@ int main(int argc, char** argv) {
     std::printf(" %9.1f", time_us([&] { nets[i]->step(); }, *by_layout[i], budget * 2));
   std::printf("\n\n");
 
+  std::printf("LeNet-5 pooling (2x2, stride 2): loops (default) vs oneDNN primitive (us per call)\n");
+  std::printf("%-20s %9s %9s\n", "op", "loops", "primitive");
+  onednn_backend prim(onednn_options{.n_threads = n_threads, .pooling = cleave::backend::detail::pool_impl::primitive});
+  lenet lp(prim);
+  lp.step();
+  for (const auto& op : lenet_ops()) {
+    if (std::strncmp(op.name, "pool", 4) != 0) continue;
+    std::printf("%-20.20s %9.1f %9.1f\n", op.name, time_us([&] { op.run(ld); }, dnn, budget),
+                time_us([&] { op.run(lp); }, prim, budget));
+  }
+  std::printf("%-20s %9.1f %9.1f\n\n", "training step", time_us([&] { ld.step(); }, dnn, budget * 2),
+              time_us([&] { lp.step(); }, prim, budget * 2));
+
   {
     core::rng g(2);
     const std::int64_t m = 1024;
     auto a = random_tensor(dnn, {m, m}, g), bm = random_tensor(dnn, {m, m}, g);
     auto c = dnn.empty({m, m});
-    onednn_backend one(onednn_options{1, conv_layout::automatic});
+    onednn_backend one(onednn_options{.n_threads = 1});
     auto a1 = random_tensor(one, {m, m}, g), b1 = random_tensor(one, {m, m}, g);
     auto c1 = one.empty({m, m});
     const double flops = 2.0 * m * m * m;
@@ -302,10 +315,10 @@ int main(int argc, char** argv) {
 
   std::printf("LeNet-5 training step, batch 64 (forward, backward, SGD momentum)\n");
   const double step_dnn = time_us([&] { ld.step(); }, dnn, budget * 3);
-  onednn_backend all(onednn_options{n_threads, conv_layout::automatic, 0.0});
+  onednn_backend all(onednn_options{.n_threads = n_threads, .min_parallel_work = 0.0});
   lenet la(all);
   const double step_all = time_us([&] { la.step(); }, all, budget * 3);
-  onednn_backend one(onednn_options{1, conv_layout::automatic});
+  onednn_backend one(onednn_options{.n_threads = 1});
   lenet l1(one);
   const double step_one = time_us([&] { l1.step(); }, one, budget * 3);
   const double step_ref = time_us([&] { lr.step(); }, ref, quick ? 0.1 : 1.0);

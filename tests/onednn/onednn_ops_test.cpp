@@ -122,53 +122,61 @@ const pool_case pool_cases[] = {
 
 }  // namespace
 
-TEST_CASE("pooling forward and backward match reference for max and avg") {
-  backends b;
-  core::rng g(4);
-  for (const auto& pc : pool_cases) {
-    for (auto kind : {core::pool_kind::max, core::pool_kind::avg}) {
-      INFO(pc.name << (kind == core::pool_kind::max ? " max" : " avg"));
-      auto d = pc.d;
-      d.kind = kind;
-      const auto p = core::window_out(pc.h, d.kernel_h, d.stride_h, d.pad_h);
-      const auto q = core::window_out(pc.w, d.kernel_w, d.stride_w, d.pad_w);
-      auto x = b.random({pc.n, pc.c, pc.h, pc.w}, g, -2.0f, 2.0f);
-      auto y = b.filled({pc.n, pc.c, p, q}, std::numeric_limits<float>::quiet_NaN());
-      tensor ws_r, ws_d;
-      b.ref.pool2d_forward(d, x.r, y.r, &ws_r);
-      b.dnn.pool2d_forward(d, x.d, y.d, &ws_d);
-      CHECK(rel_error(b, y) < tol);
-      auto dy = b.random({pc.n, pc.c, p, q}, g);
-      auto dx = b.filled({pc.n, pc.c, pc.h, pc.w}, std::numeric_limits<float>::quiet_NaN());
-      b.ref.pool2d_backward(d, x.r, dy.r, ws_r, dx.r);
-      b.dnn.pool2d_backward(d, x.d, dy.d, ws_d, dx.d);
-      CHECK(rel_error(b, dx) < tol);
-      // Inference (no workspace) gives the same output.
-      auto y2 = b.filled({pc.n, pc.c, p, q}, 0.0f);
-      b.ref.pool2d_forward(d, x.r, y2.r, nullptr);
-      b.dnn.pool2d_forward(d, x.d, y2.d, nullptr);
-      CHECK(rel_error(b, y2) < tol);
+TEST_CASE("pooling forward and backward match reference for max and avg, in both implementations") {
+  using cleave::backend::detail::pool_impl;
+  for (auto impl : {pool_impl::automatic, pool_impl::primitive}) {
+    backends b(cleave::backend::detail::onednn_options{.pooling = impl});
+    core::rng g(4);
+    for (const auto& pc : pool_cases) {
+      for (auto kind : {core::pool_kind::max, core::pool_kind::avg}) {
+        INFO(pc.name << (kind == core::pool_kind::max ? " max" : " avg")
+                     << (impl == pool_impl::automatic ? " automatic" : " primitive"));
+        auto d = pc.d;
+        d.kind = kind;
+        const auto p = core::window_out(pc.h, d.kernel_h, d.stride_h, d.pad_h);
+        const auto q = core::window_out(pc.w, d.kernel_w, d.stride_w, d.pad_w);
+        auto x = b.random({pc.n, pc.c, pc.h, pc.w}, g, -2.0f, 2.0f);
+        auto y = b.filled({pc.n, pc.c, p, q}, std::numeric_limits<float>::quiet_NaN());
+        tensor ws_r, ws_d;
+        b.ref.pool2d_forward(d, x.r, y.r, &ws_r);
+        b.dnn.pool2d_forward(d, x.d, y.d, &ws_d);
+        CHECK(rel_error(b, y) < tol);
+        auto dy = b.random({pc.n, pc.c, p, q}, g);
+        auto dx = b.filled({pc.n, pc.c, pc.h, pc.w}, std::numeric_limits<float>::quiet_NaN());
+        b.ref.pool2d_backward(d, x.r, dy.r, ws_r, dx.r);
+        b.dnn.pool2d_backward(d, x.d, dy.d, ws_d, dx.d);
+        CHECK(rel_error(b, dx) < tol);
+        // Inference (no workspace) gives the same output.
+        auto y2 = b.filled({pc.n, pc.c, p, q}, 0.0f);
+        b.ref.pool2d_forward(d, x.r, y2.r, nullptr);
+        b.dnn.pool2d_forward(d, x.d, y2.d, nullptr);
+        CHECK(rel_error(b, y2) < tol);
+      }
     }
   }
 }
 
 TEST_CASE("max pooling routes a tied window's gradient to its first element") {
-  backends b;
-  // Values from {0, 1} make most 2x2 windows tied.
-  core::rng g(5);
-  std::vector<float> v(2 * 3 * 8 * 8);
-  for (auto& e : v) e = static_cast<float>(g.below(2));
-  auto x = b.from({2, 3, 8, 8}, v);
-  const core::pool2d_desc d{core::pool_kind::max, 2, 2, 2, 2, 0, 0};
-  auto y = b.filled({2, 3, 4, 4}, 0.0f);
-  tensor ws_r, ws_d;
-  b.ref.pool2d_forward(d, x.r, y.r, &ws_r);
-  b.dnn.pool2d_forward(d, x.d, y.d, &ws_d);
-  auto dy = b.random({2, 3, 4, 4}, g, 1.0f, 2.0f);
-  auto dx = b.filled({2, 3, 8, 8}, 0.0f);
-  b.ref.pool2d_backward(d, x.r, dy.r, ws_r, dx.r);
-  b.dnn.pool2d_backward(d, x.d, dy.d, ws_d, dx.d);
-  CHECK(values(b.ref, dx.r) == values(b.dnn, dx.d));
+  using cleave::backend::detail::pool_impl;
+  for (auto impl : {pool_impl::automatic, pool_impl::primitive}) {
+    INFO((impl == pool_impl::automatic ? "automatic" : "primitive"));
+    backends b(cleave::backend::detail::onednn_options{.pooling = impl});
+    // Values from {0, 1} make most 2x2 windows tied.
+    core::rng g(5);
+    std::vector<float> v(2 * 3 * 8 * 8);
+    for (auto& e : v) e = static_cast<float>(g.below(2));
+    auto x = b.from({2, 3, 8, 8}, v);
+    const core::pool2d_desc d{core::pool_kind::max, 2, 2, 2, 2, 0, 0};
+    auto y = b.filled({2, 3, 4, 4}, 0.0f);
+    tensor ws_r, ws_d;
+    b.ref.pool2d_forward(d, x.r, y.r, &ws_r);
+    b.dnn.pool2d_forward(d, x.d, y.d, &ws_d);
+    auto dy = b.random({2, 3, 4, 4}, g, 1.0f, 2.0f);
+    auto dx = b.filled({2, 3, 8, 8}, 0.0f);
+    b.ref.pool2d_backward(d, x.r, dy.r, ws_r, dx.r);
+    b.dnn.pool2d_backward(d, x.d, dy.d, ws_d, dx.d);
+    CHECK(values(b.ref, dx.r) == values(b.dnn, dx.d));
+  }
 }
 
 TEST_CASE("linear forward and backward match reference, accumulating dw and db") {

@@ -20,6 +20,8 @@ struct twin {
 };
 
 struct backends {
+  explicit backends(backend::detail::onednn_options o = {}) : dnn(o) {}
+
   reference_backend ref;
   onednn_backend dnn;
 
