@@ -1,0 +1,149 @@
+// The oneDNN CPU backend: host memory and cheap element-wise ops from the reference backend,
+// the heavy ops (conv, pooling, dense, batch norm, ReLU) on oneDNN primitives cached per shape.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "op_cache.h"
+#include "reference_backend.h"
+
+namespace cleave::backend::detail {
+
+// Tags that open every op_key, one per kind of primitive.
+enum class op_tag : std::int64_t {
+  relu_fwd = 1,
+  relu_bwd,
+  matmul,
+  linear_fwd,
+  linear_bwd_data,
+  linear_bwd_weights,
+  conv_fwd,
+  conv_bwd_data,
+  conv_bwd_weights,
+  pool_fwd,
+  pool_bwd,
+  bn_train,
+  bn_infer,
+  bn_bwd,
+};
+
+inline op_key make_key(op_tag t) {
+  op_key k;
+  k << static_cast<std::int64_t>(t);
+  return k;
+}
+
+// Which activation layout a convolution primitive works in. The caller's tensors stay NCHW;
+// any other layout costs a reorder in and out, repaid when the primitive is faster.
+enum class conv_layout : std::uint8_t {
+  automatic,  // per op and channel count, from measurements on oneDNN 2.6 / AVX-512
+  blocked,    // oneDNN's choice ("any"), usually nChw16c
+  nhwc,       // channels last
+  nchw,       // the caller's layout: no reorders (oneDNN then uses im2col + GEMM)
+};
+
+// How pooling runs: loops for 2x2 windows of stride 2 and oneDNN's primitive for the rest, or
+// the primitive for every window (for measurements).
+enum class pool_impl : std::uint8_t { automatic, primitive };
+
+struct onednn_options {
+  int n_threads = 2;  // OpenMP threads for primitives (capped at the hardware's count)
+  conv_layout layout = conv_layout::automatic;
+  pool_impl pooling = pool_impl::automatic;
+  // Ops with less work than this (flops, or 4 x bytes moved for memory-bound ops) run on one
+  // thread: a fork and join would cost more than the second thread saves.
+  double min_parallel_work = 2e6;
+};
+
+class onednn_backend final : public reference_backend {
+ public:
+  explicit onednn_backend(onednn_options opt = {});
+  ~onednn_backend() override;
+
+  std::string name() const override { return "onednn"; }
+  std::string device_name() const override;
+  int n_threads() const { return n_threads_; }
+  // Number of distinct primitive configurations created so far (one per op and shape).
+  std::size_t n_cached() const { return cache_.size(); }
+
+  void synchronize() override;
+  void download(const core::tensor& src, void* dst) override;
+
+  void relu_forward(const core::tensor& x, const core::tensor& y) override;
+  void relu_backward(const core::tensor& y, const core::tensor& dy, const core::tensor& dx) override;
+
+  void matmul(const core::tensor& a, const core::tensor& b, const core::tensor& c, bool trans_a, bool trans_b,
+              float alpha, float beta) override;
+  void linear_forward(const core::tensor& x, const core::tensor& w, const core::tensor& b,
+                      const core::tensor& y) override;
+  void linear_backward_data(const core::tensor& dy, const core::tensor& w, const core::tensor& dx) override;
+  void linear_backward_weights(const core::tensor& x, const core::tensor& dy, const core::tensor& dw,
+                               const core::tensor& db) override;
+
+  void conv2d_forward(const core::conv2d_desc& d, const core::tensor& x, const core::tensor& w, const core::tensor& b,
+                      const core::tensor& y) override;
+  void conv2d_backward_data(const core::conv2d_desc& d, const core::tensor& dy, const core::tensor& w,
+                            const core::tensor& dx) override;
+  void conv2d_backward_weights(const core::conv2d_desc& d, const core::tensor& x, const core::tensor& dy,
+                               const core::tensor& dw, const core::tensor& db) override;
+
+  void pool2d_forward(const core::pool2d_desc& d, const core::tensor& x, const core::tensor& y,
+                      core::tensor* ws) override;
+  void pool2d_backward(const core::pool2d_desc& d, const core::tensor& x, const core::tensor& dy,
+                       const core::tensor& ws, const core::tensor& dx) override;
+
+  void batchnorm_forward_train(const core::batchnorm_desc& d, const core::tensor& x, const core::tensor& gamma,
+                               const core::tensor& beta, const core::tensor& y, const core::tensor& save_mean,
+                               const core::tensor& save_invstd, const core::tensor& running_mean,
+                               const core::tensor& running_var) override;
+  void batchnorm_forward_infer(const core::batchnorm_desc& d, const core::tensor& x, const core::tensor& gamma,
+                               const core::tensor& beta, const core::tensor& running_mean,
+                               const core::tensor& running_var, const core::tensor& y) override;
+  void batchnorm_backward(const core::batchnorm_desc& d, const core::tensor& x, const core::tensor& dy,
+                          const core::tensor& gamma, const core::tensor& save_mean, const core::tensor& save_invstd,
+                          const core::tensor& dx, const core::tensor& dgamma, const core::tensor& dbeta) override;
+
+  void sgd_update(const core::sgd_desc& d, const core::tensor& param, const core::tensor& grad,
+                  const core::tensor& momentum_buf) override;
+  void adamw_update(const core::adamw_desc& d, const core::tensor& param, const core::tensor& grad,
+                    const core::tensor& m, const core::tensor& v) override;
+
+ private:
+  // Threads for an op of `work` (see onednn_options::min_parallel_work).
+  int threads_for(double work) const;
+  // Sets the calling thread's OpenMP thread count, which oneDNN's OMP runtime reads both when it
+  // creates a primitive (to split the work) and when it runs one.
+  static void set_threads(int n);
+  // The cached plan for `key`, built by `build(planned_op&)` on first use; `work` (see
+  // onednn_options::min_parallel_work) sets its thread count.
+  template <class Build>
+  planned_op& plan(const op_key& key, double work, Build&& build) {
+    if (auto it = cache_.find(key); it != cache_.end()) return *it->second;
+    auto op = std::make_unique<planned_op>(eng_, threads_for(work));
+    set_threads(op->n_threads());
+    build(*op);
+    return *cache_.emplace(key, std::move(op)).first->second;
+  }
+  void run(planned_op& op, std::initializer_list<binding> args);
+  // Per-channel scratch floats owned by the backend (batch-norm variances), valid until the next op.
+  float* scratch_floats(std::size_t n, int which);
+
+  int n_threads_;
+  conv_layout layout_;
+  pool_impl pooling_;
+  double min_parallel_work_;
+  dnnl::engine eng_;
+  dnnl::stream stream_;
+  scratch_arena arena_;
+  std::unordered_map<op_key, std::unique_ptr<planned_op>, op_key_hash> cache_;
+  std::vector<float> floats_[2];
+  float alpha_ = 1.0f;  // the runtime output scale of matmul
+};
+
+}  // namespace cleave::backend::detail
