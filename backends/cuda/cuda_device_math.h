@@ -262,6 +262,24 @@ CLEAVE_HD float bn_grad_input(float x, float dy, float gamma, float mean, float 
   return static_cast<float>(gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count));
 }
 
+struct bn_stats {
+  double mean, var, invstd, unbiased;
+};
+
+// Channel statistics from the shifted sums s1 = sum (x - x0), s2 = sum (x - x0)^2 over `count`
+// values (the shift by one of the values keeps the one-pass variance accurate).
+CLEAVE_HD bn_stats bn_finalize(double s1, double s2, double x0, double count, float eps) {
+  const double shift_mean = s1 / count;
+  double var = s2 / count - shift_mean * shift_mean;
+  if (var < 0.0) var = 0.0;
+  return {x0 + shift_mean, var, 1.0 / sqrt(var + eps), count > 1 ? var * count / (count - 1) : var};
+}
+
+// running = (1 - momentum) running + momentum batch, in double as the reference.
+CLEAVE_HD float bn_running(float running, float momentum, double batch) {
+  return static_cast<float>((1.0 - momentum) * running + momentum * batch);
+}
+
 CLEAVE_HD double bn_xhat(float x, float mean, float invstd) {
   return (x - mean) * static_cast<double>(invstd);
 }

@@ -109,18 +109,12 @@ __global__ void bn_finalize_forward_kernel(const float* x, const double2* partia
     s1 += partial[c * splits + s].x;
     s2 += partial[c * splits + s].y;
   }
-  const double count = static_cast<double>(n * hw);
-  const double shift_mean = s1 / count;
-  const double mean = x[c * hw] + shift_mean;
-  double var = s2 / count - shift_mean * shift_mean;
-  if (var < 0.0) var = 0.0;
-  const double invstd = 1.0 / sqrt(var + eps);
-  stats[c] = make_double2(mean, invstd);
-  save_mean[c] = static_cast<float>(mean);
-  save_invstd[c] = static_cast<float>(invstd);
-  const double unbiased = count > 1 ? var * count / (count - 1) : var;
-  running_mean[c] = static_cast<float>((1.0 - momentum) * running_mean[c] + momentum * mean);
-  running_var[c] = static_cast<float>((1.0 - momentum) * running_var[c] + momentum * unbiased);
+  const m::bn_stats st = m::bn_finalize(s1, s2, x[c * hw], static_cast<double>(n * hw), eps);
+  stats[c] = make_double2(st.mean, st.invstd);
+  save_mean[c] = static_cast<float>(st.mean);
+  save_invstd[c] = static_cast<float>(st.invstd);
+  running_mean[c] = m::bn_running(running_mean[c], momentum, st.mean);
+  running_var[c] = m::bn_running(running_var[c], momentum, st.unbiased);
 }
 
 // partial[c, s] = {sum dy, sum dy * xhat} over split s of channel c.
