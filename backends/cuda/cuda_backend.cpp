@@ -81,8 +81,11 @@ cuda_backend::cuda_backend(const cuda_spec& spec) : device_(spec.device), tf32_(
 
 cuda_backend::~cuda_backend() {
   device_guard g(device_);
-  cudaStreamSynchronize(stream_);
+  const cudaError_t e = cudaStreamSynchronize(stream_);
   conv_plans_.clear();
+  // A backend destroyed by a static destructor after the CUDA runtime has shut down leaves
+  // its handles to the process exit instead of calling into a runtime that is gone.
+  if (e == cudaErrorCudartUnloading || e == cudaErrorContextIsDestroyed) return;
   cudnnDestroy(cudnn_);
   cublasDestroy(cublas_);
   cudaStreamDestroy(stream_);

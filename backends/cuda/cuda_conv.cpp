@@ -61,7 +61,9 @@ void run_first_supported(std::vector<Algo>& algos, const char* what, Run run) {
   while (!algos.empty()) {
     const cudnnStatus_t s = run(algos.front());
     if (s == CUDNN_STATUS_SUCCESS) return;
-    if (s != CUDNN_STATUS_NOT_SUPPORTED || algos.size() == 1) throw_cudnn(what, s, __FILE__, __LINE__);
+    // cuDNN 9 reports refusals as CUDNN_STATUS_NOT_SUPPORTED (3000) or one of its 30xx sub-codes.
+    const bool refused = s / 1000 == CUDNN_STATUS_NOT_SUPPORTED / 1000;
+    if (!refused || algos.size() == 1) throw_cudnn(what, s, __FILE__, __LINE__);
     algos.erase(algos.begin());
   }
 }
