@@ -8,7 +8,7 @@ import sys
 import time
 
 
-def build(torch, which):
+def build(torch, which, in_ch=3):
     nn = torch.nn
     if which == "lenet5":
         return nn.Sequential(
@@ -29,9 +29,9 @@ def build(torch, which):
             return torch.relu(self.main(x) + self.short(x))
 
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(in_ch, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
         block(16, 16, 1), block(16, 32, 2), block(32, 64, 2),
-        nn.AvgPool2d(8), nn.Flatten(), nn.Linear(64, 10)), (3, 32, 32)
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)), (in_ch, 32, 32)
 
 
 def time_net(torch, which, batch, seconds):
