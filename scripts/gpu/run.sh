@@ -85,9 +85,23 @@ fi
 if [ -z "$cudnn_root" ]; then
   cudnn_root=$("$py" -c 'import nvidia.cudnn as m, os; print(list(m.__path__)[0])' 2>/dev/null || true)
 fi
-libdirs="$prefix/lib/x86_64-linux-gnu:$deps/root/lib/x86_64-linux-gnu:$cuda_home/lib64"
+# Our programs find the .deps libraries' own dependencies (libfmt for libspdlog, libOpenCL for
+# libdnnl) and cuDNN's sub-libraries through LD_LIBRARY_PATH. Debian's zlib only if the system
+# has none, the toolkit's lib64 only if the loader does not know it. Python (PyTorch brings its
+# own CUDA libraries) runs with the environment it came with, through a small wrapper.
+orig_ld=${LD_LIBRARY_PATH:-}
+libdirs="$prefix/lib/x86_64-linux-gnu"
+ldconfig -p 2>/dev/null | grep -q 'libz\.so\.1 ' || libdirs="$libdirs:$deps/root/lib/x86_64-linux-gnu"
+ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.13 ' || libdirs="$libdirs:$cuda_home/lib64"
 [ -n "$cudnn_root" ] && [ -d "$cudnn_root/lib" ] && libdirs="$libdirs:$cudnn_root/lib"
-export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$libdirs${orig_ld:+:$orig_ld}"
+mkdir -p "$build"
+real_py=$(command -v "$py" || echo "$py")
+printf '#!/bin/sh\n%s\nexec "%s" "$@"\n' \
+  "$([ -n "$orig_ld" ] && echo "export LD_LIBRARY_PATH='$orig_ld'" || echo "unset LD_LIBRARY_PATH")" "$real_py" \
+  >"$build/python3-plain"
+chmod +x "$build/python3-plain"
+py="$build/python3-plain"
 export CMAKE_PREFIX_PATH="$prefix${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 {
   echo "date: $(date -u)"
