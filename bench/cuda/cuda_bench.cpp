@@ -68,8 +68,10 @@ int main(int argc, char** argv) {
     } else if (a == "--device" && i + 1 < argc) {
       cuda_spec = argv[++i];  // another backend in the GPU's place: checks the networks anywhere
     } else {
-      std::fprintf(stderr, "usage: %s [--json FILE] [--peer onednn|reference] [--batch N] [--seconds S] [--tf32] [--device SPEC]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--json FILE] [--peer onednn|reference] [--batch N] [--seconds S] [--tf32] [--device SPEC]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -93,10 +95,11 @@ int main(int argc, char** argv) {
     auto cpu = backend::make_backend(peer);
     std::printf("cuda_bench: %s vs %s (%s), batch %lld, one step = forward + loss + backward\n",
                 gpu->device_name().c_str(), peer.c_str(), cpu->device_name().c_str(), static_cast<long long>(batch));
-    std::printf("%-8s %12s %8s %12s %8s %10s\n", "net", (gpu->name() + " ms").c_str(), "steps", (peer + " ms").c_str(), "steps", "speedup");
-    std::string json = "{\"batch\": " + std::to_string(batch) +
-                       ", \"tf32\": " + (gpu->name() == "cuda" && cuda_spec.find("tf32") != std::string::npos ? "true" : "false") + ", \"device\": \"" +
-                       gpu->device_name() + "\", \"peer\": \"" + peer + "\", \"results\": [";
+    std::printf("%-8s %12s %8s %12s %8s %10s\n", "net", (gpu->name() + " ms").c_str(), "steps", (peer + " ms").c_str(),
+                "steps", "speedup");
+    std::string json = "{\"batch\": " + std::to_string(batch) + ", \"tf32\": " +
+                       (gpu->name() == "cuda" && cuda_spec.find("tf32") != std::string::npos ? "true" : "false") +
+                       ", \"device\": \"" + gpu->device_name() + "\", \"peer\": \"" + peer + "\", \"results\": [";
     bool first = true;
     for (const std::string which : {"lenet5", "resnet8"}) {
       auto mg = build(which, *gpu, batch);
