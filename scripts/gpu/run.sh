@@ -164,7 +164,9 @@ if [ "$do_bench" = 1 ]; then
   # onednn's ResNet-8 epoch is cut to 300 steps (its images/s is what is compared).
   trainer="$build/bench/lenet/bench_train"
   data="$deps/root/usr/share/datasets/fashion-mnist"
-  if [ -x "$trainer" ] && [ -d "$data" ]; then
+  if ! nvidia-smi -L >/dev/null 2>&1; then
+    note "training step skipped: no GPU (nvidia-smi -L failed)"
+  elif [ -x "$trainer" ] && [ -d "$data" ]; then
     train_json="$OUT/train.jsonl"
     : >"$train_json"
     for model in lenet5 resnet8; do
