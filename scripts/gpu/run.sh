@@ -107,7 +107,7 @@ export CMAKE_PREFIX_PATH="$prefix${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   echo "date: $(date -u)"
   echo "git: $(git -C "$root" log --oneline -1 2>/dev/null)"
   echo "nvcc: $("$CUDACXX" --version 2>&1 | tail -2 | tr '\n' ' ')"
-  echo "cmake: $(cmake --version | head -1)  ninja: $(ninja --version 2>&1)"
+  echo "cmake: $(cmake --version | head -1)  ninja: $(ninja --version 2>&1 || echo none)"
   echo "c++: $(c++ --version 2>&1 | head -1)"
   echo "cudnn root: ${cudnn_root:-not found}"
   echo "toolkit libraries: $(ls "$cuda_home/lib64" 2>/dev/null | grep -E '^lib(cudart|cublas|cudnn)\.so' | tr '\n' ' ')"
@@ -118,7 +118,9 @@ note "cuda at $cuda_home, cudnn at ${cudnn_root:-not found}"
 
 # ---- 3. configure and build -------------------------------------------------------------------
 if [ "$do_build" = 1 ]; then
-  cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  gen=Ninja
+  command -v ninja >/dev/null || gen="Unix Makefiles"
+  cmake_args=(-S "$root" -B "$build" -G "$gen" -DCMAKE_BUILD_TYPE=Release
     -DCLEAVE_WITH_CUDA=ON -DCLEAVE_WITH_NET=OFF -DCLEAVE_WITH_VULKAN=OFF -DCLEAVE_WITH_ONEDNN=AUTO
     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$CUDACXX" -DCMAKE_PREFIX_PATH="$prefix")
   [ -n "$cudnn_root" ] && cmake_args+=(-DCUDNN_ROOT="$cudnn_root")
@@ -128,7 +130,7 @@ if [ "$do_build" = 1 ]; then
     exit 1
   fi
   grep "cleave:" "$OUT/configure.log" | tee -a "$summary"
-  if ! ninja -C "$build" -j "$jobs" >"$OUT/build.log" 2>&1; then
+  if ! cmake --build "$build" -j "$jobs" >"$OUT/build.log" 2>&1; then
     note "build FAILED (see build.log)"
     grep -E "error|FAILED" "$OUT/build.log" | head -40
     exit 1
