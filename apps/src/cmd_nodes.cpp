@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "cleave/backend/registry.h"
 #include "cleave/device/agent.h"
 #include "cleave/server/edge_node.h"
 #include "cleave/server/server_node.h"
@@ -178,6 +179,14 @@ void run_demo(const demo_options& o) {
   for (int i = 1; i <= o.devices; ++i) issue("device-" + std::to_string(i), transport::node_role::device);
   spdlog::info("demo: certificates for the CA, server, edge-1 and device-1..{} in {}", o.devices, certs.string());
 
+  // All nodes share this machine's cores: give each oneDNN node its share of threads (OpenMP
+  // teams of competing processes stall each other) and let idle OpenMP threads sleep.
+  std::string backend = o.backend;
+  if (backend == "onednn" || (backend == "auto" && backend::resolve_auto() == "onednn")) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    backend = "onednn:" + std::to_string(std::max(1u, cores / static_cast<unsigned>(o.devices + 2)));
+  }
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   const auto server_port = free_port(), edge_port = free_port();
   const std::string sp = "127.0.0.1:" + std::to_string(server_port);
   const std::string ep = "127.0.0.1:" + std::to_string(edge_port);
@@ -201,7 +210,7 @@ void run_demo(const demo_options& o) {
   const pid_t server = spawn(sargs, {});
   std::vector<pid_t> others;
   others.push_back(spawn({"cleave", "--log-level", level, "edge", "--certs", certs.string(), "--name", "edge-1",
-                          "--listen", ep, "--server", sp, "--backend", o.backend},
+                          "--listen", ep, "--server", sp, "--backend", backend},
                          work / "edge-1.log"));
   for (int i = 1; i <= o.devices; ++i)
     others.push_back(spawn({"cleave",
