@@ -1,0 +1,11 @@
+// The subcommands of `cleave`: each registers itself on the CLI11 app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace cleave::apps {
+
+void register_train_commands(CLI::App& app);  // train, eval, backends, models
+void register_certs_command(CLI::App& app);   // certs init / issue
+
+}  // namespace cleave::apps

@@ -1,0 +1,35 @@
+// The `cleave` command line: local training, provisioning, and the split-learning nodes.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+
+#include "cleave/core/error.h"
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"cleave: split learning across edge devices, edge servers and GPU servers"};
+  app.require_subcommand(1);
+  std::string level = "info";
+  app.add_option("--log-level", level, "trace, debug, info, warn, error or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  app.parse_complete_callback([&] {
+    spdlog::set_level(spdlog::level::from_str(level));
+    spdlog::set_pattern("%H:%M:%S.%e %^%-5l%$ %v");
+  });
+  cleave::apps::register_train_commands(app);
+#ifdef CLEAVE_HAVE_CERTS_COMMAND
+  cleave::apps::register_certs_command(app);
+#endif
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const cleave::core::error& e) {
+    std::fprintf(stderr, "cleave: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "cleave: error: out of memory\n");
+    return 1;
+  }
+  return 0;
+}

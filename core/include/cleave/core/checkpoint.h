@@ -1,0 +1,41 @@
+// Checkpoints: the model spec, training position, parameters, state and optimizer state in
+// one file, written atomically (temporary file, fsync, rename) and checked on load (magic,
+// version, sizes, CRC-32), so a failed load says why and a crash never leaves a torn file.
+//
+// Layout (little-endian): "CLVCKPT1" | u64 header bytes | header JSON | tensor payload |
+// u32 CRC-32 of everything before it. The header lists every tensor: name, dtype, shape,
+// byte offset into the payload.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cleave/core/optimizer.h"
+#include "cleave/core/stage.h"
+
+namespace cleave::core {
+
+struct checkpoint {
+  std::string model_json;  // model_spec::json
+  std::uint64_t seed = 0;
+  std::int64_t epoch = 0;  // completed epochs (or rounds)
+  std::int64_t step = 0;   // optimizer steps taken
+  std::string optimizer;   // "sgd" / "adamw"
+  struct entry {
+    std::string name;
+    shape dims;
+    std::vector<float> values;
+  };
+  std::vector<entry> tensors;  // params "p:<name>", state "s:<name>", optimizer "o<k>:<name>"
+};
+
+void save_checkpoint(const std::string& path, const checkpoint& c);
+checkpoint load_checkpoint(const std::string& path);
+
+// Copies a stage's parameters, state and optimizer state to / from a checkpoint.
+checkpoint capture(const stage& s, const optimizer& opt, std::uint64_t seed, std::int64_t epoch);
+// Throws naming the first tensor that is missing or has another shape.
+void restore(stage& s, optimizer& opt, const checkpoint& c);
+
+}  // namespace cleave::core

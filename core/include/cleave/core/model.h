@@ -1,0 +1,55 @@
+// Models: a chain of blocks written as a JSON spec or taken from the zoo by name.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cleave/core/layer.h"
+
+namespace cleave::core {
+
+struct block_info {
+  std::string kind;            // "conv2d", "residual", ...
+  shape in, out;               // per-sample shapes
+  std::int64_t n_params = 0;   // trainable elements
+  std::int64_t n_buffers = 0;  // state elements (running statistics)
+  double flops = 0.0;          // forward FLOPs per sample
+};
+
+struct model_spec {
+  std::string name;
+  shape input;  // per sample, (C,H,W) or (F)
+  int n_classes = 0;
+  std::string json;  // the spec as compact JSON (travels to other nodes as is)
+  std::vector<block_info> blocks;
+
+  int n_blocks() const { return static_cast<int>(blocks.size()); }
+  std::int64_t n_params() const;
+};
+
+// Where each block's parameters and state sit in the model's flat buffers (the concatenation
+// of all blocks in order; a stage of blocks [b, e) holds the slice [offset[b], offset[e])).
+struct flat_layout {
+  std::vector<std::int64_t> param_offset;   // n_blocks + 1 entries
+  std::vector<std::int64_t> buffer_offset;  // n_blocks + 1 entries
+};
+flat_layout layout_of(const model_spec& m);
+
+// Parses and validates a spec. `source` names it in errors (e.g. the file name). Errors name
+// the block and the field: "model spec 'net.json': block 3 (conv2d): field 'kernel': ...".
+model_spec parse_model_spec(std::string_view json_text, std::string_view source = "<text>");
+model_spec load_model_spec_file(const std::string& path);
+
+// Built-in models for a per-sample input shape and a class count: mlp, lenet5, resnet8.
+std::vector<std::string> zoo_names();
+model_spec zoo_model(std::string_view name, const shape& input, int n_classes);
+
+// A zoo name, or a path to a .json spec (whose input and classes must then match).
+model_spec resolve_model(std::string_view name_or_path, const shape& input, int n_classes);
+
+// Constructs blocks [begin, end) of the model (parameters not yet bound).
+std::vector<std::unique_ptr<layer>> build_blocks(const model_spec& m, int begin, int end);
+
+}  // namespace cleave::core

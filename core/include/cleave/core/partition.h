@@ -1,0 +1,21 @@
+// Splitting a data set across N clients: IID, Dirichlet(alpha) non-IID, and k classes per
+// client. Deterministic for a seed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace cleave::core {
+
+using shard = std::vector<std::int64_t>;  // sample indices, ascending
+
+std::vector<shard> partition_iid(std::int64_t n_samples, int n_clients, std::uint64_t seed);
+// Each class's samples split by proportions drawn from Dirichlet(alpha); every client gets at
+// least one sample (resampled otherwise).
+std::vector<shard> partition_dirichlet(const std::vector<std::int32_t>& labels, int n_classes, int n_clients,
+                                       double alpha, std::uint64_t seed);
+// Each client holds k distinct classes; each class's samples are split evenly among its holders.
+std::vector<shard> partition_classes(const std::vector<std::int32_t>& labels, int n_classes, int n_clients, int k,
+                                     std::uint64_t seed);
+
+}  // namespace cleave::core

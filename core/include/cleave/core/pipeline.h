@@ -1,0 +1,92 @@
+// The compute side of a split-learning node: the segments of device routes that this node
+// runs. An activation from below is run forward and passed up, or, where the route ends, into
+// the loss and straight back; a gradient from above is run backward and passed down. When all
+// micro-batches of a step have gone back through a segment, its optimizer steps. No I/O here:
+// the device agent, edge relay and server wrap it with channels.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <tuple>
+
+#include "cleave/core/optimizer.h"
+#include "cleave/core/plan.h"
+#include "cleave/core/stage.h"
+
+namespace cleave::core {
+
+struct micro_batch_id {
+  std::uint64_t step = 0;
+  std::uint32_t micro_batch = 0;
+  friend auto operator<=>(const micro_batch_id&, const micro_batch_id&) = default;
+};
+
+// What a segment hands on.
+struct segment_output {
+  enum class direction : std::uint8_t { up, down, none } dir = direction::none;
+  tensor value;       // activation going up or gradient going down
+  float loss = 0.0f;  // where the loss was computed: this micro-batch's mean loss
+  std::uint32_t n_correct = 0;
+  bool stepped = false;  // the segment's optimizer stepped (all micro-batches of the step are back)
+};
+
+class segment_host {
+ public:
+  segment_host(backend& b, const model_spec& m, const optimizer_config& opt, std::uint64_t seed);
+
+  // Hosts segment `segment` of `device`'s route. With `shared` set, devices hosting the same
+  // block range share one stage and optimizer (sequential split learning) instead of one
+  // replica each (SplitFed-v1).
+  void host(std::uint32_t device, const route& r, int segment, bool shared = false);
+  void drop_device(std::uint32_t device);
+  bool hosts(std::uint32_t device, int segment) const;
+
+  // x (B, in...) arriving for (device, segment). labels (B) i32 are needed where the loss is
+  // computed here. micro_batch_scale is this micro-batch's share of the step's batch (the
+  // loss of a step is the mean over its whole batch).
+  segment_output forward(std::uint32_t device, int segment, micro_batch_id id, const tensor& x, const tensor& labels,
+                         float micro_batch_scale, std::uint32_t n_micro_batches, std::uint32_t dropout_seed = 0);
+  // dy (B, out...) arriving for a segment that sent its activation up.
+  segment_output backward(std::uint32_t device, int segment, micro_batch_id id, const tensor& dy);
+
+  // The stage (and optimizer) of a hosted segment.
+  stage& stage_of(std::uint32_t device, int segment);
+  optimizer& optimizer_of(std::uint32_t device, int segment);
+  // Forgets micro-batches in flight (a device left, or its round was closed).
+  void discard_pending(std::uint32_t device);
+  std::size_t n_pending() const;
+
+  backend& device_backend() const { return *b_; }
+  const model_spec& model() const { return *m_; }
+
+ private:
+  struct replica {
+    std::unique_ptr<stage> st;
+    std::unique_ptr<optimizer> opt;
+  };
+  struct slot {
+    route r;
+    int segment = 0;
+    std::shared_ptr<replica> rep;
+    struct in_flight {
+      stage::context ctx;
+      shape out;  // the activation sent up
+    };
+    std::map<micro_batch_id, in_flight> pending;
+    std::map<std::uint64_t, std::uint32_t> done;  // step -> micro-batches back through here
+  };
+  slot& at(std::uint32_t device, int segment);
+  bool finish_micro_batch(slot& s, micro_batch_id id, std::uint32_t n_micro_batches);
+
+  backend* b_;
+  const model_spec* m_;
+  optimizer_config opt_;
+  std::uint64_t seed_;
+  std::map<std::pair<std::uint32_t, int>, slot> slots_;
+  std::map<std::pair<int, int>, std::shared_ptr<replica>> shared_;  // block range -> replica
+  std::map<std::pair<std::uint32_t, int>, std::uint32_t> n_mb_;     // micro-batches per step
+};
+
+}  // namespace cleave::core

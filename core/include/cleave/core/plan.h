@@ -1,0 +1,49 @@
+// Plans: which tier runs which blocks for each device. A device's route is a path of tiers
+// (device -> [edge ->] server, or in U-shape back down to the device) and the cuts between
+// them; segment i runs blocks [cut(i-1), cut(i)) and the last segment computes the loss.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace cleave::core {
+
+enum class tier : std::uint8_t { device, edge, server };
+std::string_view tier_name(tier t);
+
+struct route {
+  std::vector<tier> path;  // D S | D E S | D S D | D E S E D
+  std::vector<int> cuts;   // path.size() - 1 boundaries, non-decreasing, within [1, n_blocks]
+  int n_blocks = 0;
+
+  int n_segments() const { return static_cast<int>(path.size()); }
+  int begin(int segment) const { return segment == 0 ? 0 : cuts[static_cast<std::size_t>(segment - 1)]; }
+  int end(int segment) const {
+    return segment + 1 == n_segments() ? n_blocks : cuts[static_cast<std::size_t>(segment)];
+  }
+  bool u_shape() const { return path.size() > 1 && path.back() == tier::device; }
+  bool has_edge() const;
+  // Segments of this route on tier t, in order.
+  std::vector<int> segments_on(tier t) const;
+  // "device[0,4) edge[4,7) server[7,12)"
+  std::string str() const;
+
+  friend bool operator==(const route&, const route&) = default;
+};
+
+// Builds and validates a route from its shape and cuts. Throws core::error naming the problem:
+// cuts out of order or range, a device holding no block (its raw inputs would leave it), or
+// in U-shape a device top that holds no block (its labels would leave it).
+route make_route(bool u_shape, bool with_edge, const std::vector<int>& cuts, int n_blocks);
+
+// "3" / "3,7" / "2,6,9" -> cuts; throws naming the text.
+std::vector<int> parse_cuts(const std::string& text);
+
+struct plan {
+  std::uint32_t epoch = 0;
+  std::map<std::uint32_t, route> devices;  // device id -> its route
+};
+
+}  // namespace cleave::core

@@ -1,0 +1,82 @@
+// A stage: a contiguous range of a model's blocks on one backend, with its parameters,
+// gradients and state in three contiguous buffers (so a stage's weights move or average in
+// one piece). The same stage code runs on every tier.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cleave/core/model.h"
+
+namespace cleave::core {
+
+struct named_tensor {
+  std::string name;  // "3.body.0.weight": block index, then the layer's own name
+  tensor value;
+};
+
+// Initial value of every parameter and state element of blocks [begin, end), computed on the
+// host from the seed alone: the same on every backend and wherever the cut falls.
+// params (P) and buffers (S) in the order of the blocks' params() / buffers().
+void initial_values(const model_spec& m, int begin, int end, std::uint64_t seed, std::vector<float>& params,
+                    std::vector<float>& buffers);
+
+class stage {
+ public:
+  // Blocks [begin, end) of m on backend b, initialised from seed.
+  stage(backend& b, const model_spec& m, int begin, int end, std::uint64_t seed);
+  stage(const stage&) = delete;
+  stage& operator=(const stage&) = delete;
+
+  int begin() const { return begin_; }
+  int end() const { return end_; }
+  backend& device() const { return *b_; }
+  const model_spec& model() const { return *m_; }
+
+  // What forward keeps for backward: one per micro-batch in flight.
+  struct context {
+    std::vector<layer_ctx> layers;
+  };
+
+  // x (N, in...) -> y (N, out...). `seed` is this pass's randomness (see run_info).
+  tensor forward(const tensor& x, context& ctx, mode md, std::uint32_t seed = 0);
+  // dy (N, out...) -> dx (N, in...), accumulating parameter gradients. need_dx false skips the
+  // input gradient (the first stage of a model).
+  tensor backward(const tensor& dy, context& ctx, bool need_dx);
+
+  void zero_grad();
+
+  // Flat buffers: params (P), grads (P), buffers (S).
+  const tensor& params() const { return params_; }
+  const tensor& grads() const { return grads_; }
+  const tensor& buffers() const { return buffers_; }
+  std::int64_t n_params() const { return params_.numel(); }
+  std::int64_t n_buffers() const { return buffers_.numel(); }
+  std::vector<named_tensor> named_params() const;
+  std::vector<named_tensor> named_buffers() const;
+
+  // Per-block access for profiling.
+  int n_blocks() const { return static_cast<int>(blocks_.size()); }
+  layer& block(int i) { return *blocks_[static_cast<std::size_t>(i)]; }
+
+ private:
+  backend* b_;
+  const model_spec* m_;
+  int begin_, end_;
+  std::vector<std::unique_ptr<layer>> blocks_;
+  tensor params_, grads_, buffers_;
+  std::vector<named_tensor> named_params_, named_buffers_;
+};
+
+// Softmax cross-entropy on the logits of the last block.
+struct loss_result {
+  tensor probs;  // (N,K)
+  tensor loss;   // (1)
+};
+// logits (N,K), labels (N) i32 -> probs, mean loss
+loss_result loss_forward(backend& b, const tensor& logits, const tensor& labels);
+// -> dlogits (N,K) = d(scale * mean loss)/dlogits
+tensor loss_backward(backend& b, const loss_result& r, const tensor& labels, float scale = 1.0f);
+
+}  // namespace cleave::core

@@ -1,0 +1,67 @@
+// Local training: one stage holding the whole model on one backend, an optimizer, and the
+// loops over a data set (shuffled per epoch from the seed) with progress and evaluation.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "cleave/core/dataset.h"
+#include "cleave/core/optimizer.h"
+#include "cleave/core/stage.h"
+
+namespace cleave::core {
+
+struct train_config {
+  int batch = 64;
+  int epochs = 1;
+  std::uint64_t seed = 1;
+  optimizer_config opt;
+  int eval_batch = 500;
+  int report_every = 50;        // steps between progress reports
+  std::int64_t max_steps = -1;  // stop an epoch early (benchmarks, tests); -1: whole epochs
+};
+
+struct progress_report {
+  int epoch = 0;          // 0-based
+  std::int64_t step = 0;  // steps done in this epoch
+  std::int64_t steps_per_epoch = 0;
+  float loss = 0.0f;          // mean training loss since the last report
+  double images_per_s = 0.0;  // since the epoch started
+  double lr = 0.0;
+};
+
+struct eval_report {
+  double loss = 0.0;
+  double accuracy = 0.0;
+  std::int64_t n = 0;
+};
+
+class trainer {
+ public:
+  trainer(backend& b, const model_spec& m, const train_config& c);
+
+  stage& model_stage() { return *stage_; }
+  optimizer& opt() { return *opt_; }
+  const train_config& config() const { return c_; }
+
+  // One optimizer step on a host batch: x (n, item...), y (n). Returns the loss tensor (1)
+  // without waiting for it.
+  tensor step(const float* x, const std::int32_t* y, std::int64_t n);
+  // One epoch in the seeded order for `epoch`; calls `progress` every report_every steps and
+  // at the end. Returns the number of images trained on.
+  std::int64_t train_epoch(const dataset& d, int epoch, const std::function<void(const progress_report&)>& progress);
+  eval_report evaluate(const dataset& d);
+
+ private:
+  backend* b_;
+  train_config c_;
+  std::unique_ptr<stage> stage_;
+  std::unique_ptr<optimizer> opt_;
+  std::int64_t samples_seen_ = 0;
+};
+
+// Index of the largest of each row: logits (n, k) on the host.
+std::int64_t count_correct(const std::vector<float>& logits, const std::int32_t* labels, std::int64_t n,
+                           std::int64_t k);
+
+}  // namespace cleave::core

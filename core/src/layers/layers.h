@@ -1,0 +1,25 @@
+// Constructors of the built-in layers. Each validates its per-sample input shape and its
+// settings and throws core::error with a message naming the offending setting.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "cleave/core/layer.h"
+
+namespace cleave::core::layers {
+
+std::unique_ptr<layer> make_linear(const shape& in, std::int64_t out_features, bool bias);
+std::unique_ptr<layer> make_conv2d(const shape& in, std::int64_t out_channels, int kernel_h, int kernel_w, int stride,
+                                   int padding, bool bias);
+std::unique_ptr<layer> make_pool2d(const shape& in, const pool2d_desc& d);
+std::unique_ptr<layer> make_global_avg_pool(const shape& in);
+std::unique_ptr<layer> make_relu(const shape& in);
+std::unique_ptr<layer> make_flatten(const shape& in);
+std::unique_ptr<layer> make_dropout(const shape& in, float p);
+std::unique_ptr<layer> make_batchnorm2d(const shape& in, float eps, float momentum);
+// y = act(body(x) + shortcut(x)); an empty shortcut is the identity.
+std::unique_ptr<layer> make_residual(const shape& in, std::vector<std::unique_ptr<layer>> body,
+                                     std::vector<std::unique_ptr<layer>> shortcut, bool relu_after);
+
+}  // namespace cleave::core::layers

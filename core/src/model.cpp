@@ -1,0 +1,277 @@
+// Model specs: JSON parsing with errors that name the block and field, the zoo, building blocks.
+#include "cleave/core/model.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "layers/layers.h"
+
+namespace cleave::core {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Reads typed fields of one block, remembering which were used to reject unknown ones.
+class fields {
+ public:
+  explicit fields(const json& j) : j_(j) {}
+
+  std::int64_t integer(const char* name, std::optional<std::int64_t> fallback = std::nullopt) {
+    used_.insert(name);
+    if (!j_.contains(name)) {
+      if (fallback) return *fallback;
+      throw error(std::string("field '") + name + "': missing (an integer is required)");
+    }
+    const json& v = j_.at(name);
+    if (!v.is_number_integer()) throw error(std::string("field '") + name + "': must be an integer, got " + v.dump());
+    return v.get<std::int64_t>();
+  }
+  // An integer or a pair [h, w].
+  std::pair<int, int> pair(const char* name, std::optional<int> fallback = std::nullopt) {
+    used_.insert(name);
+    if (!j_.contains(name)) {
+      if (fallback) return {*fallback, *fallback};
+      throw error(std::string("field '") + name + "': missing (an integer or [h, w] is required)");
+    }
+    const json& v = j_.at(name);
+    if (v.is_number_integer()) return {checked_int(name, v), checked_int(name, v)};
+    if (v.is_array() && v.size() == 2 && v[0].is_number_integer() && v[1].is_number_integer())
+      return {checked_int(name, v[0]), checked_int(name, v[1])};
+    throw error(std::string("field '") + name + "': must be an integer or [h, w], got " + v.dump());
+  }
+  bool has(const char* name) const { return j_.contains(name); }
+  double number(const char* name, double fallback) {
+    used_.insert(name);
+    if (!j_.contains(name)) return fallback;
+    const json& v = j_.at(name);
+    if (!v.is_number()) throw error(std::string("field '") + name + "': must be a number, got " + v.dump());
+    return v.get<double>();
+  }
+  bool boolean(const char* name, bool fallback) {
+    used_.insert(name);
+    if (!j_.contains(name)) return fallback;
+    const json& v = j_.at(name);
+    if (!v.is_boolean()) throw error(std::string("field '") + name + "': must be true or false, got " + v.dump());
+    return v.get<bool>();
+  }
+  const json* array(const char* name, bool required) {
+    used_.insert(name);
+    if (!j_.contains(name)) {
+      if (required) throw error(std::string("field '") + name + "': missing (a list of blocks is required)");
+      return nullptr;
+    }
+    const json& v = j_.at(name);
+    if (!v.is_array()) throw error(std::string("field '") + name + "': must be a list of blocks");
+    return &v;
+  }
+  void reject_unknown() const {
+    for (const auto& [k, v] : j_.items())
+      if (k != "type" && !used_.count(k)) throw error("field '" + k + "': unknown for this block type");
+  }
+
+ private:
+  static int checked_int(const char* name, const json& v) {
+    const auto x = v.get<std::int64_t>();
+    if (x < -(1 << 20) || x > (1 << 20)) throw error(std::string("field '") + name + "': out of range: " + v.dump());
+    return static_cast<int>(x);
+  }
+  const json& j_;
+  std::set<std::string> used_;
+};
+
+std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::string& where);
+
+std::vector<std::unique_ptr<layer>> parse_chain(const json& list, shape in, const std::string& where) {
+  std::vector<std::unique_ptr<layer>> out;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    out.push_back(parse_block(list[i], in, where + "[" + std::to_string(i) + "]"));
+    in = out.back()->output_shape();
+  }
+  return out;
+}
+
+std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::string& where) {
+  if (!j.is_object()) throw error(where + ": must be an object with a 'type'");
+  if (!j.contains("type") || !j["type"].is_string())
+    throw error(where + ": field 'type': missing (a string is required)");
+  const std::string type = j["type"].get<std::string>();
+  const std::string here = where + " (" + type + ")";
+  try {
+    fields f(j);
+    std::unique_ptr<layer> l;
+    if (type == "conv2d") {
+      const auto out = f.integer("out_channels");
+      const auto [kh, kw] = f.pair("kernel");
+      const auto stride = static_cast<int>(f.integer("stride", 1));
+      const auto pad = static_cast<int>(f.integer("padding", 0));
+      l = layers::make_conv2d(in, out, kh, kw, stride, pad, f.boolean("bias", true));
+    } else if (type == "linear") {
+      l = layers::make_linear(in, f.integer("out_features"), f.boolean("bias", true));
+    } else if (type == "maxpool2d" || type == "avgpool2d") {
+      const auto [kh, kw] = f.pair("kernel");
+      const auto [sh, sw] = f.has("stride") ? f.pair("stride") : std::pair{kh, kw};
+      const auto [ph, pw] = f.pair("padding", 0);
+      l = layers::make_pool2d(in, {type == "maxpool2d" ? pool_kind::max : pool_kind::avg, kh, kw, sh, sw, ph, pw});
+    } else if (type == "global_avg_pool") {
+      l = layers::make_global_avg_pool(in);
+    } else if (type == "relu") {
+      l = layers::make_relu(in);
+    } else if (type == "flatten") {
+      l = layers::make_flatten(in);
+    } else if (type == "dropout") {
+      l = layers::make_dropout(in, static_cast<float>(f.number("p", 0.5)));
+    } else if (type == "batchnorm2d") {
+      l = layers::make_batchnorm2d(in, static_cast<float>(f.number("eps", 1e-5)),
+                                   static_cast<float>(f.number("momentum", 0.1)));
+    } else if (type == "residual") {
+      auto body = parse_chain(*f.array("body", true), in, here + ": body");
+      std::vector<std::unique_ptr<layer>> shortcut;
+      if (const json* s = f.array("shortcut", false)) shortcut = parse_chain(*s, in, here + ": shortcut");
+      l = layers::make_residual(in, std::move(body), std::move(shortcut), f.boolean("relu", true));
+    } else {
+      throw error("unknown block type '" + type +
+                  "' (known: conv2d, linear, maxpool2d, avgpool2d, global_avg_pool, relu, flatten, dropout, "
+                  "batchnorm2d, residual)");
+    }
+    f.reject_unknown();
+    return l;
+  } catch (const error& e) {
+    const std::string msg = e.what();
+    // Nested blocks already carry their location.
+    if (msg.rfind(here, 0) == 0 || msg.find(": body[") != std::string::npos ||
+        msg.find(": shortcut[") != std::string::npos)
+      throw;
+    throw error(here + ": " + msg);
+  }
+}
+
+shape parse_shape(const json& v) {
+  if (!v.is_array() || v.empty() || v.size() > 3) throw error("field 'input': must be [C, H, W] or [F]");
+  shape s;
+  if (v.size() == 1)
+    s = shape{0};
+  else if (v.size() == 2)
+    throw error("field 'input': must be [C, H, W] or [F]");
+  else
+    s = shape{0, 0, 0};
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_number_integer() || v[i].get<std::int64_t>() < 1 || v[i].get<std::int64_t>() > (1 << 20))
+      throw error("field 'input': dimensions must be positive integers, got " + v.dump());
+    s[static_cast<int>(i)] = v[i].get<std::int64_t>();
+  }
+  return s;
+}
+
+}  // namespace
+
+std::int64_t model_spec::n_params() const {
+  std::int64_t n = 0;
+  for (const auto& b : blocks) n += b.n_params;
+  return n;
+}
+
+namespace {
+
+std::int64_t total(const std::vector<param_spec>& specs) {
+  std::int64_t n = 0;
+  for (const auto& p : specs) n += p.shape.numel();
+  return n;
+}
+
+struct parsed {
+  json root;
+  shape input;
+  int n_classes = 0;
+};
+
+parsed parse_root(std::string_view text, std::string_view source) {
+  const std::string prefix = "model spec '" + std::string(source) + "': ";
+  parsed p;
+  try {
+    p.root = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw error(prefix + "not valid JSON: " + e.what());
+  }
+  if (!p.root.is_object()) throw error(prefix + "must be a JSON object");
+  try {
+    for (const auto& [k, v] : p.root.items())
+      if (k != "name" && k != "input" && k != "classes" && k != "blocks")
+        throw error("field '" + k + "': unknown (expected name, input, classes, blocks)");
+    if (!p.root.contains("input")) throw error("field 'input': missing");
+    p.input = parse_shape(p.root["input"]);
+    if (!p.root.contains("classes") || !p.root["classes"].is_number_integer() || p.root["classes"].get<int>() < 2 ||
+        p.root["classes"].get<int>() > 1000000)
+      throw error("field 'classes': missing or not an integer >= 2");
+    p.n_classes = p.root["classes"].get<int>();
+    if (!p.root.contains("blocks") || !p.root["blocks"].is_array() || p.root["blocks"].empty())
+      throw error("field 'blocks': missing or not a non-empty list");
+    if (p.root.contains("name") && !p.root["name"].is_string()) throw error("field 'name': must be a string");
+  } catch (const error& e) {
+    throw error(prefix + e.what());
+  }
+  return p;
+}
+
+}  // namespace
+
+model_spec parse_model_spec(std::string_view text, std::string_view source) {
+  const parsed p = parse_root(text, source);
+  const std::string prefix = "model spec '" + std::string(source) + "': ";
+  model_spec m;
+  m.name = p.root.value("name", std::string(source));
+  m.input = p.input;
+  m.n_classes = p.n_classes;
+  m.json = p.root.dump();
+  shape in = m.input;
+  const json& blocks = p.root["blocks"];
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    std::unique_ptr<layer> l;
+    try {
+      l = parse_block(blocks[i], in, "block " + std::to_string(i));
+    } catch (const error& e) {
+      throw error(prefix + e.what());
+    }
+    m.blocks.push_back({l->kind(), l->input_shape(), l->output_shape(), total(l->params()), total(l->buffers()),
+                        l->flops_per_sample()});
+    in = l->output_shape();
+  }
+  if (!(in == shape{m.n_classes}))
+    throw error(prefix + "block " + std::to_string(blocks.size() - 1) + " (" + m.blocks.back().kind + "): outputs " +
+                in.str() + " but the model has " + std::to_string(m.n_classes) +
+                " classes: the last block must output (" + std::to_string(m.n_classes) + ")");
+  return m;
+}
+
+flat_layout layout_of(const model_spec& m) {
+  flat_layout l;
+  l.param_offset.push_back(0);
+  l.buffer_offset.push_back(0);
+  for (const auto& b : m.blocks) {
+    l.param_offset.push_back(l.param_offset.back() + b.n_params);
+    l.buffer_offset.push_back(l.buffer_offset.back() + b.n_buffers);
+  }
+  return l;
+}
+
+model_spec load_model_spec_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw error("model spec '" + path + "': cannot open file");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return parse_model_spec(ss.str(), path);
+}
+
+std::vector<std::unique_ptr<layer>> build_blocks(const model_spec& m, int begin, int end) {
+  CLEAVE_ASSERT(0 <= begin && begin <= end && end <= m.n_blocks(), "block range out of the model");
+  const json root = json::parse(m.json);
+  std::vector<std::unique_ptr<layer>> out;
+  for (int i = begin; i < end; ++i)
+    out.push_back(parse_block(root["blocks"][static_cast<std::size_t>(i)], m.blocks[static_cast<std::size_t>(i)].in,
+                              "block " + std::to_string(i)));
+  return out;
+}
+
+}  // namespace cleave::core

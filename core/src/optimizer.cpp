@@ -1,0 +1,61 @@
+// Optimizer steps and learning-rate schedules.
+#include "cleave/core/optimizer.h"
+
+#include <cmath>
+
+namespace cleave::core {
+
+optimizer_kind parse_optimizer_kind(const std::string& s) {
+  if (s == "sgd") return optimizer_kind::sgd;
+  if (s == "adamw") return optimizer_kind::adamw;
+  throw error("unknown optimizer '" + s + "' (known: sgd, adamw)");
+}
+
+schedule_kind parse_schedule_kind(const std::string& s) {
+  if (s == "constant") return schedule_kind::constant;
+  if (s == "step") return schedule_kind::step;
+  if (s == "cosine") return schedule_kind::cosine;
+  throw error("unknown learning-rate schedule '" + s + "' (known: constant, step, cosine)");
+}
+
+float learning_rate(const optimizer_config& c, std::int64_t t) {
+  if (c.warmup_steps > 0 && t < c.warmup_steps)
+    return c.lr * static_cast<float>(t + 1) / static_cast<float>(c.warmup_steps);
+  const std::int64_t u = t - c.warmup_steps;
+  switch (c.schedule) {
+    case schedule_kind::constant:
+      return c.lr;
+    case schedule_kind::step:
+      return c.lr * std::pow(c.gamma, static_cast<float>(c.step_size > 0 ? u / c.step_size : 0));
+    case schedule_kind::cosine: {
+      const std::int64_t span = std::max<std::int64_t>(1, c.total_steps - c.warmup_steps);
+      const double frac = std::min(1.0, static_cast<double>(u) / static_cast<double>(span));
+      return static_cast<float>(c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(3.141592653589793 * frac)));
+    }
+  }
+  return c.lr;
+}
+
+optimizer::optimizer(backend& b, const optimizer_config& c, std::int64_t n_params) : b_(&b), c_(c) {
+  if (!(c.lr >= 0.0f)) throw error("learning rate must be >= 0");
+  const shape s{n_params};
+  if (c.kind == optimizer_kind::sgd && c.momentum != 0.0f) state_.push_back(b.zeros(s));
+  if (c.kind == optimizer_kind::adamw) {
+    state_.push_back(b.zeros(s));
+    state_.push_back(b.zeros(s));
+  }
+}
+
+void optimizer::step(const tensor& params, const tensor& grads) {
+  const float lr = learning_rate(c_, t_);
+  ++t_;
+  if (params.numel() == 0) return;
+  if (c_.kind == optimizer_kind::sgd) {
+    b_->sgd_update({lr, c_.momentum, c_.weight_decay, c_.nesterov}, params, grads,
+                   state_.empty() ? tensor{} : state_[0]);
+  } else {
+    b_->adamw_update({lr, c_.beta1, c_.beta2, c_.eps, c_.weight_decay, t_}, params, grads, state_[0], state_[1]);
+  }
+}
+
+}  // namespace cleave::core

@@ -1,0 +1,121 @@
+// Stages: block ranges with contiguous parameter storage, forward and backward.
+#include "cleave/core/stage.h"
+
+#include <cmath>
+
+#include "cleave/core/random.h"
+
+namespace cleave::core {
+
+namespace {
+
+void fill_init(const param_spec& p, std::uint64_t stream, std::vector<float>& out) {
+  const auto n = static_cast<std::size_t>(p.shape.numel());
+  switch (p.init) {
+    case init_kind::zeros:
+      out.insert(out.end(), n, 0.0f);
+      break;
+    case init_kind::ones:
+      out.insert(out.end(), n, 1.0f);
+      break;
+    case init_kind::uniform_fan_in: {
+      const float bound = 1.0f / std::sqrt(static_cast<float>(p.fan_in));
+      rng r(stream);
+      for (std::size_t i = 0; i < n; ++i) out.push_back(r.uniform(-bound, bound));
+      break;
+    }
+  }
+}
+
+// One random stream per (seed, block, parameter).
+std::uint64_t stream_of(std::uint64_t seed, int block, std::size_t index, bool is_buffer) {
+  return mix64(mix64(seed) ^ mix64((static_cast<std::uint64_t>(block) << 20) ^ (index << 1) ^ (is_buffer ? 1 : 0)));
+}
+
+}  // namespace
+
+void initial_values(const model_spec& m, int begin, int end, std::uint64_t seed, std::vector<float>& params,
+                    std::vector<float>& buffers) {
+  params.clear();
+  buffers.clear();
+  auto blocks = build_blocks(m, begin, end);
+  for (int i = begin; i < end; ++i) {
+    const layer& l = *blocks[static_cast<std::size_t>(i - begin)];
+    const auto ps = l.params(), bs = l.buffers();
+    for (std::size_t j = 0; j < ps.size(); ++j) fill_init(ps[j], stream_of(seed, i, j, false), params);
+    for (std::size_t j = 0; j < bs.size(); ++j) fill_init(bs[j], stream_of(seed, i, j, true), buffers);
+  }
+}
+
+stage::stage(backend& b, const model_spec& m, int begin, int end, std::uint64_t seed)
+    : b_(&b), m_(&m), begin_(begin), end_(end), blocks_(build_blocks(m, begin, end)) {
+  std::vector<float> p0, s0;
+  initial_values(m, begin, end, seed, p0, s0);
+  params_ = b.empty({static_cast<std::int64_t>(p0.size())});
+  grads_ = b.zeros({static_cast<std::int64_t>(p0.size())});
+  buffers_ = b.empty({static_cast<std::int64_t>(s0.size())});
+  b.upload(params_, p0.data());
+  b.upload(buffers_, s0.data());
+  std::size_t po = 0, so = 0;
+  for (int i = begin; i < end; ++i) {
+    layer& l = *blocks_[static_cast<std::size_t>(i - begin)];
+    std::vector<tensor> pv, gv, sv;
+    for (const auto& p : l.params()) {
+      pv.push_back(params_.view(po * 4, p.shape, dtype::f32));
+      gv.push_back(grads_.view(po * 4, p.shape, dtype::f32));
+      named_params_.push_back({std::to_string(i) + "." + p.name, pv.back()});
+      po += static_cast<std::size_t>(p.shape.numel());
+    }
+    for (const auto& s : l.buffers()) {
+      sv.push_back(buffers_.view(so * 4, s.shape, dtype::f32));
+      named_buffers_.push_back({std::to_string(i) + "." + s.name, sv.back()});
+      so += static_cast<std::size_t>(s.shape.numel());
+    }
+    l.bind(pv, gv, sv);
+  }
+}
+
+tensor stage::forward(const tensor& x, context& ctx, mode md, std::uint32_t seed) {
+  ctx.layers.resize(blocks_.size());
+  tensor h = x;
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    const run_info info{md, hash32(seed, static_cast<std::uint32_t>(begin_) + static_cast<std::uint32_t>(i))};
+    h = blocks_[i]->forward(*b_, h, ctx.layers[i], info);
+  }
+  return h;
+}
+
+tensor stage::backward(const tensor& dy, context& ctx, bool need_dx) {
+  CLEAVE_ASSERT(ctx.layers.size() == blocks_.size(), "backward without a matching forward");
+  tensor d = dy;
+  for (std::size_t i = blocks_.size(); i-- > 0;) {
+    d = blocks_[i]->backward(*b_, d, ctx.layers[i], need_dx || i > 0);
+    ctx.layers[i] = {};  // free what forward kept as soon as it is used
+  }
+  return d;
+}
+
+void stage::zero_grad() {
+  if (grads_.numel()) b_->fill(grads_, 0.0f);
+}
+
+std::vector<named_tensor> stage::named_params() const {
+  return named_params_;
+}
+std::vector<named_tensor> stage::named_buffers() const {
+  return named_buffers_;
+}
+
+loss_result loss_forward(backend& b, const tensor& logits, const tensor& labels) {
+  loss_result r{b.empty(logits.shape()), b.empty({1})};
+  b.softmax_xent_forward(logits, labels, r.probs, r.loss);
+  return r;
+}
+
+tensor loss_backward(backend& b, const loss_result& r, const tensor& labels, float scale) {
+  tensor d = b.empty(r.probs.shape());
+  b.softmax_xent_backward(r.probs, labels, d, scale);
+  return d;
+}
+
+}  // namespace cleave::core

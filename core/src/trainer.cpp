@@ -1,0 +1,119 @@
+// The local training loop.
+#include "cleave/core/trainer.h"
+
+#include <chrono>
+
+#include "cleave/core/random.h"
+
+namespace cleave::core {
+
+trainer::trainer(backend& b, const model_spec& m, const train_config& c)
+    : b_(&b),
+      c_(c),
+      stage_(std::make_unique<stage>(b, m, 0, m.n_blocks(), c.seed)),
+      opt_(std::make_unique<optimizer>(b, c.opt, stage_->n_params())) {
+  if (c.batch < 1) throw error("batch size must be >= 1, got " + std::to_string(c.batch));
+  if (c.epochs < 0) throw error("epochs must be >= 0");
+}
+
+tensor trainer::step(const float* x, const std::int32_t* y, std::int64_t n) {
+  const model_spec& m = stage_->model();
+  shape xs = m.input.rank() == 3 ? shape{n, m.input[0], m.input[1], m.input[2]} : shape{n, m.input[0]};
+  tensor xt = b_->empty(xs), yt = b_->empty({n}, dtype::i32);
+  b_->upload(xt, x);
+  b_->upload(yt, y);
+  stage::context ctx;
+  // Dropout seed from the global sample position: identical wherever the blocks run.
+  const auto seed = hash32(static_cast<std::uint32_t>(c_.seed), static_cast<std::uint32_t>(samples_seen_));
+  samples_seen_ += n;
+  stage_->zero_grad();
+  tensor logits = stage_->forward(xt, ctx, mode::train, seed);
+  const loss_result lr = loss_forward(*b_, logits, yt);
+  stage_->backward(loss_backward(*b_, lr, yt), ctx, false);
+  opt_->step(stage_->params(), stage_->grads());
+  return lr.loss;
+}
+
+std::int64_t trainer::train_epoch(const dataset& d, int epoch,
+                                  const std::function<void(const progress_report&)>& progress) {
+  const auto order = epoch_order(d.size(), c_.seed, epoch);
+  const std::int64_t per = d.item.numel();
+  std::int64_t steps = (d.size() + c_.batch - 1) / c_.batch;
+  if (c_.max_steps >= 0) steps = std::min(steps, c_.max_steps);
+  std::vector<float> xb(static_cast<std::size_t>(c_.batch * per));
+  std::vector<std::int32_t> yb(static_cast<std::size_t>(c_.batch));
+  tensor loss_sum = b_->zeros({1});
+  std::int64_t since_report = 0, images = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::int64_t s = 0; s < steps; ++s) {
+    const std::int64_t first = s * c_.batch;
+    const std::int64_t n = std::min<std::int64_t>(c_.batch, d.size() - first);
+    d.gather(order.data() + first, n, xb.data(), yb.data());
+    const float lr_now = learning_rate(c_.opt, opt_->steps_taken());
+    tensor loss = step(xb.data(), yb.data(), n);
+    b_->axpy(1.0f, loss, loss_sum);
+    images += n;
+    ++since_report;
+    if (progress && (since_report == c_.report_every || s + 1 == steps)) {
+      float sum = 0.0f;
+      b_->download(loss_sum, &sum);
+      b_->fill(loss_sum, 0.0f);
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      progress({epoch, s + 1, steps, sum / static_cast<float>(since_report),
+                secs > 0 ? static_cast<double>(images) / secs : 0.0, lr_now});
+      since_report = 0;
+    }
+  }
+  b_->synchronize();
+  return images;
+}
+
+std::int64_t count_correct(const std::vector<float>& logits, const std::int32_t* labels, std::int64_t n,
+                           std::int64_t k) {
+  std::int64_t correct = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* row = logits.data() + i * k;
+    std::int64_t best = 0;
+    for (std::int64_t j = 1; j < k; ++j)
+      if (row[j] > row[best]) best = j;
+    correct += best == labels[i];
+  }
+  return correct;
+}
+
+eval_report trainer::evaluate(const dataset& d) {
+  const model_spec& m = stage_->model();
+  const std::int64_t per = d.item.numel(), k = m.n_classes;
+  eval_report r;
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(c_.eval_batch));
+  std::vector<float> xb(static_cast<std::size_t>(c_.eval_batch * per)), logits;
+  std::vector<std::int32_t> yb(static_cast<std::size_t>(c_.eval_batch));
+  double loss_total = 0.0;
+  std::int64_t correct = 0;
+  for (std::int64_t first = 0; first < d.size(); first += c_.eval_batch) {
+    const std::int64_t n = std::min<std::int64_t>(c_.eval_batch, d.size() - first);
+    for (std::int64_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(i)] = first + i;
+    d.gather(idx.data(), n, xb.data(), yb.data());
+    shape xs = m.input.rank() == 3 ? shape{n, m.input[0], m.input[1], m.input[2]} : shape{n, m.input[0]};
+    tensor xt = b_->empty(xs), yt = b_->empty({n}, dtype::i32);
+    b_->upload(xt, xb.data());
+    b_->upload(yt, yb.data());
+    stage::context ctx;
+    tensor out = stage_->forward(xt, ctx, mode::eval);
+    const loss_result lr = loss_forward(*b_, out, yt);
+    float l = 0.0f;
+    b_->download(lr.loss, &l);
+    logits.resize(static_cast<std::size_t>(n * k));
+    b_->download(out, logits.data());
+    loss_total += static_cast<double>(l) * static_cast<double>(n);
+    correct += count_correct(logits, yb.data(), n, k);
+    r.n += n;
+  }
+  if (r.n) {
+    r.loss = loss_total / static_cast<double>(r.n);
+    r.accuracy = static_cast<double>(correct) / static_cast<double>(r.n);
+  }
+  return r;
+}
+
+}  // namespace cleave::core

@@ -1,0 +1,84 @@
+// The model zoo: built-in specs, generated for the data set's input shape and class count.
+#include <nlohmann/json.hpp>
+
+#include "cleave/core/model.h"
+
+namespace cleave::core {
+
+namespace {
+
+using json = nlohmann::json;
+
+json conv(int out, int k, int stride, int pad, bool bias) {
+  return {{"type", "conv2d"}, {"out_channels", out}, {"kernel", k},
+          {"stride", stride}, {"padding", pad},      {"bias", bias}};
+}
+json simple(const char* type) {
+  return {{"type", type}};
+}
+json linear(int out) {
+  return {{"type", "linear"}, {"out_features", out}};
+}
+json maxpool(int k) {
+  return {{"type", "maxpool2d"}, {"kernel", k}};
+}
+
+// Basic residual block: two 3x3 convs with batch norm; a 1x1 projection when the shape changes.
+json basic_block(int in, int out, int stride) {
+  json body = json::array({conv(out, 3, stride, 1, false), simple("batchnorm2d"), simple("relu"),
+                           conv(out, 3, 1, 1, false), simple("batchnorm2d")});
+  json b = {{"type", "residual"}, {"body", body}, {"relu", true}};
+  if (stride != 1 || in != out) b["shortcut"] = json::array({conv(out, 1, stride, 0, false), simple("batchnorm2d")});
+  return b;
+}
+
+json input_json(const shape& s) {
+  json a = json::array();
+  for (int i = 0; i < s.rank(); ++i) a.push_back(s[i]);
+  return a;
+}
+
+}  // namespace
+
+std::vector<std::string> zoo_names() {
+  return {"mlp", "lenet5", "resnet8"};
+}
+
+model_spec zoo_model(std::string_view name, const shape& input, int n_classes) {
+  json blocks = json::array();
+  if (name == "mlp") {
+    blocks = {simple("flatten"), linear(256), simple("relu"), linear(128), simple("relu"), linear(n_classes)};
+  } else if (name == "lenet5") {
+    // LeCun et al. 1998 with ReLU and max pooling (as commonly trained today).
+    blocks = {conv(6, 5, 1, 2, true), simple("relu"), maxpool(2),        conv(16, 5, 1, 0, true),
+              simple("relu"),         maxpool(2),     simple("flatten"), linear(120),
+              simple("relu"),         linear(84),     simple("relu"),    linear(n_classes)};
+  } else if (name == "resnet8") {
+    // He et al. 2016 CIFAR-style ResNet with one basic block per stage (1 + 3*2 + 1 layers).
+    blocks = {conv(16, 3, 1, 1, false),  simple("batchnorm2d"),  simple("relu"),
+              basic_block(16, 16, 1),    basic_block(16, 32, 2), basic_block(32, 64, 2),
+              simple("global_avg_pool"), linear(n_classes)};
+  } else {
+    std::string known;
+    for (const auto& n : zoo_names()) known += (known.empty() ? "" : ", ") + n;
+    throw error("unknown model '" + std::string(name) + "' (the zoo has: " + known + "; or give a .json spec file)");
+  }
+  const json spec = {
+      {"name", std::string(name)}, {"input", input_json(input)}, {"classes", n_classes}, {"blocks", blocks}};
+  return parse_model_spec(spec.dump(), std::string(name));
+}
+
+model_spec resolve_model(std::string_view name_or_path, const shape& input, int n_classes) {
+  const bool is_file = name_or_path.size() > 5 && name_or_path.substr(name_or_path.size() - 5) == ".json";
+  if (!is_file) return zoo_model(name_or_path, input, n_classes);
+  model_spec m = load_model_spec_file(std::string(name_or_path));
+  if (!(m.input == input))
+    throw error("model spec '" + std::string(name_or_path) + "': input " + m.input.str() +
+                " does not match the data's " + input.str());
+  if (m.n_classes != n_classes)
+    throw error("model spec '" + std::string(name_or_path) + "': classes " + std::to_string(m.n_classes) +
+                " does not match the data's " + std::to_string(n_classes));
+  return m;
+}
+
+}  // namespace cleave::core

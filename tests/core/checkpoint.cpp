@@ -1,0 +1,91 @@
+// Checkpoints: round trip, atomic replacement, and clear errors for damaged files.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "../support/backend_harness.h"
+#include "cleave/core/checkpoint.h"
+
+using namespace cleave;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const core::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+struct fixture {
+  std::unique_ptr<core::backend> b = backend::make_backend("reference");
+  core::model_spec m = core::zoo_model("resnet8", core::shape{1, 8, 8}, 4);
+  core::stage st{*b, m, 0, m.n_blocks(), 3};
+  core::optimizer opt{*b, core::optimizer_config{}, st.n_params()};
+  fs::path path = fs::temp_directory_path() / ("cleave-test-" + std::to_string(::getpid()) + "-" +
+                                               doctest::getContextOptions()->currentTest->m_name + ".ckpt");
+};
+
+}  // namespace
+
+TEST_CASE("a checkpoint restores parameters, running statistics and optimizer state") {
+  fixture f;
+  const auto g = testing::random_vec(f.st.n_params(), 1);
+  f.b->upload(f.st.grads(), g.data());
+  f.opt.step(f.st.params(), f.st.grads());
+  f.b->fill(f.st.buffers(), 0.5f);
+  core::save_checkpoint(f.path.string(), core::capture(f.st, f.opt, 3, 7));
+  CHECK(!fs::exists(f.path.string() + ".tmp"));
+
+  core::stage st2(*f.b, f.m, 0, f.m.n_blocks(), 99);  // other initial weights
+  core::optimizer opt2(*f.b, core::optimizer_config{}, st2.n_params());
+  const auto ck = core::load_checkpoint(f.path.string());
+  CHECK(ck.epoch == 7);
+  core::restore(st2, opt2, ck);
+  CHECK(testing::read(*f.b, st2.params()) == testing::read(*f.b, f.st.params()));
+  CHECK(testing::read(*f.b, st2.buffers()) == testing::read(*f.b, f.st.buffers()));
+  CHECK(testing::read(*f.b, opt2.state()[0]) == testing::read(*f.b, f.opt.state()[0]));
+  CHECK(opt2.steps_taken() == 1);
+}
+
+TEST_CASE("a truncated or corrupted checkpoint says why it cannot be loaded") {
+  fixture f;
+  core::save_checkpoint(f.path.string(), core::capture(f.st, f.opt, 3, 1));
+  const auto size = fs::file_size(f.path);
+  fs::resize_file(f.path, size - 100);
+  CHECK(error_of([&] { core::load_checkpoint(f.path.string()); }).find("corrupt or truncated (CRC mismatch)") !=
+        std::string::npos);
+  { std::ofstream(f.path, std::ios::binary) << "hello, this is not a checkpoint file"; }
+  CHECK(error_of([&] { core::load_checkpoint(f.path.string()); }).find("not a cleave checkpoint (bad magic)") !=
+        std::string::npos);
+  CHECK(error_of([] {
+          core::load_checkpoint("/nonexistent.ckpt");
+        }).find("checkpoint '/nonexistent.ckpt': cannot open") == 0);
+}
+
+TEST_CASE("restoring into another model is refused") {
+  fixture f;
+  core::save_checkpoint(f.path.string(), core::capture(f.st, f.opt, 3, 1));
+  const auto other = core::zoo_model("lenet5", core::shape{1, 28, 28}, 10);
+  core::stage st(*f.b, other, 0, other.n_blocks(), 1);
+  core::optimizer opt(*f.b, core::optimizer_config{}, st.n_params());
+  CHECK(error_of([&] {
+          core::restore(st, opt, core::load_checkpoint(f.path.string()));
+        }).find("checkpoint is of another model") == 0);
+}
+
+TEST_CASE("a failed save leaves the previous checkpoint in place") {
+  fixture f;
+  core::save_checkpoint(f.path.string(), core::capture(f.st, f.opt, 3, 1));
+  const auto before = fs::file_size(f.path);
+  CHECK(error_of([&] {
+          core::save_checkpoint("/nonexistent-dir/x.ckpt", core::capture(f.st, f.opt, 3, 2));
+        }).find("cannot create") != std::string::npos);
+  CHECK(fs::file_size(f.path) == before);
+}

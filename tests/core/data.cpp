@@ -1,0 +1,185 @@
+// IDX data files, normalisation, ordering and partitioning across clients.
+#include <doctest/doctest.h>
+#include <zlib.h>
+
+#include <unistd.h>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+
+#include "cleave/core/dataset.h"
+#include "cleave/core/error.h"
+#include "cleave/core/partition.h"
+
+using namespace cleave;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string be32(std::uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+void write_file(const fs::path& p, const std::string& bytes, bool gz) {
+  if (gz) {
+    gzFile f = gzopen(p.c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+  } else {
+    std::ofstream(p, std::ios::binary) << bytes;
+  }
+}
+
+// A tiny IDX data set: n images of 2x3 pixels, labels i % 3.
+fs::path make_dir(const std::string& name, int n_train, bool gz) {
+  const fs::path dir = fs::temp_directory_path() / ("cleave-test-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (auto [prefix, n] : {std::pair{"train", n_train}, std::pair{"t10k", 4}}) {
+    std::string img = be32(0x803) + be32(static_cast<std::uint32_t>(n)) + be32(2) + be32(3);
+    std::string lab = be32(0x801) + be32(static_cast<std::uint32_t>(n));
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < 6; ++j) img.push_back(static_cast<char>((i * 7 + j * 31) % 256));
+      lab.push_back(static_cast<char>(i % 3));
+    }
+    const std::string ext = gz ? ".gz" : "";
+    write_file(dir / (std::string(prefix) + "-images-idx3-ubyte" + ext), img, gz);
+    write_file(dir / (std::string(prefix) + "-labels-idx1-ubyte" + ext), lab, gz);
+  }
+  return dir;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const core::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("IDX files load compressed or not, normalised with the training statistics") {
+  for (bool gz : {true, false}) {
+    const auto dir = make_dir(gz ? "gz" : "raw", 30, gz);
+    const auto d = core::load_dataset(dir.string());
+    CHECK(d.train.size() == 30);
+    CHECK(d.test.size() == 4);
+    CHECK(d.train.item == core::shape{1, 2, 3});
+    CHECK(d.train.n_classes == 3);
+    CHECK(d.train.y[4] == 1);
+    double sum = 0.0;
+    for (float v : d.train.x) sum += v;
+    CHECK(std::fabs(sum / static_cast<double>(d.train.x.size())) < 1e-5);
+  }
+}
+
+TEST_CASE("a missing data directory or file is a clear error") {
+  CHECK(error_of([] { core::load_dataset("/nonexistent/dir"); }).find("data directory '/nonexistent/dir': not found") ==
+        0);
+  const auto dir = make_dir("missing", 10, false);
+  fs::remove(dir / "t10k-labels-idx1-ubyte");
+  CHECK(error_of([&] { core::load_dataset(dir.string()); }).find("no t10k-labels-idx1-ubyte") != std::string::npos);
+}
+
+TEST_CASE("truncated, corrupt and mismatched data files are clear errors") {
+  const auto dir = make_dir("bad", 10, false);
+  const auto img = dir / "train-images-idx3-ubyte";
+  fs::resize_file(img, fs::file_size(img) - 5);
+  CHECK(error_of([&] { core::load_dataset(dir.string()); }).find("truncated while reading the pixels") !=
+        std::string::npos);
+
+  const auto dir2 = make_dir("magic", 10, false);
+  write_file(dir2 / "train-images-idx3-ubyte", be32(0x1234) + std::string(40, '\0'), false);
+  CHECK(error_of([&] { core::load_dataset(dir2.string()); }).find("not an IDX u8 image file") != std::string::npos);
+
+  const auto dir3 = make_dir("count", 10, false);
+  write_file(dir3 / "train-labels-idx1-ubyte", be32(0x801) + be32(9) + std::string(9, '\1'), false);
+  CHECK(error_of([&] { core::load_dataset(dir3.string()); }).find("10 images but 9 labels") != std::string::npos);
+
+  const auto dir4 = make_dir("corrupt", 10, true);
+  {
+    std::fstream f(dir4 / "train-images-idx3-ubyte.gz", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(12);
+    f.write("\xff\xff\xff\xff\xff\xff", 6);
+  }
+  CHECK(error_of([&] { core::load_dataset(dir4.string()); }).find("train-images-idx3-ubyte.gz") != std::string::npos);
+}
+
+TEST_CASE("the epoch order is a permutation fixed by seed and epoch") {
+  const auto a = core::epoch_order(1000, 7, 0), b = core::epoch_order(1000, 7, 0), c = core::epoch_order(1000, 7, 1);
+  CHECK(a == b);
+  CHECK(a != c);
+  CHECK(std::set<std::int64_t>(a.begin(), a.end()).size() == 1000);
+}
+
+namespace {
+
+std::vector<std::int32_t> labels_of(int n, int classes) {
+  std::vector<std::int32_t> y(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) y[static_cast<std::size_t>(i)] = (i * 7) % classes;
+  return y;
+}
+
+void check_is_partition(const std::vector<core::shard>& shards, std::int64_t n) {
+  std::set<std::int64_t> seen;
+  std::size_t total = 0;
+  for (const auto& s : shards) {
+    CHECK(!s.empty());
+    total += s.size();
+    seen.insert(s.begin(), s.end());
+  }
+  CHECK(total == static_cast<std::size_t>(n));
+  CHECK(seen.size() == static_cast<std::size_t>(n));
+}
+
+}  // namespace
+
+TEST_CASE("IID partition splits evenly and deterministically") {
+  const auto p = core::partition_iid(1003, 4, 1);
+  check_is_partition(p, 1003);
+  for (const auto& s : p) CHECK((s.size() == 250 || s.size() == 251));
+  CHECK(p == core::partition_iid(1003, 4, 1));
+  CHECK(p != core::partition_iid(1003, 4, 2));
+}
+
+TEST_CASE("Dirichlet partition skews label mixes more as alpha shrinks") {
+  const auto y = labels_of(5000, 10);
+  auto skew = [&](double alpha) {
+    const auto p = core::partition_dirichlet(y, 10, 5, alpha, 3);
+    check_is_partition(p, 5000);
+    CHECK(p == core::partition_dirichlet(y, 10, 5, alpha, 3));
+    // Mean over clients of the largest class share.
+    double s = 0.0;
+    for (const auto& shard : p) {
+      std::vector<int> count(10);
+      for (auto i : shard) ++count[static_cast<std::size_t>(y[static_cast<std::size_t>(i)])];
+      s += *std::max_element(count.begin(), count.end()) / static_cast<double>(shard.size());
+    }
+    return s / 5.0;
+  };
+  CHECK(skew(0.1) > skew(100.0) + 0.2);
+  CHECK(skew(100.0) < 0.2);
+}
+
+TEST_CASE("k-classes partition gives each client exactly k classes") {
+  // 5 clients x 2 classes cover all 10 classes, so every sample is assigned.
+  const auto y = labels_of(3000, 10);
+  const auto p = core::partition_classes(y, 10, 5, 2, 5);
+  check_is_partition(p, 3000);
+  for (const auto& s : p) {
+    std::set<std::int32_t> classes;
+    for (auto i : s) classes.insert(y[static_cast<std::size_t>(i)]);
+    CHECK(classes.size() == 2);
+  }
+}
+
+TEST_CASE("bad partition settings are clear errors") {
+  const auto y = labels_of(100, 10);
+  CHECK(error_of([&] { core::partition_classes(y, 10, 4, 11, 1); }).find("classes per client must be in [1, 10]") == 0);
+  CHECK(error_of([&] { core::partition_dirichlet(y, 10, 4, 0.0, 1); }).find("alpha must be > 0") != std::string::npos);
+  CHECK(error_of([&] { core::partition_iid(3, 4, 1); }) == "cannot split 3 samples across 4 clients");
+}

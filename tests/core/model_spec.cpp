@@ -1,0 +1,92 @@
+// Model specs: the zoo builds, and bad specs are refused with messages naming block and field.
+#include <doctest/doctest.h>
+
+#include "cleave/core/error.h"
+#include "cleave/core/model.h"
+
+using namespace cleave;
+
+namespace {
+
+std::string error_of(const std::string& text) {
+  try {
+    core::parse_model_spec(text, "net.json");
+  } catch (const core::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("the zoo builds lenet5, mlp and resnet8 for 28x28x1 and 32x32x3 inputs") {
+  const auto lenet = core::zoo_model("lenet5", core::shape{1, 28, 28}, 10);
+  CHECK(lenet.n_params() == 61706);  // the classic LeNet-5 parameter count
+  CHECK(lenet.n_blocks() == 12);
+  CHECK(lenet.blocks[6].in == core::shape{16, 5, 5});
+  for (const auto& name : core::zoo_names())
+    for (const auto& in : {core::shape{1, 28, 28}, core::shape{3, 32, 32}}) {
+      CAPTURE(name);
+      const auto m = core::zoo_model(name, in, 10);
+      CHECK(m.blocks.back().out == core::shape{10});
+    }
+  const auto r = core::zoo_model("resnet8", core::shape{3, 32, 32}, 10);
+  CHECK(r.blocks[5].out == core::shape{64, 8, 8});
+}
+
+TEST_CASE("an unknown model name lists the zoo") {
+  try {
+    core::zoo_model("vgg", core::shape{1, 28, 28}, 10);
+    FAIL("no error");
+  } catch (const core::error& e) {
+    CHECK(std::string(e.what()).find("unknown model 'vgg'") != std::string::npos);
+    CHECK(std::string(e.what()).find("lenet5") != std::string::npos);
+  }
+}
+
+TEST_CASE("an unknown layer type is refused naming the block") {
+  const auto msg = error_of(R"({"input":[1,8,8],"classes":2,"blocks":[{"type":"flatten"},{"type":"dense"}]})");
+  CHECK(msg.find("model spec 'net.json': block 1 (dense): unknown block type 'dense'") == 0);
+}
+
+TEST_CASE("a missing field is refused naming the block and the field") {
+  const auto msg = error_of(R"({"input":[1,8,8],"classes":2,"blocks":[{"type":"conv2d","kernel":3}]})");
+  CHECK(msg == "model spec 'net.json': block 0 (conv2d): field 'out_channels': missing (an integer is required)");
+}
+
+TEST_CASE("a field of the wrong type or an unknown field is refused") {
+  CHECK(error_of(R"({"input":[4],"classes":2,"blocks":[{"type":"linear","out_features":"two"}]})")
+            .find("block 0 (linear): field 'out_features': must be an integer") != std::string::npos);
+  CHECK(error_of(R"({"input":[4],"classes":2,"blocks":[{"type":"linear","out_features":2,"bais":false}]})")
+            .find("block 0 (linear): field 'bais': unknown") != std::string::npos);
+}
+
+TEST_CASE("a shape mismatch between blocks is refused naming the block") {
+  // linear directly after a conv output (C,H,W) without flatten
+  const auto msg = error_of(
+      R"({"input":[1,8,8],"classes":2,"blocks":[{"type":"conv2d","out_channels":2,"kernel":3},{"type":"linear","out_features":2}]})");
+  CHECK(msg.find("block 1 (linear): linear expects a flat (F) input, got (2,6,6)") != std::string::npos);
+  // a kernel larger than its input
+  CHECK(error_of(R"({"input":[1,4,4],"classes":2,"blocks":[{"type":"conv2d","out_channels":2,"kernel":5}]})")
+            .find("block 0 (conv2d): kernel 5x5 does not fit input (1,4,4)") != std::string::npos);
+  // a residual whose body changes the shape without a shortcut
+  CHECK(
+      error_of(
+          R"({"input":[2,4,4],"classes":2,"blocks":[{"type":"residual","body":[{"type":"conv2d","out_channels":3,"kernel":1}]}]})")
+          .find("block 0 (residual): residual body output (3,4,4) does not match shortcut output (2,4,4)") !=
+      std::string::npos);
+  // the last block not producing the classes
+  CHECK(error_of(R"({"input":[4],"classes":3,"blocks":[{"type":"linear","out_features":2}]})")
+            .find("block 0 (linear): outputs (2) but the model has 3 classes") != std::string::npos);
+}
+
+TEST_CASE("errors inside a residual block name the inner layer") {
+  const auto msg = error_of(
+      R"({"input":[2,4,4],"classes":2,"blocks":[{"type":"residual","body":[{"type":"relu"},{"type":"conv2d","kernel":1}]}]})");
+  CHECK(msg.find("block 0 (residual): body[1] (conv2d): field 'out_channels': missing") != std::string::npos);
+}
+
+TEST_CASE("malformed JSON and a missing input are refused") {
+  CHECK(error_of("{").find("model spec 'net.json': not valid JSON") == 0);
+  CHECK(error_of(R"({"classes":2,"blocks":[{"type":"relu"}]})") == "model spec 'net.json': field 'input': missing");
+}

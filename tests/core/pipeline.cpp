@@ -1,0 +1,159 @@
+// Split training through segment hosts (no network) equals local training, for every route
+// shape; block averages combine associatively.
+#include <doctest/doctest.h>
+
+#include "../support/backend_harness.h"
+#include "cleave/core/aggregate.h"
+#include "cleave/core/pipeline.h"
+#include "cleave/core/trainer.h"
+
+using namespace cleave;
+using core::shape;
+using core::tensor;
+
+namespace {
+
+// Moves a tensor between hosts the way the network would: through host bytes.
+tensor wire(core::backend& from, core::backend& to, const tensor& t) {
+  std::vector<std::uint8_t> bytes(t.bytes());
+  from.download(t, bytes.data());
+  tensor out = to.empty(t.shape(), t.dtype());
+  to.upload(out, bytes.data());
+  return out;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(
+        worst, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1e-3, std::fabs(static_cast<double>(b[i]))));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("split training through segment hosts equals local training for every route shape") {
+  const auto m = core::zoo_model("lenet5", shape{1, 28, 28}, 10);
+  core::optimizer_config oc;  // SGD 0.05, momentum 0.9
+  const std::uint64_t seed = 11;
+  const int steps = 20, n = 16;
+  auto data = testing::random_vec(steps * n * 784, 2);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(steps * n));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>((i * 7) % 10);
+
+  auto ref = backend::make_backend("reference");
+  core::train_config tc;
+  tc.seed = seed;
+  tc.opt = oc;
+  core::trainer local(*ref, m, tc);
+  for (int s = 0; s < steps; ++s) local.step(data.data() + s * n * 784, labels.data() + s * n, n);
+  std::vector<float> want(static_cast<std::size_t>(local.model_stage().n_params()));
+  ref->download(local.model_stage().params(), want.data());
+
+  struct shape_case {
+    bool u, edge;
+    std::vector<int> cuts;
+    int micro_batches;
+  };
+  for (const auto& sc :
+       {shape_case{false, false, {4}, 1}, shape_case{false, true, {3, 7}, 1}, shape_case{true, false, {6, 11}, 1},
+        shape_case{true, true, {2, 6, 9, 11}, 1}, shape_case{false, true, {3, 7}, 4}}) {
+    const auto r = core::make_route(sc.u, sc.edge, sc.cuts, m.n_blocks());
+    CAPTURE(r.str());
+    CAPTURE(sc.micro_batches);
+    std::map<core::tier, std::unique_ptr<core::backend>> be;
+    std::map<core::tier, std::unique_ptr<core::segment_host>> hosts;
+    for (auto t : {core::tier::device, core::tier::edge, core::tier::server}) {
+      be[t] = backend::make_backend("reference");
+      hosts[t] = std::make_unique<core::segment_host>(*be[t], m, oc, seed);
+      for (int seg : r.segments_on(t)) hosts[t]->host(7, r, seg);
+    }
+    const std::uint32_t dropout_seed = 0;
+    for (int s = 0; s < steps; ++s) {
+      const int mb_size = n / sc.micro_batches;
+      for (int mb = 0; mb < sc.micro_batches; ++mb) {
+        const core::micro_batch_id id{static_cast<std::uint64_t>(s), static_cast<std::uint32_t>(mb)};
+        auto& dev = *be[core::tier::device];
+        tensor x = testing::make(dev, {mb_size, 1, 28, 28},
+                                 std::vector<float>(data.begin() + (s * n + mb * mb_size) * 784,
+                                                    data.begin() + (s * n + (mb + 1) * mb_size) * 784));
+        tensor y = testing::make_typed(dev, {mb_size}, core::dtype::i32,
+                                       std::vector<std::int32_t>(labels.begin() + s * n + mb * mb_size,
+                                                                 labels.begin() + s * n + (mb + 1) * mb_size));
+        // Forward up the route, the loss at its end, then backward down.
+        tensor v = x;
+        core::backend* at = &dev;
+        int seg = 0;
+        core::segment_output out;
+        for (;; ++seg) {
+          const auto t = r.path[static_cast<std::size_t>(seg)];
+          tensor in = wire(*at, *be[t], v);
+          tensor lab = seg + 1 == r.n_segments() ? wire(dev, *be[t], y) : tensor{};
+          out = hosts[t]->forward(7, seg, id, in, lab, 1.0f / static_cast<float>(sc.micro_batches),
+                                  static_cast<std::uint32_t>(sc.micro_batches), dropout_seed);
+          at = be[t].get();
+          v = out.value;
+          if (out.dir != core::segment_output::direction::up) break;
+        }
+        while (out.dir == core::segment_output::direction::down) {
+          --seg;
+          const auto t = r.path[static_cast<std::size_t>(seg)];
+          tensor g = wire(*at, *be[t], v);
+          out = hosts[t]->backward(7, seg, id, g);
+          at = be[t].get();
+          v = out.value;
+        }
+        CHECK(seg == 0);
+      }
+    }
+    // Reassemble the whole model from the segments and compare.
+    std::vector<float> got;
+    for (int seg = 0; seg < r.n_segments(); ++seg) {
+      const auto t = r.path[static_cast<std::size_t>(seg)];
+      auto v = testing::read(*be[t], hosts[t]->stage_of(7, seg).params());
+      got.insert(got.end(), v.begin(), v.end());
+    }
+    REQUIRE(got.size() == want.size());
+    // Micro-batches change only the summation order of the gradients.
+    CHECK(max_rel_diff(got, want) <= (sc.micro_batches == 1 ? 1e-6 : 1e-4));
+    CHECK(hosts[core::tier::server]->n_pending() == 0);
+  }
+}
+
+TEST_CASE("block averages are weighted by samples and combine associatively") {
+  const auto m = core::zoo_model("mlp", shape{4}, 3);
+  const auto lay = core::layout_of(m);
+  const auto np = lay.param_offset.back();
+  const auto a = testing::random_vec(np, 1), b = testing::random_vec(np, 2), c = testing::random_vec(np, 3);
+  core::model_average all(m);
+  all.add(0, m.n_blocks(), 10, a, {});
+  all.add(0, m.n_blocks(), 30, b, {});
+  all.add(0, m.n_blocks(), 20, c, {});
+  // An edge pre-averages a and b, then the server combines with c.
+  core::model_average edge(m), server(m);
+  edge.add(0, m.n_blocks(), 10, a, {});
+  edge.add(0, m.n_blocks(), 30, b, {});
+  for (const auto& run : edge.runs()) {
+    std::vector<float> p, s;
+    edge.mean(run.first, run.end, p, s);
+    server.add(run.first, run.end, run.weight, p, s);
+  }
+  server.add(0, m.n_blocks(), 20, c, {});
+  std::vector<float> p1(static_cast<std::size_t>(np)), s1, p2(static_cast<std::size_t>(np)), s2;
+  all.mean_into(p1, s1);
+  server.mean_into(p2, s2);
+  for (std::int64_t i = 0; i < np; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    CHECK(p1[k] == doctest::Approx((10.0 * a[k] + 30.0 * b[k] + 20.0 * c[k]) / 60.0).epsilon(1e-6));
+    CHECK(p2[k] == doctest::Approx(p1[k]).epsilon(1e-6));
+  }
+  // Replicas of part of the model: blocks nobody sent keep their values.
+  core::model_average part(m);
+  const auto off = lay.param_offset[2];
+  part.add(2, m.n_blocks(), 5, std::vector<float>(b.begin() + off, b.end()), {});
+  CHECK(!part.covers_all());
+  std::vector<float> keep = a, none;
+  part.mean_into(keep, none);
+  CHECK(keep[0] == a[0]);
+  CHECK(keep.back() == doctest::Approx(b.back()));
+}
