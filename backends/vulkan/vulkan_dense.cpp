@@ -28,6 +28,8 @@ struct tile_config {
 // Output tile per workgroup: skinny shapes (few output channels, small batch) get tiles that
 // waste fewer invocations.
 tile_config pick_tile(std::uint32_t m, std::uint32_t n) {
+  if (m <= 16 && n <= 32) return {16, 32, 1, 2};
+  if (m <= 8) return {8, 256, 1, 8};
   if (m <= 16) return {16, 128, 1, 8};
   if (n <= 16) return {128, 16, 8, 1};
   if (m <= 32) return {32, 128, 2, 8};
@@ -52,12 +54,17 @@ struct vulkan_backend::gemm_args {
     std::array<std::uint32_t, 13> e{};
   } pc;
   bool a_p_fast = true, b_j_fast = true;
+  // conv_bwd_data takes the strides as specialization constants 6 and 7.
+  bool stride_spec = false;
 };
 
 void vulkan_backend::gemm(std::string_view shader, gemm_args& g, const bound& a, const bound& b, const bound& c,
                           const bound& bias) {
   auto& pc = g.pc;
   if (pc.m == 0 || pc.n == 0) return;
+  // gemm and conv_bwd_weights write a plain row-major C; the others index C with a table.
+  CLEAVE_ASSERT(shader == "conv_fwd" || shader == "conv_bwd_data" || (pc.c_grp == pc.n && pc.c_gs == 0),
+                "gemm: plain output layout expected");
   pc.off_a = a.word;
   pc.off_b = b.word;
   pc.off_bias = bias.word;
@@ -81,7 +88,9 @@ void vulkan_backend::gemm(std::string_view shader, gemm_args& g, const bound& a,
   pc.k_per_split = kps;
   pc.n_split = n_split;
 
-  const std::array<std::uint32_t, 6> spec{t.bm, t.bn, t.tm, t.tn, g.a_p_fast ? 1u : 0u, g.b_j_fast ? 1u : 0u};
+  const std::array<std::uint32_t, 8> spec_words{
+      t.bm, t.bn, t.tm, t.tn, g.a_p_fast ? 1u : 0u, g.b_j_fast ? 1u : 0u, pc.e[9], pc.e[10]};
+  const std::span<const std::uint32_t> spec(spec_words.data(), g.stride_spec ? 8 : 6);
   tensor part;
   bound out = c;
   if (n_split > 1) {
@@ -264,6 +273,7 @@ void vulkan_backend::conv2d_backward_data(const core::conv2d_desc& d, const tens
   g.pc.e = conv_words(d, c);
   g.a_p_fast = true;
   g.b_j_fast = true;
+  g.stride_spec = true;
   const bool has_k = g.pc.kd > 0 && dy.numel() > 0;
   gemm("conv_bwd_data", g, has_k ? bind(w, false) : dummy(), has_k ? bind(dy, false) : dummy(), bind(dx, true),
        dummy());

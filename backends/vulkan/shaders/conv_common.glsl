@@ -1,4 +1,5 @@
-// Convolution dimensions in the GEMM push constants' shader-specific words.
+// Convolution dimensions in the GEMM push constants' shader-specific words, and the shared
+// tables the convolution shaders decode tile columns and slice rows into (see gemm_core.glsl).
 #define CN pc.e[0]
 #define CC pc.e[1]
 #define CH pc.e[2]
@@ -12,14 +13,19 @@
 #define STRIDE_W pc.e[10]
 #define PAD_H pc.e[11]
 #define PAD_W pc.e[12]
+#define GEMM_TABLES
 
-#ifdef CONV_X
-// x(n, c, oh * stride - pad + r, ow * stride - pad + s), zero outside the image; the including
-// shader names the image buffer CONV_X and its word offset CONV_X_OFF.
-float load_x_window(uint n, uint ch, uint oh, uint ow, uint r, uint s) {
-  const int ih = int(oh * STRIDE_H + r) - int(PAD_H);
-  const int iw = int(ow * STRIDE_W + s) - int(PAD_W);
-  if (ih < 0 || iw < 0 || ih >= int(CH) || iw >= int(CW)) return 0.0;
-  return CONV_X[CONV_X_OFF + ((n * CC + ch) * CH + uint(ih)) * CW + uint(iw)];
-}
-#endif
+// Tile sizes as in gemm_core.glsl (declared here so the tables can use them).
+layout(constant_id = 0) const uint BM = 64;
+layout(constant_id = 1) const uint BN = 64;
+const uint BK = 16;
+
+// Per tile column (BN) and per slice row (BK): a base offset and two coordinates.
+shared int col_base[BN];
+shared int col_u[BN];
+shared int col_v[BN];
+shared int row_base[BK];
+shared int row_u[BK];
+shared int row_v[BK];
+shared int row_a[BK];
+shared int col_out[BN];

@@ -7,11 +7,11 @@
 layout(set = 0, binding = 0) readonly buffer A { float a[]; };
 layout(set = 0, binding = 1) readonly buffer B { float b[]; };
 
-float load_a(uint i, uint p) {
+float load_a(uint i, uint p, uint ii, uint pp) {
   return a[pc.off_a + i * pc.e[0] + p * pc.e[1]];
 }
 
-float load_b(uint p, uint j) {
+float load_b(uint p, uint j, uint pp, uint jj) {
   return b[pc.off_b + p * pc.e[2] + j * pc.e[3]];
 }
 

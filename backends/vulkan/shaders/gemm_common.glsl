@@ -16,13 +16,15 @@ layout(push_constant) uniform PC {
 layout(set = 0, binding = 2) buffer C { float c[]; };
 layout(set = 0, binding = 3) readonly buffer Bias { float bias[]; };
 
-uint out_index(uint i, uint j) {
-  return pc.off_c + i * pc.c_rs + (j / pc.c_grp) * pc.c_gs + (j % pc.c_grp);
+// The column part of C's index, (j / c_grp) * c_gs + j % c_grp. The GEMM shaders avoid this
+// division per output: plain matrices use j, convolutions a table made once per tile.
+uint out_col(uint j) {
+  return (j / pc.c_grp) * pc.c_gs + (j % pc.c_grp);
 }
 
-// c = alpha * acc + beta * c (c unread when beta == 0) + bias
-void store_output(uint i, uint j, float acc) {
-  const uint idx = out_index(i, j);
+// c = alpha * acc + beta * c (c unread when beta == 0) + bias, at off_c + i * c_rs + col.
+void store_output(uint i, uint j, uint col, float acc) {
+  const uint idx = pc.off_c + i * pc.c_rs + col;
   float v = pc.alpha * acc;
   if (pc.beta != 0.0) v += pc.beta * c[idx];
   if (pc.bias_mode == 1u) v += bias[pc.off_bias + i];

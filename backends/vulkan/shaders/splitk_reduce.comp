@@ -12,6 +12,7 @@ void main() {
   for (uint t = gl_GlobalInvocationID.x; t < mn; t += grid_stride()) {
     float sum = 0.0;
     for (uint z = 0; z < pc.n_split; ++z) sum += part[pc.off_a + z * mn + t];
-    store_output(t / pc.N, t % pc.N, sum);
+    const uint j = t % pc.N;
+    store_output(t / pc.N, j, out_col(j), sum);
   }
 }
