@@ -235,6 +235,14 @@ device::device(std::shared_ptr<instance> inst, const physical_device& phys) : in
   vkGetPhysicalDeviceProperties2(phys_.handle, &props2);
   props_ = props2.properties;
   max_allocation_ = m3.maxMemoryAllocationSize;
+  // The shaders use 256 invocations per workgroup and up to 8 storage buffers per dispatch,
+  // above the minima Vulkan guarantees (128 and 4): refuse devices that cannot run them.
+  const auto& lim = props_.limits;
+  if (lim.maxComputeWorkGroupInvocations < 256 || lim.maxComputeWorkGroupSize[0] < 256 ||
+      lim.maxPerStageDescriptorStorageBuffers < 8 || lim.maxPushConstantsSize < push_constant_bytes)
+    throw core::error("vulkan: " + phys_.name + " is too small for cleave's shaders (workgroup invocations " +
+                      std::to_string(lim.maxComputeWorkGroupInvocations) + ", storage buffers per stage " +
+                      std::to_string(lim.maxPerStageDescriptorStorageBuffers) + "; needed 256 and 8)");
 
   // Memory types. Tensors live in device-local memory; on devices without separate video
   // memory (integrated GPUs, CPU devices) a host-visible coherent device-local type is used

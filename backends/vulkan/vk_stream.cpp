@@ -104,10 +104,6 @@ bool stream::in_flight() const {
   return false;
 }
 
-bool stream::idle() const {
-  return !recording_ && !in_flight();
-}
-
 bool stream::batch_touches(const access& a, bool write_only) const {
   if (!recording_) return false;
   for (const auto& b : batch_)

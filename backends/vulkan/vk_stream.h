@@ -60,8 +60,6 @@ class stream {
   void flush(bool wait);
   // Waits for the submitted batches without submitting the one being recorded.
   void wait_in_flight();
-  // True when nothing is recorded and nothing submitted is still running.
-  bool idle() const;
   // Whether a command recorded but not yet submitted touches (write_only: writes) the range.
   bool batch_touches(const access& a, bool write_only) const;
   // Whether any submitted batch is still running.

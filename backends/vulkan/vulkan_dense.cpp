@@ -27,18 +27,36 @@ struct tile_config {
 
 // Output tile per workgroup: skinny shapes (few output channels, small batch) get tiles that
 // waste fewer invocations.
-tile_config pick_tile(std::uint32_t m, std::uint32_t n) {
-  if (m <= 16 && n <= 32) return {16, 32, 1, 2};
-  if (m <= 8) return {8, 256, 1, 8};
-  if (m <= 16) return {16, 128, 1, 8};
-  if (n <= 16) return {128, 16, 8, 1};
-  if (m <= 32) return {32, 128, 2, 8};
-  if (n <= 32) return {128, 32, 8, 2};
-  if (m >= 256 && n >= 256) return {128, 128, 8, 8};
-  return {64, 64, 4, 4};
+constexpr std::uint32_t k_tile = 16;  // BK of gemm_core.glsl
+
+// Shared memory of gemm_core.glsl's padded A and B slices plus the convolution tables.
+std::uint32_t shared_bytes(const tile_config& t) {
+  return 4 * (k_tile * (t.bm + 1) + k_tile * (t.bn + 1) + 4 * t.bn + 4 * k_tile);
 }
 
-constexpr std::uint32_t k_tile = 16;            // BK of gemm_core.glsl
+// Output tile per workgroup: skinny shapes (few output channels, small batch) get tiles that
+// waste fewer invocations; tiles that need more shared memory than the device has fall back
+// to 64 x 64 (which fits the 16 KiB every device offers).
+tile_config pick_tile(std::uint32_t m, std::uint32_t n, std::uint32_t max_shared) {
+  tile_config t{64, 64, 4, 4};
+  if (m <= 16 && n <= 32)
+    t = {16, 32, 1, 2};
+  else if (m <= 8)
+    t = {8, 256, 1, 8};
+  else if (m <= 16)
+    t = {16, 128, 1, 8};
+  else if (n <= 16)
+    t = {128, 16, 8, 1};
+  else if (m <= 32)
+    t = {32, 128, 2, 8};
+  else if (n <= 32)
+    t = {128, 32, 8, 2};
+  else if (m >= 256 && n >= 256)
+    t = {128, 128, 8, 8};
+  if (shared_bytes(t) > max_shared) t = {64, 64, 4, 4};
+  return t;
+}
+
 constexpr std::uint32_t min_k_per_split = 256;  // below this a split does too little to pay off
 
 }  // namespace
@@ -68,7 +86,7 @@ void vulkan_backend::gemm(std::string_view shader, gemm_args& g, const bound& a,
   pc.off_a = a.word;
   pc.off_b = b.word;
   pc.off_bias = bias.word;
-  const tile_config t = pick_tile(pc.m, pc.n);
+  const tile_config t = pick_tile(pc.m, pc.n, dev_->limits().maxComputeSharedMemorySize);
   const std::uint32_t tiles_m = ceil_div(pc.m, t.bm), tiles_n = ceil_div(pc.n, t.bn);
 
   // Split-K when the output tiles alone cannot keep the device busy.
