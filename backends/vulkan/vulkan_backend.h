@@ -91,6 +91,8 @@ class vulkan_backend final : public core::backend {
   const stream::stats& stream_stats() const { return stream_->get_stats(); }
   // Submit a batch once it holds this many commands (default 1024).
   void set_batch_limit(std::uint32_t n) { stream_->set_batch_limit(n); }
+  // Caps workgroups per dispatch along x below the device's limit (to test chunked dispatch).
+  void set_max_workgroups_x(std::uint32_t n) { max_groups_x_ = n; }
 
  private:
   // A tensor bound to a shader: its binding and its first element's offset within it, in
@@ -124,6 +126,7 @@ class vulkan_backend final : public core::backend {
   std::shared_ptr<memory_pool> staging_;  // host-visible staging for devices whose memory is not
   std::unique_ptr<stream> stream_;
   core::buffer_ptr dummy_;
+  std::uint32_t max_groups_x_ = 0;  // 0: the device's maxComputeWorkGroupCount[0]
 };
 
 }  // namespace cleave::backend::vk

@@ -117,7 +117,8 @@ void vulkan_backend::gemm(std::string_view shader, gemm_args& g, const bound& a,
   }
   pc.off_c = out.word;
   // Workgroup counts are limited per dimension: walk the column tiles in chunks.
-  const std::uint32_t max_x = dev_->limits().maxComputeWorkGroupCount[0];
+  std::uint32_t max_x = dev_->limits().maxComputeWorkGroupCount[0];
+  if (max_groups_x_) max_x = std::min(max_x, max_groups_x_);
   CLEAVE_ASSERT(tiles_m <= dev_->limits().maxComputeWorkGroupCount[1], "gemm: too many row tiles for the device");
   for (std::uint32_t j0 = 0; j0 < tiles_n; j0 += max_x) {
     pc.tile_j0 = j0;

@@ -304,6 +304,22 @@ TEST_CASE("large buffers get their own block, compute correctly and are returned
   CHECK(after.reserved_bytes == before.reserved_bytes);
 }
 
+TEST_CASE("a GEMM wider than the workgroup grid allows is walked in chunks") {
+  pair_env e;
+  no_validation_messages guard;
+  // As if the device allowed only 2 workgroups along x: 1000 columns need several chunks.
+  e.vk->set_max_workgroups_x(2);
+  auto a = e.rand({5, 7}), w = e.rand({7, 1000}), c = e.rand({5, 1000});
+  e.vk->matmul(a.vk, w.vk, c.vk, false, false, 1.0f, 0.0f);
+  e.ref->matmul(a.ref, w.ref, c.ref, false, false, 1.0f, 0.0f);
+  e.expect_close(c, 1e-5f, 1e-5f, "chunked matmul");
+  const core::conv2d_desc d{1, 1, 1, 1};
+  auto x = e.rand({4, 3, 16, 16}), k = e.rand({4, 3, 3, 3}), y = e.rand({4, 4, 16, 16});
+  e.vk->conv2d_forward(d, x.vk, k.vk, {}, y.vk);
+  e.ref->conv2d_forward(d, x.ref, k.ref, {}, y.ref);
+  e.expect_close(y, 1e-5f, 1e-4f, "chunked conv2d_forward");
+}
+
 TEST_CASE("a tensor larger than one binding can address is refused with a clear message") {
   auto b = make_vulkan();
   const auto& lim = b->vk_device().limits();

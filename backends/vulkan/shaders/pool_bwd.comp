@@ -15,12 +15,13 @@ void main() {
   const uint total = pc.n_planes * hw;
   for (uint t = gl_GlobalInvocationID.x; t < total; t += grid_stride()) {
     const uint plane = t / hw, ih = (t % hw) / pc.W, iw = t % pc.W;
-    // Windows p with p * sh - ph <= ih <= p * sh - ph + kh - 1.
-    const int top = int(ih + pc.ph);
-    const int p_lo = max(0, (top - int(pc.kh) + int(pc.sh)) / int(pc.sh));
+    // Windows p with p * sh - ph <= ih <= p * sh - ph + kh - 1 (numerators kept non-negative:
+    // integer division of negative values is not portable).
+    const int top = int(ih + pc.ph), first_top = top - int(pc.kh) + 1;
+    const int p_lo = first_top > 0 ? (first_top + int(pc.sh) - 1) / int(pc.sh) : 0;
     const int p_hi = min(int(pc.P) - 1, top / int(pc.sh));
-    const int left = int(iw + pc.pw);
-    const int q_lo = max(0, (left - int(pc.kw) + int(pc.sw)) / int(pc.sw));
+    const int left = int(iw + pc.pw), first_left = left - int(pc.kw) + 1;
+    const int q_lo = first_left > 0 ? (first_left + int(pc.sw) - 1) / int(pc.sw) : 0;
     const int q_hi = min(int(pc.Q) - 1, left / int(pc.sw));
     const int at = int(ih * pc.W + iw);
     float acc = 0.0;
