@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 
 #include "cleave/core/error.h"
@@ -45,8 +46,12 @@ enum eltwise_op : std::uint32_t { op_add, op_mul, op_axpy, op_scale, op_relu, op
 }  // namespace
 
 vulkan_backend::vulkan_backend(const std::string& device_spec) : dev_(device::get(device_spec)) {
-  pool_ = std::make_shared<memory_pool>(dev_, dev_->tensor_memory_type(), dev_->tensor_memory_mappable(),
-                                        tensor_block_bytes);
+  // CLEAVE_VK_STAGING=1 moves every transfer through staging memory even where tensor memory
+  // is host-visible: the path discrete GPUs take, for testing it on integrated or CPU devices.
+  const char* force_staging = std::getenv("CLEAVE_VK_STAGING");
+  const bool mapped =
+      dev_->tensor_memory_mappable() && !(force_staging && std::strcmp(force_staging, "0") != 0 && *force_staging);
+  pool_ = std::make_shared<memory_pool>(dev_, dev_->tensor_memory_type(), mapped, tensor_block_bytes);
   staging_ = std::make_shared<memory_pool>(dev_, dev_->staging_memory_type(), true, staging_block_bytes);
   stream_ = std::make_unique<stream>(dev_, std::vector<memory_pool*>{pool_.get(), staging_.get()});
   dummy_ = allocate(256);

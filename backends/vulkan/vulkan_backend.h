@@ -88,6 +88,8 @@ class vulkan_backend final : public core::backend {
   // ---- introspection for tests and benchmarks ----------------------------------------------
   const device& vk_device() const { return *dev_; }
   memory_pool::stats pool_stats() const { return pool_->get_stats(); }
+  // Whether uploads and downloads copy straight through mapped tensor memory (else staging).
+  bool direct_transfers() const { return pool_->mapped(); }
   const stream::stats& stream_stats() const { return stream_->get_stats(); }
   // Submit a batch once it holds this many commands (default 1024).
   void set_batch_limit(std::uint32_t n) { stream_->set_batch_limit(n); }
