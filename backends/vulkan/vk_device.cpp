@@ -25,7 +25,7 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_debug_message(VkDebugUtilsMessageSeverityFlagB
   if ((type & VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT) &&
       (severity & (VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT)))
     g_validation_messages.fetch_add(1);
-  std::fprintf(stderr, "cleave vulkan validation: %s\n", data && data->pMessage ? data->pMessage : "(no message)");
+  std::fprintf(stderr, "cleave vulkan debug: %s\n", data && data->pMessage ? data->pMessage : "(no message)");
   return VK_FALSE;
 }
 
