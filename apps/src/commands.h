@@ -7,5 +7,6 @@ namespace cleave::apps {
 
 void register_train_commands(CLI::App& app);  // train, eval, backends, models
 void register_certs_command(CLI::App& app);   // certs init / issue
+void register_node_commands(CLI::App& app);   // server, edge, agent, demo
 
 }  // namespace cleave::apps

@@ -2,6 +2,7 @@
 #include "cleave/core/optimizer.h"
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 namespace cleave::core {
 
@@ -16,6 +17,51 @@ schedule_kind parse_schedule_kind(const std::string& s) {
   if (s == "step") return schedule_kind::step;
   if (s == "cosine") return schedule_kind::cosine;
   throw error("unknown learning-rate schedule '" + s + "' (known: constant, step, cosine)");
+}
+
+std::string to_json(const optimizer_config& c) {
+  nlohmann::json j = {{"optimizer", c.kind == optimizer_kind::sgd ? "sgd" : "adamw"},
+                      {"lr", c.lr},
+                      {"momentum", c.momentum},
+                      {"nesterov", c.nesterov},
+                      {"weight_decay", c.weight_decay},
+                      {"beta1", c.beta1},
+                      {"beta2", c.beta2},
+                      {"eps", c.eps},
+                      {"schedule", c.schedule == schedule_kind::constant ? "constant"
+                                   : c.schedule == schedule_kind::step   ? "step"
+                                                                         : "cosine"},
+                      {"step_size", c.step_size},
+                      {"gamma", c.gamma},
+                      {"total_steps", c.total_steps},
+                      {"min_lr", c.min_lr},
+                      {"warmup_steps", c.warmup_steps}};
+  return j.dump();
+}
+
+optimizer_config optimizer_config_from_json(const std::string& text) {
+  optimizer_config c;
+  try {
+    const auto j = nlohmann::json::parse(text);
+    c.kind = parse_optimizer_kind(j.at("optimizer").get<std::string>());
+    c.lr = j.at("lr").get<float>();
+    c.momentum = j.at("momentum").get<float>();
+    c.nesterov = j.at("nesterov").get<bool>();
+    c.weight_decay = j.at("weight_decay").get<float>();
+    c.beta1 = j.at("beta1").get<float>();
+    c.beta2 = j.at("beta2").get<float>();
+    c.eps = j.at("eps").get<float>();
+    c.schedule = parse_schedule_kind(j.at("schedule").get<std::string>());
+    c.step_size = j.at("step_size").get<std::int64_t>();
+    c.gamma = j.at("gamma").get<float>();
+    c.total_steps = j.at("total_steps").get<std::int64_t>();
+    c.min_lr = j.at("min_lr").get<float>();
+    c.warmup_steps = j.at("warmup_steps").get<std::int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw error(std::string("optimizer settings: ") + e.what());
+  }
+  if (!(c.lr >= 0.0f) || !(c.momentum >= 0.0f && c.momentum <= 1.0f)) throw error("optimizer settings: out of range");
+  return c;
 }
 
 float learning_rate(const optimizer_config& c, std::int64_t t) {

@@ -36,7 +36,7 @@ tensor trainer::step(const float* x, const std::int32_t* y, std::int64_t n) {
 
 std::int64_t trainer::train_epoch(const dataset& d, int epoch,
                                   const std::function<void(const progress_report&)>& progress) {
-  const auto order = epoch_order(d.size(), c_.seed, epoch);
+  const auto order = epoch_order(d.size(), c_.order_seed ? c_.order_seed : c_.seed, epoch);
   const std::int64_t per = d.item.numel();
   std::int64_t steps = (d.size() + c_.batch - 1) / c_.batch;
   if (c_.max_steps >= 0) steps = std::min(steps, c_.max_steps);

@@ -33,6 +33,10 @@ struct optimizer_config {
 optimizer_kind parse_optimizer_kind(const std::string& s);
 schedule_kind parse_schedule_kind(const std::string& s);
 
+// The config as compact JSON (it travels in plans) and back; the parser names bad fields.
+std::string to_json(const optimizer_config& c);
+optimizer_config optimizer_config_from_json(const std::string& text);
+
 // Learning rate of step t (0-based) under the config's schedule.
 float learning_rate(const optimizer_config& c, std::int64_t t);
 

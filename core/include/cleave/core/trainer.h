@@ -14,7 +14,8 @@ namespace cleave::core {
 struct train_config {
   int batch = 64;
   int epochs = 1;
-  std::uint64_t seed = 1;
+  std::uint64_t seed = 1;        // initial weights (and data order unless order_seed is set)
+  std::uint64_t order_seed = 0;  // data order; 0: seed
   optimizer_config opt;
   int eval_batch = 500;
   int report_every = 50;        // steps between progress reports

@@ -1,0 +1,353 @@
+// `cleave server`, `cleave edge`, `cleave agent` and `cleave demo`: the split-learning nodes and
+// a local federation of them on loopback.
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "cleave/device/agent.h"
+#include "cleave/server/edge_node.h"
+#include "cleave/server/server_node.h"
+#include "cleave/transport/certs.h"
+#include "commands.h"
+
+namespace cleave::apps {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// "host:port" -> parts; names the option in errors.
+std::pair<std::string, std::uint16_t> host_port(const std::string& s, const char* option) {
+  const auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size())
+    throw core::error(std::string(option) + " '" + s + "': expected HOST:PORT");
+  int port = 0;
+  try {
+    port = std::stoi(s.substr(colon + 1));
+  } catch (...) {
+    port = -1;
+  }
+  if (port < 0 || port > 65535) throw core::error(std::string(option) + " '" + s + "': bad port");
+  return {s.substr(0, colon), static_cast<std::uint16_t>(port)};
+}
+
+// Stops a node on SIGINT / SIGTERM: the signals are blocked in every thread (call this before
+// the node starts its threads) and taken by one thread with sigwait, where stop() is safe.
+template <class Node>
+void stop_on_signals(Node& node) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set, &node] {
+    int sig = 0;
+    if (sigwait(&set, &sig) == 0) node.stop();
+  }).detach();
+}
+
+struct server_options {
+  server::server_config c;
+  std::string listen = "127.0.0.1:7000";
+  std::string mode = "splitfed", optimizer = "sgd";
+};
+
+struct edge_options {
+  server::edge_config c;
+  std::string listen = "127.0.0.1:7100", upstream = "127.0.0.1:7000";
+};
+
+struct agent_options {
+  device::agent_config c;
+  std::string connect = "127.0.0.1:7000", shard = "0/1";
+};
+
+struct demo_options {
+  std::string work;
+  int devices = 4, rounds = 4, local_steps = 120;
+  std::string partition = "dirichlet:0.5", backend = "auto", mode = "splitfed", model = "lenet5";
+  std::string data = "fashion-mnist";
+  bool u_shape = false, keep = false;
+  float lr = 0.05f;
+  std::uint64_t seed = 1;
+};
+
+void run_server(server_options& o) {
+  auto [host, port] = host_port(o.listen, "--listen");
+  o.c.listen_host = host;
+  o.c.port = port;
+  o.c.mode = server::parse_mode(o.mode);
+  o.c.opt.kind = core::parse_optimizer_kind(o.optimizer);
+  server::server_node node(o.c);
+  stop_on_signals(node);
+  node.run();
+}
+
+void run_edge(edge_options& o) {
+  auto [host, port] = host_port(o.listen, "--listen");
+  auto [uh, up] = host_port(o.upstream, "--server");
+  o.c.listen_host = host;
+  o.c.port = port;
+  o.c.upstream_host = uh;
+  o.c.upstream_port = up;
+  server::edge_node node(o.c);
+  stop_on_signals(node);
+  node.run();
+}
+
+void run_agent(agent_options& o) {
+  auto [host, port] = host_port(o.connect, "--connect");
+  o.c.upstream_host = host;
+  o.c.upstream_port = port;
+  const auto slash = o.shard.find('/');
+  try {
+    if (slash == std::string::npos) throw 0;
+    o.c.shard = std::stoi(o.shard.substr(0, slash));
+    o.c.n_shards = std::stoi(o.shard.substr(slash + 1));
+  } catch (...) {
+    throw core::error("--shard '" + o.shard + "': expected K/N, e.g. 2/4");
+  }
+  if (o.c.name.empty()) o.c.name = "device-" + std::to_string(o.c.id);
+  device::agent node(o.c);
+  stop_on_signals(node);
+  node.run();
+}
+
+// A free TCP port on loopback (for the demo's nodes).
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
+  const pid_t pid = ::fork();
+  if (pid < 0) throw core::error(std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    if (!log.empty()) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, STDOUT_FILENO);
+        ::dup2(fd, STDERR_FILENO);
+        ::close(fd);
+      }
+    }
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    std::fprintf(stderr, "exec failed: %s\n", std::strerror(errno));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+void run_demo(const demo_options& o) {
+  const fs::path work =
+      o.work.empty() ? fs::temp_directory_path() / ("cleave-demo-" + std::to_string(::getpid())) : fs::path(o.work);
+  fs::create_directories(work);
+  const fs::path certs = work / "certs";
+  spdlog::info("demo: 1 server, 1 edge, {} devices on loopback; work directory {}", o.devices, work.string());
+  if (!fs::exists(certs / std::string(transport::ca_cert_file))) transport::init_ca(certs);
+  auto issue = [&](const std::string& name, transport::node_role role) {
+    if (fs::exists(certs / (name + ".crt"))) return;
+    transport::issue_options io;
+    io.role = role;
+    transport::issue_certificate(certs, name, io);
+  };
+  issue("server", transport::node_role::server);
+  issue("edge-1", transport::node_role::edge);
+  for (int i = 1; i <= o.devices; ++i) issue("device-" + std::to_string(i), transport::node_role::device);
+  spdlog::info("demo: certificates for the CA, server, edge-1 and device-1..{} in {}", o.devices, certs.string());
+
+  const auto server_port = free_port(), edge_port = free_port();
+  const std::string sp = "127.0.0.1:" + std::to_string(server_port);
+  const std::string ep = "127.0.0.1:" + std::to_string(edge_port);
+  const std::string level = spdlog::level::to_string_view(spdlog::get_level()).data();
+  std::vector<std::string> sargs{"cleave",        "--log-level",
+                                 level,           "server",
+                                 "--certs",       certs.string(),
+                                 "--listen",      sp,
+                                 "--model",       o.model,
+                                 "--data",        o.data,
+                                 "--backend",     o.backend,
+                                 "--mode",        o.mode,
+                                 "--rounds",      std::to_string(o.rounds),
+                                 "--local-steps", std::to_string(o.local_steps),
+                                 "--min-devices", std::to_string(o.devices),
+                                 "--lr",          std::to_string(o.lr),
+                                 "--seed",        std::to_string(o.seed),
+                                 "--checkpoint",  (work / "global.ckpt").string()};
+  if (o.u_shape) sargs.push_back("--u-shape");
+  // The server's log (one line per round) goes to this terminal; the others to files.
+  const pid_t server = spawn(sargs, {});
+  std::vector<pid_t> others;
+  others.push_back(spawn({"cleave", "--log-level", level, "edge", "--certs", certs.string(), "--name", "edge-1",
+                          "--listen", ep, "--server", sp, "--backend", o.backend},
+                         work / "edge-1.log"));
+  for (int i = 1; i <= o.devices; ++i)
+    others.push_back(spawn({"cleave",
+                            "--log-level",
+                            level,
+                            "agent",
+                            "--certs",
+                            certs.string(),
+                            "--id",
+                            std::to_string(i),
+                            "--connect",
+                            ep,
+                            "--upstream-name",
+                            "edge-1",
+                            "--data",
+                            o.data,
+                            "--shard",
+                            std::to_string(i - 1) + "/" + std::to_string(o.devices),
+                            "--partition",
+                            o.partition,
+                            "--backend",
+                            o.backend},
+                           work / ("device-" + std::to_string(i) + ".log")));
+  spdlog::info("demo: started server (pid {}), edge-1 and {} device agents; their logs: {}/*.log", server, o.devices,
+               work.string());
+  static std::vector<pid_t>* children = nullptr;
+  static std::vector<pid_t> all;
+  all = others;
+  all.push_back(server);
+  children = &all;
+  auto forward = [](int sig) {
+    for (pid_t p : *children) ::kill(p, sig);
+  };
+  std::signal(SIGINT, forward);
+  std::signal(SIGTERM, forward);
+  int status = 0;
+  while (::waitpid(server, &status, 0) < 0 && errno == EINTR) {
+  }
+  // The others end when the server says training is over; give them a moment, then stop them.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (pid_t p : others) {
+    int st = 0;
+    while (::waitpid(p, &st, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > until) {
+        ::kill(p, SIGKILL);
+        ::waitpid(p, &st, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw core::error("the server failed (see above; the other nodes' logs are in " + work.string() + ")");
+  spdlog::info("demo: done; global model in {}, logs in {}", (work / "global.ckpt").string(), work.string());
+}
+
+}  // namespace
+
+void register_node_commands(CLI::App& app) {
+  static server_options so;
+  static edge_options eo;
+  static agent_options ao;
+  static demo_options dm;
+
+  auto* s = app.add_subcommand("server", "run the top tier: rounds, aggregation, server segments, evaluation");
+  s->add_option("--certs", so.c.certs, "certificate directory (cleave certs)")->required();
+  s->add_option("--name", so.c.name, "this node's certificate name")->capture_default_str();
+  s->add_option("--listen", so.listen, "HOST:PORT to accept edges and devices on")->capture_default_str();
+  s->add_option("--allow", so.c.allowed, "certificate names allowed to connect (repeatable; default: any)");
+  s->add_option("--backend", so.c.backend, "compute backend")->capture_default_str();
+  s->add_option("--model", so.c.model, "zoo model or .json spec")->capture_default_str();
+  s->add_option("--data", so.c.data, "data set whose test split evaluates the global model")->capture_default_str();
+  s->add_option("--mode", so.mode, "splitfed (per-device server replicas) or sequential (one shared)")
+      ->capture_default_str();
+  s->add_flag("--u-shape", so.c.u_shape, "U-shaped plans: the top blocks and the loss stay on the devices");
+  s->add_option("--cuts", so.c.cuts, "cuts for devices connected directly, e.g. 6 (U-shape: 6,11)");
+  s->add_option("--edge-cuts", so.c.edge_cuts, "cuts for devices behind an edge, e.g. 3,6");
+  s->add_option("--rounds", so.c.rounds, "rounds")->capture_default_str()->check(CLI::Range(1, 1000000));
+  s->add_option("--local-steps", so.c.local_steps, "steps per device per round")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  s->add_option("--batch", so.c.batch, "batch size")->capture_default_str()->check(CLI::Range(1, 65536));
+  s->add_option("--micro-batches", so.c.micro_batches, "micro-batches per step (pipelined)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  s->add_option("--min-devices", so.c.min_devices, "devices to wait for before round 1")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  s->add_option("--deadline", so.c.round_deadline_s, "round deadline in seconds")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  s->add_option("--join-timeout", so.c.join_timeout_s, "seconds to wait for --min-devices")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  s->add_option("--seed", so.c.seed, "seed of the initial weights")->capture_default_str();
+  s->add_option("--optimizer", so.optimizer, "sgd or adamw")->capture_default_str();
+  s->add_option("--lr", so.c.opt.lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--momentum", so.c.opt.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  s->add_option("--weight-decay", so.c.opt.weight_decay, "weight decay")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  s->add_option("--checkpoint", so.c.checkpoint, "save the global model here after every round");
+  s->callback([] { run_server(so); });
+
+  auto* e = app.add_subcommand("edge", "run an edge relay: devices below, the server above");
+  e->add_option("--certs", eo.c.certs, "certificate directory (cleave certs)")->required();
+  e->add_option("--name", eo.c.name, "this node's certificate name")->capture_default_str();
+  e->add_option("--id", eo.c.id, "node id (distinct from device ids)")->capture_default_str();
+  e->add_option("--listen", eo.listen, "HOST:PORT to accept devices on")->capture_default_str();
+  e->add_option("--allow", eo.c.allowed, "device certificate names allowed to connect (repeatable)");
+  e->add_option("--server", eo.upstream, "HOST:PORT of the server")->capture_default_str();
+  e->add_option("--server-name", eo.c.upstream_name, "the server's certificate name")->capture_default_str();
+  e->add_option("--backend", eo.c.backend, "compute backend")->capture_default_str();
+  e->callback([] { run_edge(eo); });
+
+  auto* a = app.add_subcommand("agent", "run a device agent: its data shard and its segments of the model");
+  a->add_option("--certs", ao.c.certs, "certificate directory (cleave certs)")->required();
+  a->add_option("--name", ao.c.name, "this device's certificate name (default device-ID)");
+  a->add_option("--id", ao.c.id, "device id (> 0, unique)")->required()->check(CLI::Range(1, 999999));
+  a->add_option("--connect", ao.connect, "HOST:PORT of its edge or the server")->capture_default_str();
+  a->add_option("--upstream-name", ao.c.upstream_name, "required certificate name of the upstream node");
+  a->add_option("--backend", ao.c.backend, "compute backend")->capture_default_str();
+  a->add_option("--data", ao.c.data, "'fashion-mnist' or a directory of IDX files")->capture_default_str();
+  a->add_option("--shard", ao.shard, "K/N: this device holds shard K of N")->capture_default_str();
+  a->add_option("--partition", ao.c.partition, "iid, dirichlet:ALPHA, classes:K or all")->capture_default_str();
+  a->add_option("--partition-seed", ao.c.partition_seed, "seed of the partition (same on every device)")
+      ->capture_default_str();
+  a->add_option("--slowdown", ao.c.slowdown, "make compute this many times slower (emulated weak board)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1000.0));
+  a->callback([] { run_agent(ao); });
+
+  auto* d = app.add_subcommand("demo", "a federation on loopback: 1 server, 1 edge, N devices as processes");
+  d->add_option("--work", dm.work, "work directory (default: a new one under /tmp)");
+  d->add_option("--devices", dm.devices, "devices")->capture_default_str()->check(CLI::Range(1, 64));
+  d->add_option("--rounds", dm.rounds, "rounds")->capture_default_str()->check(CLI::Range(1, 1000));
+  d->add_option("--local-steps", dm.local_steps, "steps per device per round")->capture_default_str();
+  d->add_option("--partition", dm.partition, "how the training set is split across devices")->capture_default_str();
+  d->add_option("--backend", dm.backend, "backend of every node")->capture_default_str();
+  d->add_option("--mode", dm.mode, "splitfed or sequential")->capture_default_str();
+  d->add_option("--model", dm.model, "zoo model or .json spec")->capture_default_str();
+  d->add_option("--data", dm.data, "data set")->capture_default_str();
+  d->add_option("--lr", dm.lr, "learning rate")->capture_default_str();
+  d->add_option("--seed", dm.seed, "seed")->capture_default_str();
+  d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");
+  d->callback([] { run_demo(dm); });
+}
+
+}  // namespace cleave::apps

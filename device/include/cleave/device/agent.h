@@ -1,0 +1,64 @@
+// The device agent: owns a data shard and the device's segments of the model (the bottom, and
+// in U-shape also the top with the loss), connects to its edge or server over TLS, trains the
+// rounds it is given, uploads its replicas, installs the global weights, and reconnects when
+// the link drops.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace cleave::device {
+
+struct agent_config {
+  std::filesystem::path certs;  // directory written by `cleave certs`
+  std::string name;             // this node's certificate name, e.g. "device-1"
+  std::uint32_t id = 1;         // device id, unique in the federation (> 0)
+  std::string upstream_host = "127.0.0.1";
+  std::uint16_t upstream_port = 7000;
+  std::string upstream_name;  // required certificate name of the upstream node ("" = any the CA signed)
+  std::string backend = "auto";
+  std::string data = "fashion-mnist";
+  // Which part of the training set this device holds: shard `shard` of `n_shards` under
+  // `partition` ("iid", "dirichlet:ALPHA", "classes:K" or "all"), drawn with `partition_seed`.
+  int n_shards = 1;
+  int shard = 0;
+  std::string partition = "iid";
+  std::uint64_t partition_seed = 1;
+  // Seed of this device's data order (default: derived from the partition seed and the id).
+  std::uint64_t order_seed = 0;
+  // Compute made this many times slower (sleeping in proportion to measured compute time),
+  // to emulate a weaker board.
+  double slowdown = 1.0;
+  double reconnect_max_s = 5.0;  // backoff cap between reconnection attempts
+  // Sees every frame this device sends (tests of what leaves the device).
+  std::function<void(std::span<const std::byte> frame)> on_send;
+};
+
+class agent {
+ public:
+  explicit agent(agent_config c);
+  ~agent();
+  agent(const agent&) = delete;
+  agent& operator=(const agent&) = delete;
+
+  // Trains until the server ends the run; returns 0, or throws core::error on a fatal
+  // configuration problem (data, certificates, backend).
+  int run();
+  // Thread-safe: ends run() soon.
+  void stop();
+
+ private:
+  class impl;
+  std::unique_ptr<impl> impl_;
+};
+
+// The data order seed a device uses by default: local training with this order seed reproduces
+// the device's batches.
+std::uint64_t default_order_seed(std::uint64_t partition_seed, std::uint32_t id);
+
+}  // namespace cleave::device

@@ -1,0 +1,509 @@
+// The device agent: an I/O thread runs the channel (connect, read, ordered sends, reconnect);
+// the calling thread trains, waiting on the events the I/O thread hands it.
+#include "cleave/device/agent.h"
+
+#include <spdlog/spdlog.h>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <thread>
+#include <variant>
+
+#include "cleave/backend/registry.h"
+#include "cleave/core/dataset.h"
+#include "cleave/core/partition.h"
+#include "cleave/core/pipeline.h"
+#include "cleave/core/random.h"
+#include "cleave/transport/connect.h"
+#include "cleave/transport/outbox.h"
+#include "cleave/transport/protocol.h"
+#include "cleave/transport/tensor_io.h"
+#include "event_queue.h"
+
+namespace cleave::device {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+struct connected {};
+struct disconnected {
+  std::string reason;
+};
+using event = std::variant<transport::message, connected, disconnected>;
+
+// The shard this device holds.
+core::shard pick_shard(const agent_config& c, const core::dataset& train) {
+  if (c.n_shards < 1 || c.shard < 0 || c.shard >= c.n_shards)
+    throw core::error("shard " + std::to_string(c.shard) + " of " + std::to_string(c.n_shards) + " does not exist");
+  const std::string& p = c.partition;
+  std::vector<core::shard> all;
+  if (p == "all") {
+    core::shard s(static_cast<std::size_t>(train.size()));
+    for (std::int64_t i = 0; i < train.size(); ++i) s[static_cast<std::size_t>(i)] = i;
+    return s;
+  }
+  if (p == "iid") {
+    all = core::partition_iid(train.size(), c.n_shards, c.partition_seed);
+  } else if (p.rfind("dirichlet:", 0) == 0) {
+    double alpha = 0;
+    try {
+      alpha = std::stod(p.substr(10));
+    } catch (...) {
+      throw core::error("partition '" + p + "': expected dirichlet:ALPHA, e.g. dirichlet:0.5");
+    }
+    all = core::partition_dirichlet(train.y, train.n_classes, c.n_shards, alpha, c.partition_seed);
+  } else if (p.rfind("classes:", 0) == 0) {
+    int k = 0;
+    try {
+      k = std::stoi(p.substr(8));
+    } catch (...) {
+      throw core::error("partition '" + p + "': expected classes:K, e.g. classes:2");
+    }
+    all = core::partition_classes(train.y, train.n_classes, c.n_shards, k, c.partition_seed);
+  } else {
+    throw core::error("partition '" + p + "': expected iid, dirichlet:ALPHA, classes:K or all");
+  }
+  return all[static_cast<std::size_t>(c.shard)];
+}
+
+}  // namespace
+
+std::uint64_t default_order_seed(std::uint64_t partition_seed, std::uint32_t id) {
+  return core::mix64(partition_seed ^ (0xde71ce00ULL + id));
+}
+
+class agent::impl {
+ public:
+  explicit impl(agent_config c) : c_(std::move(c)) {
+    if (c_.id == 0) throw core::error("device id must be > 0");
+    if (!(c_.slowdown >= 1.0)) throw core::error("slowdown must be >= 1");
+    if (c_.order_seed == 0) c_.order_seed = default_order_seed(c_.partition_seed, c_.id);
+  }
+
+  int run();
+  void stop() {
+    stop_.store(true);
+    io_.stop();
+  }
+
+ private:
+  // ---- I/O thread ----
+  asio::awaitable<void> connect_loop();
+  void send(transport::message_builder&& m);
+
+  // ---- training thread ----
+  std::optional<event> next_event(std::chrono::milliseconds timeout = std::chrono::milliseconds(200));
+  // Handles an event that is not part of a step; returns false when the run is over.
+  bool handle(event& e);
+  void on_plan(const wire::Plan& p);
+  void on_global_weights(const wire::GlobalWeights& g);
+  void run_round(const wire::RoundStart& r);
+  // Waits for the step's micro-batches to come back; false when the round was abandoned.
+  bool finish_step(std::uint64_t step, std::uint32_t n_micro_batches);
+  void upload_replicas(std::uint64_t round, std::uint64_t n_samples);
+  void timed_compute(const std::function<void()>& f);
+  void next_batch(std::int64_t n, float* x, std::int32_t* y);
+
+  agent_config c_;
+  std::atomic<bool> stop_{false};
+  asio::io_context io_;
+  event_queue<event> events_;
+
+  // I/O thread state.
+  transport::channel ch_;
+  std::shared_ptr<transport::outbox> out_;
+  std::mutex out_mu_;
+
+  // Training thread state.
+  core::dataset_split data_;
+  core::shard shard_;
+  std::int64_t position_ = 0;  // samples drawn from this device's data stream
+  std::unique_ptr<core::backend> be_;
+  core::model_spec model_;
+  std::string model_json_;
+  std::unique_ptr<core::segment_host> host_;
+  core::route route_;
+  bool have_plan_ = false;
+  std::uint32_t plan_epoch_ = 0;
+  std::uint32_t micro_batch_size_ = 0, n_micro_batches_ = 1;
+  bool done_ = false;
+  // In U-shape the labels of each micro-batch in flight wait here for the top segment.
+  std::map<core::micro_batch_id, core::tensor> labels_;
+  std::uint64_t round_ = 0;
+  bool round_abandoned_ = false;
+  // Round statistics.
+  double compute_s_ = 0;
+  double loss_sum_ = 0;
+  std::uint64_t n_loss_ = 0, n_correct_ = 0;
+};
+
+agent::agent(agent_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
+agent::~agent() = default;
+int agent::run() {
+  return impl_->run();
+}
+void agent::stop() {
+  impl_->stop();
+}
+
+asio::awaitable<void> agent::impl::connect_loop() {
+  const transport::tls_context tls(transport::tls_files_in(c_.certs, c_.name));
+  double backoff = 0.2;
+  while (!stop_.load()) {
+    transport::connect_options opts;
+    if (!c_.upstream_name.empty()) opts.server_identity = c_.upstream_name;
+    auto r = co_await transport::connect(tls, c_.upstream_host, c_.upstream_port, opts);
+    if (!r) {
+      spdlog::warn("device {}: cannot reach {}:{}: {}; retrying in {:.1f} s", c_.id, c_.upstream_host, c_.upstream_port,
+                   r.error().reason(), backoff);
+      asio::steady_timer t(io_, std::chrono::milliseconds(static_cast<int>(backoff * 1000)));
+      co_await t.async_wait(asio::use_awaitable);
+      backoff = std::min(c_.reconnect_max_s, backoff * 2);
+      continue;
+    }
+    backoff = 0.2;
+    ch_ = std::move(r.value());
+    {
+      std::lock_guard lock(out_mu_);
+      out_ = std::make_shared<transport::outbox>(ch_);
+    }
+    spdlog::info("device {}: connected to {} ({})", c_.id, ch_.peer_identity(), ch_.remote());
+    transport::hello_info h;
+    h.role = transport::node_role::device;
+    h.node_id = c_.id;
+    h.name = c_.name;
+    h.n_samples = static_cast<std::uint64_t>(shard_.size());
+    send(transport::make_hello(h));
+    events_.push(connected{});
+    for (;;) {
+      auto m = co_await ch_.receive();
+      if (!m) {
+        events_.push(disconnected{m.error().reason()});
+        break;
+      }
+      events_.push(std::move(m.value()));
+    }
+    {
+      std::lock_guard lock(out_mu_);
+      out_.reset();
+    }
+    ch_ = transport::channel{};
+    if (done_ || stop_.load()) break;
+  }
+}
+
+void agent::impl::send(transport::message_builder&& m) {
+  if (c_.on_send) c_.on_send(m.frame());
+  std::lock_guard lock(out_mu_);
+  if (out_) out_->post(std::move(m));
+}
+
+std::optional<event> agent::impl::next_event(std::chrono::milliseconds timeout) {
+  return events_.pop(timeout);
+}
+
+void agent::impl::timed_compute(const std::function<void()>& f) {
+  const auto t0 = clock::now();
+  f();
+  be_->synchronize();
+  const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+  compute_s_ += secs;
+  if (c_.slowdown > 1.0) {
+    // Emulates a board this many times slower: wait for the extra time it would have taken.
+    std::this_thread::sleep_for(std::chrono::duration<double>(secs * (c_.slowdown - 1.0)));
+    compute_s_ += secs * (c_.slowdown - 1.0);
+  }
+}
+
+void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
+  const auto size = static_cast<std::int64_t>(shard_.size());
+  const std::int64_t per = data_.train.item.numel();
+  std::vector<std::int64_t> order;
+  std::int64_t order_epoch = -1;
+  for (std::int64_t i = 0; i < n; ++i, ++position_) {
+    const std::int64_t epoch = position_ / size;
+    if (epoch != order_epoch) {
+      order = core::epoch_order(size, c_.order_seed, epoch);
+      order_epoch = epoch;
+    }
+    const std::int64_t idx = shard_[static_cast<std::size_t>(order[static_cast<std::size_t>(position_ % size)])];
+    data_.train.gather(&idx, 1, x + i * per, y + i);
+  }
+}
+
+void agent::impl::on_plan(const wire::Plan& p) {
+  const std::string model = p.model() ? p.model()->str() : "";
+  if (model != model_json_) {
+    model_ = core::parse_model_spec(model, "plan");
+    if (!(model_.input == data_.train.item) || model_.n_classes < data_.train.n_classes)
+      throw core::error("the server's model takes " + model_.input.str() + " inputs and " +
+                        std::to_string(model_.n_classes) + " classes; this device's data has " +
+                        data_.train.item.str() + " and " + std::to_string(data_.train.n_classes));
+    model_json_ = model;
+  }
+  const auto training = transport::training_of(p);
+  const core::route r = transport::route_for(p, c_.id, model_.n_blocks());
+  micro_batch_size_ = p.micro_batch_size();
+  n_micro_batches_ = std::max(1u, p.n_micro_batches());
+  if (!host_ || !have_plan_ || !(r == route_)) {
+    // New or changed segments start from the plan's seed; the global weights follow.
+    host_ = std::make_unique<core::segment_host>(*be_, model_, training.opt, training.seed);
+    for (int seg : r.segments_on(core::tier::device)) host_->host(c_.id, r, seg);
+  }
+  route_ = r;
+  plan_epoch_ = p.epoch();
+  have_plan_ = true;
+  spdlog::info("device {}: plan {}: {} (batch {} x {})", c_.id, plan_epoch_, route_.str(), micro_batch_size_,
+               n_micro_batches_);
+}
+
+void agent::impl::on_global_weights(const wire::GlobalWeights& g) {
+  if (!have_plan_) return;
+  const auto w = transport::weights_of(g, model_);
+  for (int seg : route_.segments_on(core::tier::device))
+    transport::install(host_->stage_of(c_.id, seg), w.params, w.buffers);
+  if (g.round() > 0 || g.test_accuracy() > 0)
+    spdlog::info("device {}: global weights of round {} installed (test accuracy {:.4f})", c_.id, g.round(),
+                 g.test_accuracy());
+}
+
+bool agent::impl::handle(event& e) {
+  if (auto* d = std::get_if<disconnected>(&e)) {
+    if (done_) return false;
+    spdlog::warn("device {}: link lost: {}", c_.id, d->reason);
+    if (host_) host_->discard_pending(c_.id);
+    labels_.clear();
+    return true;
+  }
+  if (std::holds_alternative<connected>(e)) return true;
+  const auto& m = std::get<transport::message>(e);
+  switch (m.type()) {
+    case wire::Body::Welcome:
+      return true;
+    case wire::Body::Plan:
+      on_plan(*m.as<wire::Plan>());
+      return true;
+    case wire::Body::GlobalWeights:
+      on_global_weights(*m.as<wire::GlobalWeights>());
+      return true;
+    case wire::Body::RoundStart: {
+      const auto& r = *m.as<wire::RoundStart>();
+      if (r.device_id() == 0 || r.device_id() == c_.id) run_round(r);
+      return true;
+    }
+    case wire::Body::Error: {
+      const auto& err = *m.as<wire::Error>();
+      const std::string text = err.message() ? err.message()->str() : "";
+      if (err.code() == wire::ErrorCode::shutting_down) {
+        spdlog::info("device {}: {}", c_.id, text.empty() ? "training finished" : text);
+        done_ = true;
+        return false;
+      }
+      spdlog::warn("device {}: upstream error: {}", c_.id, text);
+      return true;
+    }
+    default:
+      spdlog::debug("device {}: ignoring {} outside a step", c_.id, transport::describe(m));
+      return true;
+  }
+}
+
+void agent::impl::run_round(const wire::RoundStart& r) {
+  if (!have_plan_) {
+    spdlog::warn("device {}: round {} started before a plan arrived; skipping it", c_.id, r.round());
+    return;
+  }
+  round_ = r.round();
+  round_abandoned_ = false;
+  compute_s_ = 0;
+  loss_sum_ = 0;
+  n_loss_ = n_correct_ = 0;
+  const auto t0 = clock::now();
+  const std::uint32_t steps = r.local_steps();
+  const std::uint32_t mbs = micro_batch_size_, n_mb = n_micro_batches_;
+  const std::int64_t per = data_.train.item.numel();
+  std::vector<float> xb(static_cast<std::size_t>(mbs * n_mb * per));
+  std::vector<std::int32_t> yb(static_cast<std::size_t>(mbs * n_mb));
+  const core::shape in = model_.input;
+  std::uint64_t n_samples = 0;
+  for (std::uint32_t i = 0; i < steps && !round_abandoned_ && !stop_.load(); ++i) {
+    const std::uint64_t step = round_ * steps + i;
+    next_batch(mbs * n_mb, xb.data(), yb.data());
+    for (std::uint32_t mb = 0; mb < n_mb; ++mb) {
+      const core::micro_batch_id id{step, mb};
+      const auto n = static_cast<std::int64_t>(mbs);
+      core::tensor x = be_->empty(in.rank() == 3 ? core::shape{n, in[0], in[1], in[2]} : core::shape{n, in[0]});
+      core::tensor y = be_->empty({n}, core::dtype::i32);
+      be_->upload(x, xb.data() + mb * mbs * per);
+      be_->upload(y, yb.data() + mb * mbs);
+      core::segment_output out;
+      timed_compute([&] {
+        out = host_->forward(c_.id, 0, id, x, y, 1.0f / static_cast<float>(n_mb), n_mb,
+                             core::hash32(static_cast<std::uint32_t>(step), mb));
+      });
+      if (route_.u_shape()) labels_[id] = y;
+      const transport::step_key key{plan_epoch_, step, mb, c_.id, static_cast<std::uint32_t>(route_.end(0))};
+      send(transport::make_activations(key, {mbs * n_mb, n_mb}, *be_, out.value, route_.u_shape() ? nullptr : &y));
+    }
+    if (!finish_step(step, n_mb)) break;
+    n_samples += mbs * n_mb;
+  }
+  labels_.clear();
+  if (round_abandoned_ || stop_.load()) {
+    host_->discard_pending(c_.id);
+    return;
+  }
+  const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+  spdlog::info("device {}: round {}: {} steps in {:.1f} s (compute {:.1f} s), loss {:.4f}", c_.id, round_, steps, secs,
+               compute_s_, n_loss_ ? loss_sum_ / static_cast<double>(n_loss_) : 0.0);
+  upload_replicas(round_, n_samples);
+}
+
+bool agent::impl::finish_step(std::uint64_t step, std::uint32_t n_micro_batches) {
+  std::uint32_t back = 0;
+  const int top = route_.n_segments() - 1;
+  while (back < n_micro_batches) {
+    if (stop_.load()) return false;
+    auto e = next_event();
+    if (!e) continue;
+    auto* m = std::get_if<transport::message>(&*e);
+    if (!m) {
+      handle(*e);
+      if (std::holds_alternative<disconnected>(*e)) {
+        round_abandoned_ = true;
+        return false;
+      }
+      continue;
+    }
+    if (const auto* g = m->as<wire::Gradients>()) {
+      if (g->step() != step || g->epoch() != plan_epoch_ || g->device_id() != c_.id ||
+          g->block() != static_cast<std::uint32_t>(route_.end(0))) {
+        spdlog::debug("device {}: dropping stale {}", c_.id, transport::describe(*m));
+        continue;
+      }
+      const core::micro_batch_id id{step, g->micro_batch()};
+      core::tensor dy = transport::to_backend(*be_, transport::view_of(*g->gradient()));
+      timed_compute([&] { host_->backward(c_.id, 0, id, dy); });
+      if (!route_.u_shape()) {
+        loss_sum_ += static_cast<double>(g->loss()) * dy.shape()[0];
+        n_loss_ += static_cast<std::uint64_t>(dy.shape()[0]);
+        n_correct_ += g->n_correct();
+      }
+      ++back;
+      continue;
+    }
+    if (const auto* a = m->as<wire::Activations>(); a && route_.u_shape()) {
+      const core::micro_batch_id id{a->step(), a->micro_batch()};
+      const auto lab = labels_.find(id);
+      if (a->step() != step || a->epoch() != plan_epoch_ || lab == labels_.end() ||
+          a->block() != static_cast<std::uint32_t>(route_.begin(top))) {
+        spdlog::debug("device {}: dropping stale {}", c_.id, transport::describe(*m));
+        continue;
+      }
+      core::tensor x = transport::to_backend(*be_, transport::view_of(*a->activation()));
+      core::segment_output out;
+      timed_compute([&] {
+        out = host_->forward(c_.id, top, id, x, lab->second, 1.0f / static_cast<float>(n_micro_batches),
+                             n_micro_batches, core::hash32(static_cast<std::uint32_t>(step), id.micro_batch));
+      });
+      loss_sum_ += static_cast<double>(out.loss) * x.shape()[0];
+      n_loss_ += static_cast<std::uint64_t>(x.shape()[0]);
+      n_correct_ += out.n_correct;
+      labels_.erase(lab);
+      const transport::step_key key{plan_epoch_, step, id.micro_batch, c_.id,
+                                    static_cast<std::uint32_t>(route_.begin(top))};
+      send(transport::make_gradients(key, *be_, out.value, out.loss, out.n_correct));
+      continue;
+    }
+    if (const auto* gw = m->as<wire::GlobalWeights>(); gw && gw->round() >= round_) {
+      // The server closed this round without us (we missed its deadline).
+      spdlog::warn("device {}: round {} closed before this device finished; rejoining with the global weights", c_.id,
+                   round_);
+      on_global_weights(*gw);
+      round_abandoned_ = true;
+      return false;
+    }
+    if (!handle(*e)) {
+      round_abandoned_ = true;
+      return false;
+    }
+  }
+  return true;
+}
+
+void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples) {
+  const auto segs = route_.segments_on(core::tier::device);
+  for (std::size_t i = 0; i < segs.size(); ++i) {
+    const int seg = segs[i];
+    transport::replica_desc d;
+    d.round = round;
+    d.node_id = c_.id;
+    d.first_block = static_cast<std::uint32_t>(route_.begin(seg));
+    d.end_block = static_cast<std::uint32_t>(route_.end(seg));
+    d.n_samples = n_samples;
+    const std::uint32_t me = c_.id;
+    d.devices = std::span(&me, 1);
+    d.final_part = i + 1 == segs.size();
+    if (d.final_part) {
+      d.stats.compute_us = static_cast<std::uint64_t>(compute_s_ * 1e6);
+      d.stats.loss_sum = loss_sum_;
+      d.stats.n_loss = n_loss_;
+      d.stats.n_correct = n_correct_;
+    }
+    core::stage& st = host_->stage_of(c_.id, seg);
+    send(transport::make_replica_upload(d, *be_, st.params(), st.buffers()));
+  }
+}
+
+int agent::impl::run() {
+  data_ = core::load_dataset(c_.data);
+  shard_ = pick_shard(c_, data_.train);
+  be_ = backend::make_backend(c_.backend);
+  spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_.size(),
+               c_.data, c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());
+  asio::co_spawn(io_, connect_loop(), [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
+  });
+  std::exception_ptr io_error;
+  std::thread io_thread([&] {
+    try {
+      io_.run();
+    } catch (...) {
+      io_error = std::current_exception();
+      events_.push(disconnected{"I/O thread failed"});
+      stop_.store(true);
+    }
+  });
+  try {
+    while (!stop_.load()) {
+      auto e = next_event();
+      if (!e) continue;
+      if (!handle(*e)) break;
+    }
+  } catch (...) {
+    io_.stop();
+    io_thread.join();
+    throw;
+  }
+  // Let queued messages (the last uploads) go out, then close.
+  asio::post(io_, [this] {
+    asio::co_spawn(
+        io_,
+        [this]() -> asio::awaitable<void> {
+          if (ch_) co_await ch_.close();
+          io_.stop();
+        },
+        asio::detached);
+  });
+  io_thread.join();
+  if (io_error) std::rethrow_exception(io_error);
+  return 0;
+}
+
+}  // namespace cleave::device

@@ -1,0 +1,45 @@
+// The middle tier: devices connect to an edge, the edge connects to the server. It runs the
+// edge segments of its devices' routes, relays everything else, and pre-averages its devices'
+// replicas with its own before sending one aggregate upstream.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cleave::server {
+
+struct edge_config {
+  std::filesystem::path certs;
+  std::string name = "edge-1";
+  std::uint32_t id = 1000;  // node id (distinct from device ids)
+  std::string listen_host = "127.0.0.1";
+  std::uint16_t port = 7100;
+  std::vector<std::string> allowed;
+  std::string upstream_host = "127.0.0.1";
+  std::uint16_t upstream_port = 7000;
+  std::string upstream_name = "server";
+  std::string backend = "auto";
+  double reconnect_max_s = 5.0;
+};
+
+class edge_node {
+ public:
+  explicit edge_node(edge_config c);
+  ~edge_node();
+  edge_node(const edge_node&) = delete;
+  edge_node& operator=(const edge_node&) = delete;
+
+  // Serves until the server ends the run. Throws core::error on fatal configuration problems.
+  int run();
+  void stop();                 // thread-safe
+  std::uint16_t port() const;  // after listening started
+
+ private:
+  class impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace cleave::server

@@ -1,0 +1,86 @@
+// The top tier: accepts devices (directly or through edge relays), gives each its plan, runs the
+// server segments of every device route on its backend, drives the rounds (SplitFed-v1 or
+// sequential split learning), averages all replicas every round, evaluates the global model on
+// the test set and sends it back to every holder.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cleave/core/optimizer.h"
+
+namespace cleave::server {
+
+enum class training_mode : std::uint8_t {
+  splitfed,    // per-device server replicas, all devices in parallel, averaged each round
+  sequential,  // one shared server replica, devices visited in turn
+};
+
+struct round_report {
+  std::uint64_t round = 0;  // 1-based
+  int n_devices = 0;        // in the average
+  int n_participants = 0;   // asked to train
+  double seconds = 0;
+  double train_loss = 0;  // mean over the round's samples
+  double train_accuracy = 0;
+  double test_loss = 0, test_accuracy = 0;
+  double device_compute_s = 0, edge_compute_s = 0, server_compute_s = 0;  // summed over nodes
+  std::uint64_t bytes_moved = 0;                                          // all channels, both ways
+};
+
+struct server_config {
+  std::filesystem::path certs;
+  std::string name = "server";
+  std::string listen_host = "127.0.0.1";
+  std::uint16_t port = 7000;         // 0: any free port (see server_node::port())
+  std::vector<std::string> allowed;  // certificate names allowed to connect ("" = any the CA signed)
+  std::string backend = "auto";
+  std::string model = "lenet5";
+  std::string data = "fashion-mnist";  // the test split evaluates the global model
+  training_mode mode = training_mode::splitfed;
+  bool u_shape = false;
+  std::string cuts;       // "" = default cuts; else e.g. "3" (2-tier), "3,6" (3-tier)
+  std::string edge_cuts;  // cuts for devices behind an edge ("" = default)
+  int rounds = 5;
+  int local_steps = 50;
+  int batch = 64;
+  int micro_batches = 1;
+  int min_devices = 1;  // devices connected before the first round starts
+  double round_deadline_s = 120;
+  double join_timeout_s = 120;  // waiting for min_devices
+  std::uint64_t seed = 1;
+  core::optimizer_config opt;
+  std::filesystem::path checkpoint;  // global model saved after every round ("" = none)
+  std::function<void(const round_report&)> on_round;
+  std::function<void(std::uint16_t port)> on_listening;
+};
+
+class server_node {
+ public:
+  explicit server_node(server_config c);
+  ~server_node();
+  server_node(const server_node&) = delete;
+  server_node& operator=(const server_node&) = delete;
+
+  // Runs all rounds; returns the last round's report. Throws core::error on fatal problems
+  // (certificates, data, no devices joined in time).
+  round_report run();
+  void stop();  // thread-safe
+
+  // The global model after run(): flat parameters and state.
+  const std::vector<float>& global_params() const;
+  const std::vector<float>& global_buffers() const;
+
+ private:
+  class impl;
+  std::unique_ptr<impl> impl_;
+};
+
+std::string_view mode_name(training_mode m);
+training_mode parse_mode(const std::string& s);
+
+}  // namespace cleave::server

@@ -1,0 +1,125 @@
+// Samples of every message type, filled with a known byte pattern.
+#include "sample_messages.h"
+
+#include <array>
+
+namespace cleave::transport::testing {
+
+namespace {
+
+std::vector<std::byte> pattern(std::size_t n) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = pattern_byte(i);
+  return v;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, message_builder>> sample_messages() {
+  std::vector<std::pair<std::string, message_builder>> out;
+  const auto act = pattern(4 * 3 * 2 * 5 * 5);  // f32 (3,2,5,5)
+  const auto labels = pattern(4 * 3);           // i32 (3)
+  const auto w0 = pattern(4 * 8 * 4);           // f32 (8,4)
+  const auto w1 = pattern(2 * 8);               // bf16 (8)
+  const auto m0 = pattern(1 * 7);               // u8 (7)
+
+  const backend_desc backends[] = {{"reference", 1.5f, 1u << 30}, {"onednn", 120.f, 8ull << 30}};
+  hello_info hello;
+  hello.role = node_role::device;
+  hello.node_id = 7;
+  hello.name = "device-7";
+  hello.backends = backends;
+  hello.memory_bytes = 4ull << 30;
+  hello.gflops = 42.5f;
+  hello.n_samples = 6000;
+  out.emplace_back("Hello", make_hello(hello));
+
+  welcome_info welcome;
+  welcome.node_id = 7;
+  welcome.run_id = 99;
+  welcome.plan_epoch = 3;
+  welcome.heartbeat_ms = 1000;
+  out.emplace_back("Welcome", make_welcome(welcome));
+
+  const stage_desc stages_a[] = {
+      {7, node_role::device, 0, 2, false}, {1, node_role::edge, 2, 4, false}, {0, node_role::server, 4, 9, true}};
+  const stage_desc stages_b[] = {{8, node_role::device, 0, 3, false}, {0, node_role::server, 3, 9, true}};
+  const device_plan_desc devices[] = {{7, stages_a}, {8, stages_b}};
+  plan_info plan;
+  plan.epoch = 3;
+  plan.n_blocks = 9;
+  plan.model = "lenet5";
+  plan.micro_batch_size = 16;
+  plan.n_micro_batches = 4;
+  plan.devices = devices;
+  out.emplace_back("Plan", make_plan(plan));
+
+  step_key key;
+  key.epoch = 3;
+  key.step = 1234;
+  key.micro_batch = 2;
+  key.device_id = 7;
+  key.block = 2;
+  const tensor_source a{core::dtype::f32, {3, 2, 5, 5}, act.data(), "a2"};
+  const tensor_source l{core::dtype::i32, {3}, labels.data(), "labels"};
+  out.emplace_back("Activations", make_activations(key, a, &l));
+  out.emplace_back("Gradients", make_gradients(key, a, 0.75f, 2));
+
+  round_start_info rs;
+  rs.round = 5;
+  rs.epoch = 3;
+  rs.local_steps = 10;
+  rs.deadline_ms = 30000;
+  rs.learning_rate = 0.01f;
+  out.emplace_back("RoundStart", make_round_start(rs));
+
+  const tensor_source weights[] = {{core::dtype::f32, {8, 4}, w0.data(), "fc.w"},
+                                   {core::dtype::bf16, {8}, w1.data(), "fc.b"}};
+  replica_info rep;
+  rep.round = 5;
+  rep.node_id = 7;
+  rep.first_block = 0;
+  rep.end_block = 2;
+  rep.n_samples = 640;
+  out.emplace_back("ReplicaUpload", make_replica_upload(rep, weights));
+
+  global_weights_info gw;
+  gw.round = 5;
+  gw.first_block = 0;
+  gw.end_block = 2;
+  out.emplace_back("GlobalWeights", make_global_weights(gw, weights));
+
+  const block_profile_desc blocks[] = {{0, 120.f, 250.f, 1u << 20, 4096}, {1, 80.f, 160.f, 1u << 19, 2048}};
+  const link_profile_desc links[] = {{0, 350.f, 1.2e8f}};
+  profile_info prof;
+  prof.node_id = 7;
+  prof.epoch = 3;
+  prof.step = 1234;
+  prof.memory_budget_bytes = 2ull << 30;
+  prof.blocks = blocks;
+  prof.links = links;
+  out.emplace_back("Profile", make_profile(prof));
+
+  const tensor_source state[] = {{core::dtype::u8, {7}, m0.data(), "momentum"}};
+  migrate_info mig;
+  mig.epoch = 4;
+  mig.step = 1240;
+  mig.first_block = 2;
+  mig.end_block = 4;
+  mig.from_node = 1;
+  mig.to_node = 0;
+  out.emplace_back("Migrate", make_migrate(mig, weights, state));
+
+  out.emplace_back("Ping", make_ping(1, 123456789));
+  out.emplace_back("Pong", make_pong(1, 123456789));
+  out.emplace_back("Error", make_error(wire::ErrorCode::stale_epoch, "plan epoch 2 is older than 3"));
+  {
+    message_builder leave(128);
+    const auto reason = leave.fbb().CreateString("link lost");
+    leave.finish(wire::CreateLeave(leave.fbb(), 3, reason));
+    out.emplace_back("Leave", std::move(leave));
+  }
+  return out;
+}
+
+}  // namespace cleave::transport::testing

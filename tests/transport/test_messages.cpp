@@ -1,0 +1,299 @@
+// Message building, frame verification and the semantic checks on inbound frames.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cleave/transport/message.h"
+#include "sample_messages.h"
+
+using namespace cleave;
+using namespace cleave::transport;
+
+namespace {
+
+aligned_bytes aligned_copy(std::span<const std::byte> bytes) {
+  aligned_bytes b = aligned_bytes::allocate(bytes.size());
+  REQUIRE(!b.empty());
+  std::memcpy(b.data(), bytes.data(), bytes.size());
+  return b;
+}
+
+aligned_bytes finish_raw(flatbuffers::FlatBufferBuilder& f, wire::Body type, flatbuffers::Offset<void> body,
+                         const char* identifier = nullptr) {
+  const auto m = wire::CreateMessage(f, type, body);
+  f.FinishSizePrefixed(m, identifier ? identifier : wire::MessageIdentifier());
+  return aligned_copy({reinterpret_cast<const std::byte*>(f.GetBufferPointer()), f.GetSize()});
+}
+
+// An Activations frame with a hand-made tensor, bypassing the builder's own checks.
+aligned_bytes raw_activation(std::uint8_t dtype, const std::vector<std::int64_t>& shape, std::size_t data_bytes,
+                             std::uint32_t micro_batch = 0) {
+  flatbuffers::FlatBufferBuilder f;
+  const auto s = f.CreateVector(shape);
+  const std::vector<std::uint8_t> d(data_bytes, 1);
+  const auto dv = f.CreateVector(d);
+  const auto t = wire::CreateTensor(f, 0, static_cast<wire::DType>(dtype), s, dv);
+  const auto a = wire::CreateActivations(f, 1, 2, micro_batch, 0, 1, t);
+  return finish_raw(f, wire::Body::Activations, a.Union());
+}
+
+std::string refusal(aligned_bytes frame, const frame_limits& limits = {}) {
+  auto r = decode_frame(std::move(frame), limits);
+  REQUIRE(!r.ok());
+  CHECK(r.error().code() == errc::bad_frame);
+  return r.error().reason();
+}
+
+}  // namespace
+
+TEST_CASE("every message type survives a round trip through its frame") {
+  auto samples = testing::sample_messages();
+  CHECK(samples.size() == static_cast<std::size_t>(wire::Body::MAX));
+  for (auto& [name, builder] : samples) {
+    CAPTURE(name);
+    auto decoded = decode_frame(aligned_copy(builder.frame()), {});
+    REQUIRE_MESSAGE(decoded.ok(), (decoded.ok() ? std::string() : decoded.error().reason()));
+    CHECK(body_name(decoded->type()) == name);
+    CHECK(decoded->frame_bytes() == builder.frame().size());
+    CHECK(describe(*decoded).rfind(name, 0) == 0);
+  }
+}
+
+TEST_CASE("activations keep their ids, shapes and bytes, read in place and 32-byte aligned") {
+  std::vector<float> act(2 * 3 * 4 * 5);
+  for (std::size_t i = 0; i < act.size(); ++i) act[i] = static_cast<float>(i) * 0.5f - 3.f;
+  const std::vector<std::int32_t> labels = {4, 1};
+  step_key key;
+  key.epoch = 9;
+  key.step = 77;
+  key.micro_batch = 3;
+  key.device_id = 12;
+  key.block = 5;
+  const tensor_source a{core::dtype::f32, {2, 3, 4, 5}, act.data(), "a5"};
+  const tensor_source l{core::dtype::i32, {2}, labels.data(), {}};
+  auto b = make_activations(key, a, &l);
+  auto decoded = decode_frame(aligned_copy(b.frame()), {});
+  REQUIRE(decoded.ok());
+  const auto* m = decoded->as<wire::Activations>();
+  REQUIRE(m != nullptr);
+  CHECK(decoded->as<wire::Gradients>() == nullptr);
+  CHECK(m->epoch() == 9);
+  CHECK(m->step() == 77);
+  CHECK(m->micro_batch() == 3);
+  CHECK(m->device_id() == 12);
+  CHECK(m->block() == 5);
+  const tensor_view v = view_of(*m->activation());
+  CHECK(v.dtype == core::dtype::f32);
+  CHECK(v.shape == core::shape{2, 3, 4, 5});
+  CHECK(v.name == "a5");
+  CHECK(reinterpret_cast<std::uintptr_t>(v.data.data()) % 32 == 0);
+  const auto values = v.values<float>();
+  REQUIRE(values.size() == act.size());
+  CHECK(std::memcmp(values.data(), act.data(), act.size() * sizeof(float)) == 0);
+  const tensor_view lv = view_of(*m->labels());
+  CHECK(lv.dtype == core::dtype::i32);
+  CHECK(lv.values<std::int32_t>()[0] == 4);
+  CHECK(lv.values<std::int32_t>()[1] == 1);
+  CHECK(reinterpret_cast<std::uintptr_t>(lv.data.data()) % 32 == 0);
+}
+
+TEST_CASE("tensor payloads sit 32-byte aligned relative to the frame start") {
+  std::vector<std::byte> odd(13 * 2);  // f16 (13)
+  for (auto& [name, builder] : testing::sample_messages()) {
+    CAPTURE(name);
+    auto decoded = decode_frame(aligned_copy(builder.frame()), {});
+    REQUIRE(decoded.ok());
+    int n_tensors = 0;
+    for_each_tensor(*decoded, [&](std::string_view, const tensor_view& t) {
+      ++n_tensors;
+      CHECK(reinterpret_cast<std::uintptr_t>(t.data.data()) % 32 == 0);
+    });
+    // Frames holding tensors are padded to the tensors' alignment.
+    if (n_tensors > 0) CHECK(builder.frame().size() % 32 == 0);
+  }
+  message_builder b;
+  const auto t0 = b.add_tensor(tensor_source{core::dtype::f16, {13}, odd.data(), "x"});
+  const auto t1 = b.add_tensor(tensor_source{core::dtype::u8, {3}, odd.data(), {}});
+  const auto list = b.fbb().CreateVector(std::vector{t0, t1});
+  b.finish(wire::CreateGlobalWeights(b.fbb(), 1, 0, 1, list));
+  const auto frame = b.frame();
+  const auto* root = flatbuffers::GetSizePrefixedRoot<wire::Message>(frame.data());
+  for (const auto* t : *root->body_as<wire::GlobalWeights>()->weights()) {
+    const auto offset = reinterpret_cast<const std::byte*>(t->data()->data()) - frame.data();
+    CHECK(offset % 32 == 0);
+  }
+}
+
+TEST_CASE("a fill callback writes tensor bytes straight into the frame") {
+  message_builder b(4096);
+  std::byte* written_at = nullptr;
+  const auto t = b.add_tensor(core::dtype::f32, core::shape{4, 8}, "w", [&](std::span<std::byte> dst) {
+    REQUIRE(dst.size() == 4 * 8 * 4);
+    written_at = dst.data();
+    for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<std::byte>(i);
+  });
+  step_key key;
+  b.finish(wire::CreateGradients(b.fbb(), key.epoch, key.step, 0, 0, 1, t, 0.f, 0));
+  const auto frame = b.frame();
+  CHECK(written_at >= frame.data());
+  CHECK(written_at < frame.data() + frame.size());
+  auto decoded = decode_frame(aligned_copy(frame), {});
+  REQUIRE(decoded.ok());
+  const auto v = view_of(*decoded->as<wire::Gradients>()->gradient());
+  for (std::size_t i = 0; i < v.data.size(); ++i) CHECK(v.data[i] == static_cast<std::byte>(i));
+}
+
+TEST_CASE("an empty tensor and a scalar tensor are valid") {
+  const float one = 1.f;
+  const tensor_source empty{core::dtype::f32, {0, 16}, nullptr, {}};
+  const tensor_source scalar{core::dtype::f32, {}, &one, {}};
+  const tensor_source both[] = {empty, scalar};
+  global_weights_info info;
+  info.end_block = 1;
+  auto b = make_global_weights(info, both);
+  auto decoded = decode_frame(aligned_copy(b.frame()), {});
+  REQUIRE(decoded.ok());
+  const auto* w = decoded->as<wire::GlobalWeights>()->weights();
+  CHECK(view_of(*w->Get(0)).data.empty());
+  CHECK(view_of(*w->Get(1)).shape.rank() == 0);
+  CHECK(view_of(*w->Get(1)).values<float>()[0] == 1.f);
+}
+
+TEST_CASE("a frame larger than the limit is refused from its header alone") {
+  frame_limits limits;
+  limits.max_frame_bytes = 1 << 20;
+  const auto why = check_frame_length((1u << 20) + 1, limits);
+  REQUIRE(why.has_value());
+  CHECK(why->find("exceeds the limit of 1048576 bytes") != std::string::npos);
+  CHECK(check_frame_length(0xffffffffu, frame_limits{}).has_value());
+  CHECK(check_frame_length(4, limits)->find("shorter") != std::string::npos);
+  CHECK_FALSE(check_frame_length(1 << 20, limits).has_value());
+}
+
+TEST_CASE("a length prefix that disagrees with the frame is refused") {
+  auto b = make_ping(1, 2);
+  const auto frame = b.frame();
+  std::vector<std::byte> longer(frame.begin(), frame.end());
+  longer.resize(longer.size() + 32);
+  CHECK(refusal(aligned_copy(longer)).find("length prefix says") != std::string::npos);
+}
+
+TEST_CASE("a frame with another file identifier is refused") {
+  flatbuffers::FlatBufferBuilder f;
+  const auto p = wire::CreatePing(f, 1, 2);
+  const std::string why = refusal(finish_raw(f, wire::Body::Ping, p.Union(), "XXXX"));
+  CHECK(why.find("wrong file identifier 'XXXX'") != std::string::npos);
+}
+
+TEST_CASE("a frame with a corrupted offset fails verification") {
+  auto b = make_error(wire::ErrorCode::internal, "boom");
+  std::vector<std::byte> bytes(b.frame().begin(), b.frame().end());
+  // The root offset (after the length prefix) pointing far outside the buffer.
+  bytes[4] = std::byte{0xf0};
+  bytes[5] = std::byte{0xff};
+  bytes[6] = std::byte{0x00};
+  bytes[7] = std::byte{0x00};
+  CHECK(refusal(aligned_copy(bytes)).find("FlatBuffers verification") != std::string::npos);
+}
+
+TEST_CASE("every single-byte corruption of every sample either decodes or is refused cleanly") {
+  std::size_t n_refused = 0, n_total = 0;
+  for (auto& [name, builder] : testing::sample_messages()) {
+    const auto frame = builder.frame();
+    std::vector<std::byte> bytes(frame.begin(), frame.end());
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      for (const std::uint8_t flip : {0x01, 0x80, 0xff}) {
+        bytes[i] ^= std::byte{flip};
+        auto r = decode_frame(aligned_copy(bytes), {});
+        if (r.ok()) {
+          (void)describe(*r);
+        } else {
+          CHECK(!r.error().reason().empty());
+          ++n_refused;
+        }
+        ++n_total;
+        bytes[i] ^= std::byte{flip};
+      }
+    }
+  }
+  CHECK(n_refused > 0);
+  CHECK(n_refused < n_total);
+}
+
+TEST_CASE("a tensor of unknown dtype is refused") {
+  CHECK(refusal(raw_activation(9, {2}, 8)).find("unknown dtype 9") != std::string::npos);
+}
+
+TEST_CASE("a tensor whose shape and data size disagree is refused") {
+  const std::string why = refusal(raw_activation(0, {2, 3}, 20));
+  CHECK(why.find("need 24 bytes, data holds 20") != std::string::npos);
+}
+
+TEST_CASE("a tensor shape whose element count overflows is refused") {
+  CHECK(refusal(raw_activation(0, {1ll << 40, 1ll << 40}, 8)).find("overflows") != std::string::npos);
+  CHECK(refusal(raw_activation(0, {1ll << 62}, 8)).find("byte size overflows") != std::string::npos);
+}
+
+TEST_CASE("a tensor of rank above 4 or with a negative dimension is refused") {
+  CHECK(refusal(raw_activation(0, {1, 1, 1, 1, 1}, 4)).find("rank 5") != std::string::npos);
+  CHECK(refusal(raw_activation(0, {-2, -3}, 24)).find("negative dimension") != std::string::npos);
+}
+
+TEST_CASE("ids out of range are refused") {
+  CHECK(refusal(raw_activation(0, {1}, 4, 1u << 20)).find("micro-batch 1048576 out of range") != std::string::npos);
+  flatbuffers::FlatBufferBuilder f;
+  const auto g = wire::CreateGlobalWeights(f, 1, 5, 5, 0);
+  CHECK(refusal(finish_raw(f, wire::Body::GlobalWeights, g.Union())).find("block range [5, 5)") != std::string::npos);
+  flatbuffers::FlatBufferBuilder f2;
+  const auto st = wire::CreateStageAssignment(f2, 1, wire::Role::edge, 0, 12);
+  const auto dp = wire::CreateDevicePlan(f2, 3, f2.CreateVector(std::vector{st}));
+  const auto plan = wire::CreatePlan(f2, 1, 10, false, 0, 0, 0, f2.CreateVector(std::vector{dp}));
+  CHECK(refusal(finish_raw(f2, wire::Body::Plan, plan.Union())).find("beyond 10") != std::string::npos);
+}
+
+TEST_CASE("a message of unknown type is refused") {
+  flatbuffers::FlatBufferBuilder f;
+  const auto p = wire::CreatePing(f, 1, 2);
+  CHECK(refusal(finish_raw(f, static_cast<wire::Body>(200), p.Union())).find("unknown message type 200") !=
+        std::string::npos);
+}
+
+TEST_CASE("labels whose batch differs from the activation's are refused") {
+  const std::vector<float> a(4 * 3);
+  const std::vector<std::int32_t> l(5);
+  const tensor_source at{core::dtype::f32, {4, 3}, a.data(), {}};
+  const tensor_source lt{core::dtype::i32, {5}, l.data(), {}};
+  auto b = make_activations(step_key{}, at, &lt);
+  CHECK(refusal(aligned_copy(b.frame())).find("batch size") != std::string::npos);
+}
+
+TEST_CASE("the depth, table, tensor and string limits apply") {
+  auto samples = testing::sample_messages();
+  const auto frame_of = [&](const std::string& name) {
+    for (auto& [n, b] : samples)
+      if (n == name) return aligned_copy(b.frame());
+    FAIL("no sample " << name);
+    return aligned_bytes{};
+  };
+  frame_limits shallow;
+  shallow.max_depth = 2;
+  CHECK(refusal(frame_of("Plan"), shallow).find("verification") != std::string::npos);
+  frame_limits few_tables;
+  few_tables.max_tables = 3;
+  CHECK(refusal(frame_of("Plan"), few_tables).find("verification") != std::string::npos);
+  frame_limits one_tensor;
+  one_tensor.max_tensors = 1;
+  CHECK(refusal(frame_of("ReplicaUpload"), one_tensor).find("entries exceed the limit") != std::string::npos);
+  frame_limits short_strings;
+  short_strings.max_string_bytes = 4;
+  CHECK(refusal(frame_of("Error"), short_strings).find("error text of 28 bytes") != std::string::npos);
+}
+
+TEST_CASE("non-finite profile measurements are refused") {
+  const block_profile_desc blocks[] = {{0, -1.f, 2.f, 0, 0}};
+  profile_info p;
+  p.blocks = blocks;
+  auto b = make_profile(p);
+  CHECK(refusal(aligned_copy(b.frame())).find("forward time is negative") != std::string::npos);
+}

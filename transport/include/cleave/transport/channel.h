@@ -1,0 +1,100 @@
+// A channel: one mutually authenticated TLS 1.3 connection carrying verified FlatBuffers messages,
+// with a bounded send queue (backpressure), heartbeats, an idle timeout, a network emulator and
+// the statistics the splitter needs (bytes, RTT, bandwidth).
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cleave/transport/frame.h"
+#include "cleave/transport/message.h"
+#include "cleave/transport/net_emulator.h"
+#include "cleave/transport/result.h"
+#include "cleave/transport/role.h"
+
+namespace cleave::transport {
+
+class tls_stream;
+
+struct channel_options {
+  frame_limits limits;                            // inbound frames
+  std::size_t max_bytes_in_flight = 64u << 20;    // queued + being written; send() waits above it
+  std::size_t max_inbox_bytes = 256u << 20;       // received, not yet taken by receive()
+  std::chrono::milliseconds heartbeat{1000};      // Ping period (0: none)
+  std::chrono::milliseconds idle_timeout{10000};  // close when nothing arrives for this long (0: never)
+  std::chrono::milliseconds close_timeout{2000};  // bound on a clean close
+  link_caps emulation;                            // initial network emulation of outgoing data
+};
+
+// A snapshot of a channel's counters. RTT comes from heartbeats (Ping/Pong); bandwidths are
+// EWMAs over frames of at least 64 KiB (send: time to hand them to the socket; receive: time
+// from their first to last byte).
+struct channel_stats {
+  std::uint64_t bytes_sent = 0;  // frame bytes, length prefixes included
+  std::uint64_t bytes_received = 0;
+  std::uint64_t messages_sent = 0;  // application messages (heartbeats excluded)
+  std::uint64_t messages_received = 0;
+  std::uint64_t bytes_in_flight = 0;  // queued for sending now
+  double rtt_us = 0;                  // EWMA; 0 until the first Pong
+  double last_rtt_us = 0;
+  double send_bytes_per_second = 0;  // 0 until measured
+  double receive_bytes_per_second = 0;
+};
+
+namespace detail {
+class channel_impl;
+}
+
+// A handle to a connection. All members except stats(), emulator() and is_open() must be
+// called on the channel's executor (its io_context thread). Dropping the handle closes the
+// channel cleanly in the background (queued messages are still sent, within close_timeout).
+class channel {
+ public:
+  channel() = default;
+  explicit channel(std::shared_ptr<detail::channel_impl> impl);
+  ~channel();
+  channel(channel&&) noexcept = default;
+  channel& operator=(channel&& other) noexcept;
+  channel(const channel&) = delete;
+  channel& operator=(const channel&) = delete;
+
+  // Queues a finished message; waits while more than max_bytes_in_flight are queued (a single
+  // message may exceed that bound). Fails when the channel is closed or the message exceeds
+  // the peer-side frame limit this channel was given (limits.max_frame_bytes).
+  asio::awaitable<status> send(message_builder&& m);
+  // The next message, verified and decoded; fails once the channel is closed and every
+  // message that arrived before has been taken. One receiver at a time.
+  asio::awaitable<result<message>> receive();
+  // Closes cleanly: sends what is queued, then TLS close_notify, then waits (up to
+  // close_timeout) for the peer's. Messages arriving meanwhile stay receivable.
+  asio::awaitable<void> close();
+
+  bool is_open() const;
+  // Why the channel closed ("" while open).
+  std::string close_reason() const;
+  // The peer's identity: the common name of its certificate, checked against the CA.
+  const std::string& peer_identity() const;
+  std::optional<node_role> peer_role() const;
+  // "address:port" of the peer.
+  const std::string& remote() const;
+  channel_stats stats() const;
+  // Emulation of this side's outgoing traffic; thread-safe, effective immediately.
+  net_emulator& emulator();
+  asio::any_io_executor get_executor() const;
+
+  explicit operator bool() const { return impl_ != nullptr; }
+
+ private:
+  std::shared_ptr<detail::channel_impl> impl_;
+};
+
+// Starts a channel over a stream that finished its handshake (used by listener and connect).
+channel start_channel(std::unique_ptr<tls_stream> stream, const channel_options& opts);
+
+}  // namespace cleave::transport

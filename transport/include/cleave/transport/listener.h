@@ -1,0 +1,58 @@
+// Accepting channels: a TCP listener whose connections must complete a mutually authenticated
+// TLS 1.3 handshake (and pass the optional allow-list) before the caller sees them. Refused
+// connections are logged with their reason; the listener keeps serving the others.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/ip/tcp.hpp>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cleave/transport/channel.h"
+#include "cleave/transport/result.h"
+#include "cleave/transport/tls_context.h"
+
+namespace cleave::transport {
+
+struct listener_options {
+  channel_options channel;
+  std::vector<std::string> allowed_identities;  // empty: any identity the CA signed
+  std::chrono::milliseconds handshake_timeout{10000};
+  std::size_t max_pending = 64;  // handshakes in progress + channels not yet accepted
+};
+
+namespace detail {
+class listener_impl;
+}
+
+class listener {
+ public:
+  // Binds and listens (port 0 picks a free port). Throws core::error if the address cannot be
+  // bound or the context has no certificate.
+  listener(const asio::any_io_executor& ex, const tls_context& ctx, const asio::ip::tcp::endpoint& at,
+           listener_options opts = {});
+  ~listener();
+  listener(listener&&) noexcept = default;
+  listener& operator=(listener&&) noexcept = default;
+
+  asio::ip::tcp::endpoint local_endpoint() const;
+  std::uint16_t port() const { return local_endpoint().port(); }
+
+  // The next authenticated channel; fails once the listener is closed.
+  asio::awaitable<result<channel>> accept();
+  // Stops accepting; channels already accepted are not affected.
+  void close();
+
+  // Thread-safe counters.
+  std::uint64_t n_accepted() const;
+  std::uint64_t n_refused() const;
+
+ private:
+  std::shared_ptr<detail::listener_impl> impl_;
+};
+
+}  // namespace cleave::transport

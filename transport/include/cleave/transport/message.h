@@ -1,0 +1,280 @@
+// Messages: builders that write each message type (tensor bytes straight into the builder's
+// buffer), and the verified, decoded view of a received frame.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "cleave/core/dtype.h"
+#include "cleave/core/shape.h"
+#include "cleave/transport/frame.h"
+#include "cleave/transport/result.h"
+#include "cleave/transport/role.h"
+#include "cleave/transport/wire_generated.h"
+
+namespace cleave::transport {
+
+inline constexpr std::uint16_t protocol_version = static_cast<std::uint16_t>(wire::ProtocolVersion::v1);
+
+// A tensor to write into a message: its bytes are copied once, from `data` into the frame.
+// `data` holds shape.numel() * dtype_size(dtype) bytes on the host.
+struct tensor_source {
+  core::dtype dtype = core::dtype::f32;
+  core::shape shape;
+  const void* data = nullptr;
+  std::string_view name;
+};
+
+// Builds one message. Tensor payloads are placed 32-byte aligned and written in place, either
+// from host memory (tensor_source) or by a fill callback (e.g. a device-to-host copy).
+class message_builder {
+ public:
+  // `initial_bytes`: the expected frame size; a good estimate avoids regrowing (a copy).
+  explicit message_builder(std::size_t initial_bytes = 1024);
+
+  // A builder holding a copy of a whole frame (a received message passed on unchanged).
+  static message_builder from_frame(std::span<const std::byte> frame);
+
+  flatbuffers::FlatBufferBuilder& fbb() { return fbb_; }
+
+  // Writes a tensor whose bytes are produced by `fill(std::span<std::byte> dst)`; dst has
+  // shape.numel() * dtype_size(t) bytes and is 32-byte aligned relative to the frame start.
+  template <class Fill>
+  flatbuffers::Offset<wire::Tensor> add_tensor(core::dtype t, const core::shape& s, std::string_view name,
+                                               Fill&& fill) {
+    const pending_tensor p = begin_tensor(t, s, name);
+    fill(std::span<std::byte>(p.data, p.bytes));
+    return end_tensor(p, t);
+  }
+  flatbuffers::Offset<wire::Tensor> add_tensor(const tensor_source& src);
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Tensor>>> add_tensors(
+      std::span<const tensor_source> srcs);
+
+  // Finishes the frame: `body` becomes the message's union member.
+  template <class T>
+  void finish(flatbuffers::Offset<T> body) {
+    finish(wire::BodyTraits<T>::enum_value, body.Union());
+  }
+  void finish(wire::Body type, flatbuffers::Offset<void> body);
+  bool finished() const { return finished_; }
+
+  // The whole frame, length prefix included; valid after finish().
+  std::span<const std::byte> frame() const;
+  // Hands the frame's memory over (for sending); the builder is empty afterwards.
+  flatbuffers::DetachedBuffer release();
+
+ private:
+  struct pending_tensor {
+    flatbuffers::Offset<flatbuffers::String> name;
+    flatbuffers::Offset<flatbuffers::Vector<std::int64_t>> shape;
+    flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> data_vec;
+    std::byte* data;
+    std::size_t bytes;
+  };
+  pending_tensor begin_tensor(core::dtype t, const core::shape& s, std::string_view name);
+  flatbuffers::Offset<wire::Tensor> end_tensor(const pending_tensor& p, core::dtype t);
+
+  flatbuffers::FlatBufferBuilder fbb_;
+  bool finished_ = false;
+};
+
+// Frame size to reserve for tensors of these sizes plus `other_bytes` of other fields.
+std::size_t estimate_frame_bytes(std::span<const tensor_source> tensors, std::size_t other_bytes = 256);
+
+// ---- One builder per message type. Fields are those of transport/schema/wire.fbs. ----
+
+struct backend_desc {
+  std::string_view name;
+  float gflops = 0;
+  std::uint64_t memory_bytes = 0;
+};
+
+struct hello_info {
+  node_role role = node_role::device;
+  std::uint32_t node_id = 0;
+  std::string_view name;
+  std::span<const backend_desc> backends;
+  std::uint64_t memory_bytes = 0;
+  float gflops = 0;
+  std::uint64_t n_samples = 0;
+  std::uint16_t version = protocol_version;
+};
+message_builder make_hello(const hello_info& info);
+
+struct welcome_info {
+  std::uint32_t node_id = 0;
+  std::uint64_t run_id = 0;
+  std::uint32_t plan_epoch = 0;
+  std::uint32_t heartbeat_ms = 0;
+  std::uint16_t version = protocol_version;
+};
+message_builder make_welcome(const welcome_info& info);
+
+struct stage_desc {
+  std::uint32_t node_id = 0;
+  node_role role = node_role::server;
+  std::uint32_t first_block = 0;
+  std::uint32_t end_block = 0;
+  bool with_loss = false;
+};
+struct device_plan_desc {
+  std::uint32_t device_id = 0;
+  std::span<const stage_desc> stages;
+};
+struct plan_info {
+  std::uint32_t epoch = 0;
+  std::uint32_t n_blocks = 0;
+  bool u_shape = false;
+  std::string_view model;
+  std::uint32_t micro_batch_size = 0;
+  std::uint32_t n_micro_batches = 0;
+  std::span<const device_plan_desc> devices;
+};
+message_builder make_plan(const plan_info& info);
+
+// Identifies one micro-batch crossing one cut: `block` is the first block after the cut.
+struct step_key {
+  std::uint32_t epoch = 0;
+  std::uint64_t step = 0;
+  std::uint32_t micro_batch = 0;
+  std::uint32_t device_id = 0;
+  std::uint32_t block = 0;
+};
+// activation (B, ...) going up; labels (B) or (B, K) when the loss is computed above.
+message_builder make_activations(const step_key& key, const tensor_source& activation,
+                                 const tensor_source* labels = nullptr);
+// gradient: same shape as the activation it answers.
+message_builder make_gradients(const step_key& key, const tensor_source& gradient, float loss = 0,
+                               std::uint32_t n_correct = 0);
+
+struct round_start_info {
+  std::uint64_t round = 0;
+  std::uint32_t epoch = 0;
+  std::uint32_t local_steps = 0;
+  std::uint64_t deadline_ms = 0;
+  float learning_rate = 0;
+};
+message_builder make_round_start(const round_start_info& info);
+
+struct replica_info {
+  std::uint64_t round = 0;
+  std::uint32_t node_id = 0;
+  std::uint32_t first_block = 0;
+  std::uint32_t end_block = 0;
+  std::uint64_t n_samples = 0;
+};
+message_builder make_replica_upload(const replica_info& info, std::span<const tensor_source> weights);
+
+struct global_weights_info {
+  std::uint64_t round = 0;
+  std::uint32_t first_block = 0;
+  std::uint32_t end_block = 0;
+};
+message_builder make_global_weights(const global_weights_info& info, std::span<const tensor_source> weights);
+
+struct block_profile_desc {
+  std::uint32_t block = 0;
+  float forward_us = 0;
+  float backward_us = 0;
+  std::uint64_t memory_bytes = 0;
+  std::uint64_t output_bytes = 0;
+};
+struct link_profile_desc {
+  std::uint32_t peer_id = 0;
+  float rtt_us = 0;
+  float bandwidth_bytes_per_s = 0;
+};
+struct profile_info {
+  std::uint32_t node_id = 0;
+  std::uint32_t epoch = 0;
+  std::uint64_t step = 0;
+  std::uint64_t memory_budget_bytes = 0;
+  std::span<const block_profile_desc> blocks;
+  std::span<const link_profile_desc> links;
+};
+message_builder make_profile(const profile_info& info);
+
+struct migrate_info {
+  std::uint32_t epoch = 0;
+  std::uint64_t step = 0;
+  std::uint32_t first_block = 0;
+  std::uint32_t end_block = 0;
+  std::uint32_t from_node = 0;
+  std::uint32_t to_node = 0;
+};
+message_builder make_migrate(const migrate_info& info, std::span<const tensor_source> weights,
+                             std::span<const tensor_source> optimizer_state);
+
+message_builder make_ping(std::uint64_t sequence, std::uint64_t sent_ns);
+message_builder make_pong(std::uint64_t sequence, std::uint64_t sent_ns);
+message_builder make_error(wire::ErrorCode code, std::string_view text);
+
+// ---- Receiving ----
+
+// A tensor inside a received message; valid while the message lives.
+struct tensor_view {
+  core::dtype dtype = core::dtype::f32;
+  core::shape shape;
+  std::span<const std::byte> data;  // shape.numel() * dtype_size(dtype) bytes, 32-byte aligned
+  std::string_view name;
+
+  std::int64_t numel() const { return shape.numel(); }
+  // The elements as T; asserts sizeof(T) == dtype_size(dtype).
+  template <class T>
+  std::span<const T> values() const {
+    CLEAVE_ASSERT(sizeof(T) == core::dtype_size(dtype), "element type does not match the tensor's dtype");
+    return {reinterpret_cast<const T*>(data.data()), data.size() / sizeof(T)};
+  }
+};
+
+// A received frame that passed the Verifier and the semantic checks. Owns its 32-byte aligned
+// buffer; accessors read the FlatBuffer in place.
+class message {
+ public:
+  message() = default;
+
+  wire::Body type() const { return root_ ? root_->body_type() : wire::Body::NONE; }
+  const wire::Message& root() const {
+    CLEAVE_ASSERT(root_ != nullptr);
+    return *root_;
+  }
+  // The body as T, or nullptr when the message is of another type.
+  template <class T>
+  const T* as() const {
+    return root_ ? root_->body_as<T>() : nullptr;
+  }
+  // Bytes of the whole frame, length prefix included.
+  std::size_t frame_bytes() const { return buf_.size(); }
+  std::span<const std::byte> frame() const { return {buf_.data(), buf_.size()}; }
+
+ private:
+  friend result<message> decode_frame(aligned_bytes frame, const frame_limits& limits);
+  aligned_bytes buf_;
+  const wire::Message* root_ = nullptr;
+};
+
+// Decodes a tensor of a message that passed decode_frame.
+tensor_view view_of(const wire::Tensor& t);
+
+std::string_view body_name(wire::Body b);
+
+// Verifies and checks one whole frame (length prefix included) held in 32-byte aligned memory:
+// the prefix matches the size, the identifier is "CLV1", the FlatBuffers Verifier (with the
+// depth and table limits) passes, then every value is checked (known union member and dtype,
+// rank <= 4, dims >= 0, numel * dtype size == data bytes without overflow, ids and counts in range).
+result<message> decode_frame(aligned_bytes frame, const frame_limits& limits);
+
+// Why the body of a verified message breaks the semantic rules, or nothing.
+std::optional<std::string> check_message(const wire::Message& m, const frame_limits& limits);
+
+// One line describing a message (type and its ids, tensor shapes), for logs.
+std::string describe(const message& m);
+
+// Calls fn(name_of_list, tensor) for every tensor of a checked message, in wire order.
+void for_each_tensor(const message& m, const std::function<void(std::string_view, const tensor_view&)>& fn);
+
+}  // namespace cleave::transport

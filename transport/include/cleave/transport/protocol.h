@@ -1,0 +1,118 @@
+// The training protocol's values in messages: plans and routes, optimizer settings, weights,
+// replicas with their round statistics, step messages written straight from backend tensors.
+// Every reader checks what it reads against the model and throws core::error naming the problem.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cleave/core/optimizer.h"
+#include "cleave/core/plan.h"
+#include "cleave/core/stage.h"
+#include "cleave/transport/message.h"
+
+namespace cleave::transport {
+
+// ---- plans ----
+struct training_settings {
+  core::optimizer_config opt;
+  std::uint64_t seed = 1;
+};
+
+struct plan_desc {
+  std::uint32_t epoch = 0;
+  std::string_view model_json;
+  training_settings training;
+  std::uint32_t micro_batch_size = 0;
+  std::uint32_t n_micro_batches = 1;
+  std::uint32_t device_id = 0;
+  std::uint32_t edge_id = 0;  // the edge on the route (if any)
+  core::route route;
+};
+// A plan for one device.
+message_builder make_plan(const plan_desc& p);
+training_settings training_of(const wire::Plan& p);
+// The route of `device` in plan p, checked against the model's block count.
+core::route route_for(const wire::Plan& p, std::uint32_t device, int n_blocks);
+
+// ---- step messages ----
+struct batch_info {
+  std::uint32_t batch_size = 0;
+  std::uint32_t n_micro_batches = 1;
+};
+batch_info batch_of(const wire::Activations& a);
+// activation (B, ...) and, where the loss is computed above, labels (B) i32.
+message_builder make_activations(const step_key& key, const batch_info& batch, core::backend& b,
+                                 const core::tensor& activation, const core::tensor* labels);
+message_builder make_gradients(const step_key& key, core::backend& b, const core::tensor& gradient, float loss,
+                               std::uint32_t n_correct);
+
+// ---- rounds ----
+struct round_start_desc {
+  std::uint64_t round = 0;
+  std::uint32_t epoch = 0;
+  std::uint32_t local_steps = 0;
+  std::uint64_t deadline_ms = 0;
+  float learning_rate = 0;
+  std::uint32_t device_id = 0;
+  std::span<const std::uint32_t> devices;
+};
+message_builder make_round_start(const round_start_desc& r);
+
+struct round_stats {
+  std::uint64_t compute_us = 0;         // the sender's own compute
+  std::uint64_t device_compute_us = 0;  // an edge: its devices' compute
+  std::uint64_t bytes_moved = 0;        // an edge: bytes on its device channels
+  double loss_sum = 0;                  // sum over samples of the loss computed by the sender's side
+  std::uint64_t n_loss = 0, n_correct = 0;
+};
+round_stats stats_of(const wire::ReplicaUpload& r);
+
+struct replica_desc {
+  std::uint64_t round = 0;
+  std::uint32_t node_id = 0;
+  std::uint32_t first_block = 0, end_block = 0;
+  std::uint64_t n_samples = 0;
+  std::span<const std::uint32_t> devices;
+  bool final_part = true;
+  round_stats stats;
+};
+// A stage's replica (params (P) and buffers (S) tensors on b), or host vectors.
+message_builder make_replica_upload(const replica_desc& d, core::backend& b, const core::tensor& params,
+                                    const core::tensor& buffers);
+message_builder make_replica_upload(const replica_desc& d, std::span<const float> params,
+                                    std::span<const float> buffers);
+std::vector<std::uint32_t> devices_of(const wire::ReplicaUpload& r);
+
+// Flat f32 weights of blocks [first, end) inside a message, checked against the model layout.
+struct weights_view {
+  std::span<const float> params, buffers;
+};
+weights_view replica_weights_of(const wire::ReplicaUpload& r, const core::model_spec& m);
+
+struct global_weights_desc {
+  std::uint64_t round = 0;
+  std::uint32_t n_blocks = 0;
+  std::uint32_t device_id = 0;
+  float test_accuracy = 0, test_loss = 0;
+};
+// The whole model's flat params and buffers.
+message_builder make_global_weights(const global_weights_desc& d, std::span<const float> params,
+                                    std::span<const float> buffers);
+weights_view weights_of(const wire::GlobalWeights& g, const core::model_spec& m);
+// Loads a stage's slice of whole-model flat vectors.
+void install(core::stage& s, std::span<const float> params, std::span<const float> buffers);
+
+// ---- membership ----
+struct leave_desc {
+  std::uint32_t node_id = 0;
+  std::string_view reason;
+};
+message_builder make_leave(const leave_desc& l);
+
+// A copy of a received message, to pass it on unchanged.
+message_builder copy_of(const message& m);
+
+}  // namespace cleave::transport

@@ -1,0 +1,20 @@
+// Moving tensors between a backend and messages: received tensor views uploaded onto a
+// backend, and backend tensors written straight into a message being built.
+#pragma once
+
+#include <flatbuffers/flatbuffers.h>
+
+#include <string_view>
+
+#include "cleave/core/backend.h"
+#include "cleave/transport/message.h"
+
+namespace cleave::transport {
+
+// A received tensor on backend b (one copy: from the frame into the backend's buffer).
+core::tensor to_backend(core::backend& b, const tensor_view& v);
+// Writes t into the message (one copy: from the backend straight into the frame).
+flatbuffers::Offset<wire::Tensor> add_tensor(message_builder& m, core::backend& b, const core::tensor& t,
+                                             std::string_view name);
+
+}  // namespace cleave::transport

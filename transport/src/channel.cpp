@@ -1,0 +1,472 @@
+// Channels: framed, verified messages over a TLS stream with backpressure, heartbeats, idle
+// timeout, emulation and a clean close in both directions.
+#include "cleave/transport/channel.h"
+
+#include <algorithm>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/use_awaitable.hpp>
+#include <cstring>
+
+#include "channel_impl.h"
+#include "cleave/transport/log.h"
+
+namespace cleave::transport {
+
+namespace detail {
+
+namespace {
+
+constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
+constexpr std::size_t emulation_chunk = 64 << 10;
+constexpr std::size_t bandwidth_min_frame = 64 << 10;
+constexpr double ewma_alpha = 0.25;
+
+std::uint64_t now_ns() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count());
+}
+
+void ewma(std::atomic<double>& avg, double sample) {
+  const double old = avg.load();
+  avg.store(old == 0 ? sample : old + ewma_alpha * (sample - old));
+}
+
+std::string peer_label(const tls_stream& s) {
+  return (s.peer_identity().empty() ? std::string("?") : s.peer_identity()) + "@" + s.remote();
+}
+
+}  // namespace
+
+asio::awaitable<void> wakeup::wait() {
+  co_await timer_.async_wait(nothrow);
+}
+
+watchdog::watchdog(const asio::any_io_executor& ex, clock::duration after, std::function<void()> fn)
+    : timer_(ex), state_(std::make_shared<state>()) {
+  timer_.expires_after(after);
+  timer_.async_wait([st = state_, fn = std::move(fn)](const asio::error_code& ec) {
+    if (ec || !st->armed) return;
+    st->fired = true;
+    fn();
+  });
+}
+
+void watchdog::disarm() {
+  state_->armed = false;
+  timer_.cancel();
+}
+
+channel_impl::channel_impl(std::unique_ptr<tls_stream> stream, const channel_options& opts)
+    : stream_(std::move(stream)),
+      ex_(stream_->socket().get_executor()),
+      opts_(opts),
+      emulator_(opts.emulation),
+      writer_wake_(ex_),
+      space_wake_(ex_),
+      inbox_wake_(ex_),
+      inbox_space_wake_(ex_),
+      state_wake_(ex_),
+      writer_timer_(ex_),
+      heartbeat_timer_(ex_),
+      last_rx_(clock::now()) {}
+
+channel_impl::~channel_impl() = default;
+
+void channel_impl::start() {
+  // The first Ping tells a TLS 1.3 client that the server accepted its certificate.
+  queue_control(make_ping(++ping_sequence_, now_ns()));
+  ++pings_queued_;
+  asio::co_spawn(ex_, reader(shared_from_this()), asio::detached);
+  asio::co_spawn(ex_, writer(shared_from_this()), asio::detached);
+  if (opts_.heartbeat.count() > 0 || opts_.idle_timeout.count() > 0)
+    asio::co_spawn(ex_, heartbeat(shared_from_this()), asio::detached);
+}
+
+void channel_impl::set_reason(errc code, const std::string& reason) {
+  std::lock_guard lock(reason_mu_);
+  if (!close_reason_.empty()) return;
+  close_reason_ = reason;
+  close_code_ = code;
+}
+
+std::string channel_impl::close_reason() const {
+  std::lock_guard lock(reason_mu_);
+  return open_.load() ? std::string() : close_reason_;
+}
+
+void channel_impl::wake_all() {
+  writer_wake_.notify();
+  space_wake_.notify();
+  inbox_wake_.notify();
+  inbox_space_wake_.notify();
+  state_wake_.notify();
+  writer_timer_.cancel();
+  heartbeat_timer_.cancel();
+}
+
+void channel_impl::begin_close(const std::string& reason) {
+  if (closing_ || closed_) return;
+  closing_ = true;
+  set_reason(errc::closed, reason);
+  auto weak = weak_from_this();
+  close_watchdog_ = std::make_unique<watchdog>(ex_, opts_.close_timeout, [weak] {
+    if (auto self = weak.lock()) self->abort(errc::timeout, "clean close timed out");
+  });
+  wake_all();
+}
+
+void channel_impl::abort(errc code, const std::string& reason) {
+  if (closed_) return;
+  set_reason(code, reason);
+  finish();
+}
+
+void channel_impl::maybe_finish() {
+  if (reader_done_ && writer_done_) finish();
+}
+
+void channel_impl::finish() {
+  if (closed_) return;
+  closed_ = true;
+  closing_ = true;
+  stream_->close();
+  if (close_watchdog_) close_watchdog_->disarm();
+  std::string reason;
+  errc code;
+  {
+    std::lock_guard lock(reason_mu_);
+    reason = close_reason_;
+    code = close_code_;
+  }
+  open_.store(false);
+  const auto level = (code == errc::closed) ? spdlog::level::info : spdlog::level::warn;
+  logger()->log(level, "channel {} closed: {} (sent {} msgs / {} B, received {} msgs / {} B)", peer_label(*stream_),
+                reason, messages_sent_.load(), bytes_sent_.load(), messages_received_.load(), bytes_received_.load());
+  wake_all();
+}
+
+asio::awaitable<status> channel_impl::send(flatbuffers::DetachedBuffer frame) {
+  const std::size_t size = frame.size();
+  if (closing_ || closed_) co_return failure(close_code_, "channel closed: " + close_reason_);
+  if (size < frame_header_bytes || size - frame_header_bytes > opts_.limits.max_frame_bytes)
+    co_return failure(errc::too_large, "message of " + std::to_string(size) + " bytes exceeds the frame limit of " +
+                                           std::to_string(opts_.limits.max_frame_bytes) + " bytes");
+  while (bytes_queued_ > 0 && bytes_queued_ + size > opts_.max_bytes_in_flight && !closing_)
+    co_await space_wake_.wait();
+  if (closing_ || closed_) co_return failure(close_code_, "channel closed: " + close_reason_);
+  data_q_.push_back(outgoing{std::move(frame), clock::now()});
+  bytes_queued_ += size;
+  bytes_in_flight_.store(bytes_queued_);
+  writer_wake_.notify();
+  co_return status{};
+}
+
+void channel_impl::queue_control(message_builder&& m) {
+  control_q_.push_back(outgoing{m.release(), clock::now()});
+  writer_wake_.notify();
+}
+
+asio::awaitable<result<message>> channel_impl::receive() {
+  for (;;) {
+    if (!inbox_.empty()) {
+      message m = std::move(inbox_.front());
+      inbox_.pop_front();
+      inbox_bytes_ -= m.frame_bytes();
+      inbox_space_wake_.notify();
+      co_return m;
+    }
+    if (closed_ || reader_done_) {
+      std::lock_guard lock(reason_mu_);
+      co_return failure(close_code_, close_reason_.empty() ? std::string("channel closed") : close_reason_);
+    }
+    co_await inbox_wake_.wait();
+  }
+}
+
+asio::awaitable<void> channel_impl::close() {
+  begin_close("closed locally");
+  while (!closed_) co_await state_wake_.wait();
+}
+
+asio::awaitable<status> channel_impl::wait_first_frame() {
+  while (!got_first_frame_ && !closed_ && !reader_done_) co_await state_wake_.wait();
+  if (got_first_frame_) co_return status{};
+  std::lock_guard lock(reason_mu_);
+  co_return failure(close_code_, close_reason_);
+}
+
+channel_stats channel_impl::stats() const {
+  channel_stats s;
+  s.bytes_sent = bytes_sent_.load();
+  s.bytes_received = bytes_received_.load();
+  s.messages_sent = messages_sent_.load();
+  s.messages_received = messages_received_.load();
+  s.bytes_in_flight = bytes_in_flight_.load();
+  s.rtt_us = rtt_us_.load();
+  s.last_rtt_us = last_rtt_us_.load();
+  s.send_bytes_per_second = send_bps_.load();
+  s.receive_bytes_per_second = receive_bps_.load();
+  return s;
+}
+
+asio::awaitable<status> channel_impl::read_exact(std::byte* p, std::size_t n, std::size_t& done) {
+  done = 0;
+  while (done < n) {
+    auto r = co_await stream_->read_some(std::span<std::byte>(p + done, n - done));
+    if (!r) co_return r.error();
+    done += *r;
+    last_rx_ = clock::now();
+  }
+  co_return status{};
+}
+
+void channel_impl::handle_pong(const wire::Pong& p) {
+  const std::uint64_t now = now_ns();
+  if (p.sent_ns() == 0 || p.sent_ns() > now) return;  // not one of ours
+  const double us = static_cast<double>(now - p.sent_ns()) / 1000.0;
+  if (us > 3600e6) return;
+  last_rtt_us_.store(us);
+  ewma(rtt_us_, us);
+}
+
+asio::awaitable<void> channel_impl::reader(std::shared_ptr<channel_impl> self) {
+  std::byte header[frame_header_bytes];
+  while (!closed_) {
+    while (inbox_bytes_ >= opts_.max_inbox_bytes && !closed_) {
+      reader_paused_ = true;
+      co_await inbox_space_wake_.wait();
+    }
+    if (reader_paused_) {
+      reader_paused_ = false;
+      last_rx_ = clock::now();
+    }
+    if (closed_) break;
+    std::size_t got = 0;
+    status st = co_await read_exact(header, frame_header_bytes, got);
+    if (!st) {
+      if (got == 0 && st.error().code() == errc::closed) {
+        // The peer's close_notify between frames: a clean close.
+        if (!closing_) begin_close("closed by peer");
+        reader_done_ = true;
+        inbox_wake_.notify();
+        state_wake_.notify();
+        maybe_finish();
+      } else if (got > 0) {
+        abort(errc::bad_frame,
+              "truncated frame header (" + std::to_string(got) + " of 4 bytes): " + st.error().reason());
+      } else {
+        abort(st.error().code(), st.error().reason());
+      }
+      break;
+    }
+    const std::uint32_t len = read_frame_length(header);
+    if (auto why = check_frame_length(len, opts_.limits)) {
+      abort(errc::bad_frame, *why);
+      break;
+    }
+    aligned_bytes buf = aligned_bytes::allocate(frame_header_bytes + len);
+    if (buf.empty()) {
+      abort(errc::out_of_memory, "cannot allocate " + std::to_string(len) + " bytes for a frame");
+      break;
+    }
+    std::memcpy(buf.data(), header, frame_header_bytes);
+    const auto t0 = clock::now();
+    st = co_await read_exact(buf.data() + frame_header_bytes, len, got);
+    if (!st) {
+      abort(errc::bad_frame, "truncated frame (" + std::to_string(got) + " of " + std::to_string(len) +
+                                 " bytes): " + st.error().reason());
+      break;
+    }
+    if (len >= bandwidth_min_frame) {
+      const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+      if (secs > 0) ewma(receive_bps_, static_cast<double>(len) / secs);
+    }
+    bytes_received_ += frame_header_bytes + len;
+    auto decoded = decode_frame(std::move(buf), opts_.limits);
+    if (!decoded) {
+      abort(errc::bad_frame, decoded.error().reason());
+      break;
+    }
+    if (!got_first_frame_) {
+      got_first_frame_ = true;
+      state_wake_.notify();
+    }
+    message& m = decoded.value();
+    if (const auto* ping = m.as<wire::Ping>()) {
+      if (pongs_queued_ == 0 && !closing_) {
+        queue_control(make_pong(ping->sequence(), ping->sent_ns()));
+        ++pongs_queued_;
+      }
+      continue;
+    }
+    if (const auto* pong = m.as<wire::Pong>()) {
+      handle_pong(*pong);
+      continue;
+    }
+    ++messages_received_;
+    inbox_bytes_ += m.frame_bytes();
+    inbox_.push_back(std::move(m));
+    inbox_wake_.notify();
+  }
+  reader_done_ = true;
+  inbox_wake_.notify();
+  state_wake_.notify();
+}
+
+asio::awaitable<status> channel_impl::write_frame(outgoing& item) {
+  const auto* data = reinterpret_cast<const std::byte*>(item.buf.data());
+  const std::size_t size = item.buf.size();
+  const auto t0 = clock::now();
+  if (!emulator_.active()) {
+    status st = co_await stream_->write_all(std::span<const std::byte>(data, size));
+    if (!st) co_return st;
+    bytes_sent_ += size;
+  } else {
+    for (std::size_t off = 0; off < size;) {
+      const std::size_t n = std::min(emulation_chunk, size - off);
+      const auto when = emulator_.schedule(n, item.queued);
+      if (when > clock::now()) {
+        writer_timer_.expires_at(when);
+        co_await writer_timer_.async_wait(nothrow);
+        if (closed_) co_return failure(close_code_, "channel closed");
+      }
+      status st = co_await stream_->write_all(std::span<const std::byte>(data + off, n));
+      if (!st) co_return st;
+      bytes_sent_ += n;
+      off += n;
+    }
+  }
+  if (size >= bandwidth_min_frame) {
+    const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+    if (secs > 0) ewma(send_bps_, static_cast<double>(size) / secs);
+  }
+  co_return status{};
+}
+
+asio::awaitable<void> channel_impl::writer(std::shared_ptr<channel_impl> self) {
+  while (!closed_) {
+    if (control_q_.empty() && data_q_.empty()) {
+      if (closing_) {
+        co_await stream_->shutdown();
+        writer_done_ = true;
+        maybe_finish();
+        break;
+      }
+      co_await writer_wake_.wait();
+      continue;
+    }
+    const bool control = !control_q_.empty();
+    outgoing& item = control ? control_q_.front() : data_q_.front();
+    const std::size_t size = item.buf.size();
+    status st = co_await write_frame(item);
+    if (!st) {
+      abort(st.error().code(), st.error().reason());
+      break;
+    }
+    if (control) {
+      const auto* root = flatbuffers::GetSizePrefixedRoot<wire::Message>(control_q_.front().buf.data());
+      if (root->body_type() == wire::Body::Ping) --pings_queued_;
+      if (root->body_type() == wire::Body::Pong) --pongs_queued_;
+      control_q_.pop_front();
+    } else {
+      data_q_.pop_front();
+      bytes_queued_ -= size;
+      bytes_in_flight_.store(bytes_queued_);
+      ++messages_sent_;
+      space_wake_.notify();
+    }
+  }
+  writer_done_ = true;
+  state_wake_.notify();
+}
+
+asio::awaitable<void> channel_impl::heartbeat(std::shared_ptr<channel_impl> self) {
+  const auto period =
+      opts_.heartbeat.count() > 0 ? opts_.heartbeat : std::max(opts_.idle_timeout / 4, std::chrono::milliseconds(1));
+  while (!closing_ && !closed_) {
+    heartbeat_timer_.expires_after(period);
+    co_await heartbeat_timer_.async_wait(nothrow);
+    if (closing_ || closed_) break;
+    if (opts_.idle_timeout.count() > 0 && !reader_paused_ && clock::now() - last_rx_ > opts_.idle_timeout) {
+      abort(errc::timeout, "idle timeout: nothing received for " + std::to_string(opts_.idle_timeout.count()) + " ms");
+      break;
+    }
+    if (opts_.heartbeat.count() > 0 && pings_queued_ == 0) {
+      queue_control(make_ping(++ping_sequence_, now_ns()));
+      ++pings_queued_;
+    }
+  }
+}
+
+}  // namespace detail
+
+// ---- channel handle ----
+
+channel::channel(std::shared_ptr<detail::channel_impl> impl) : impl_(std::move(impl)) {}
+
+channel::~channel() {
+  if (!impl_) return;
+  auto impl = std::move(impl_);
+  const auto ex = impl->executor();
+  asio::dispatch(ex, [impl = std::move(impl)] { impl->begin_close("channel released"); });
+}
+
+channel& channel::operator=(channel&& other) noexcept {
+  if (this != &other) {
+    channel old(std::move(impl_));
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+
+asio::awaitable<status> channel::send(message_builder&& m) {
+  CLEAVE_ASSERT(impl_, "send on an empty channel");
+  flatbuffers::DetachedBuffer frame = m.release();
+  co_return co_await impl_->send(std::move(frame));
+}
+
+asio::awaitable<result<message>> channel::receive() {
+  CLEAVE_ASSERT(impl_, "receive on an empty channel");
+  co_return co_await impl_->receive();
+}
+
+asio::awaitable<void> channel::close() {
+  if (!impl_) co_return;
+  co_await impl_->close();
+}
+
+bool channel::is_open() const {
+  return impl_ && impl_->is_open();
+}
+std::string channel::close_reason() const {
+  return impl_ ? impl_->close_reason() : std::string("no channel");
+}
+const std::string& channel::peer_identity() const {
+  return impl_->peer_identity();
+}
+std::optional<node_role> channel::peer_role() const {
+  return impl_->peer_role();
+}
+const std::string& channel::remote() const {
+  return impl_->remote();
+}
+channel_stats channel::stats() const {
+  return impl_ ? impl_->stats() : channel_stats{};
+}
+net_emulator& channel::emulator() {
+  return impl_->emulator();
+}
+asio::any_io_executor channel::get_executor() const {
+  return impl_->executor();
+}
+
+channel start_channel(std::unique_ptr<tls_stream> stream, const channel_options& opts) {
+  auto impl = std::make_shared<detail::channel_impl>(std::move(stream), opts);
+  impl->start();
+  return channel(std::move(impl));
+}
+
+}  // namespace cleave::transport

@@ -1,0 +1,143 @@
+// The state behind a channel handle and its three coroutines: reader (frames in, Ping/Pong,
+// inbox), writer (queues out, emulation, TLS close) and heartbeat (Pings, idle timeout).
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/steady_timer.hpp>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "cleave/transport/channel.h"
+#include "cleave/transport/tls_stream.h"
+
+namespace cleave::transport::detail {
+
+using clock = std::chrono::steady_clock;
+
+// A condition to wait for on one executor: a timer that never expires and is cancelled to wake
+// every waiter. Waiters re-check their condition after waking.
+class wakeup {
+ public:
+  explicit wakeup(const asio::any_io_executor& ex) : timer_(ex, clock::time_point::max()) {}
+  asio::awaitable<void> wait();
+  void notify() { timer_.cancel(); }
+
+ private:
+  asio::steady_timer timer_;
+};
+
+// Runs `fn` unless disarmed within `after`; used to bound handshakes, connects and closes.
+class watchdog {
+ public:
+  watchdog(const asio::any_io_executor& ex, clock::duration after, std::function<void()> fn);
+  ~watchdog() { disarm(); }
+  void disarm();
+  bool fired() const { return state_->fired; }
+
+ private:
+  struct state {
+    bool armed = true;
+    bool fired = false;
+  };
+  asio::steady_timer timer_;
+  std::shared_ptr<state> state_;
+};
+
+class channel_impl : public std::enable_shared_from_this<channel_impl> {
+ public:
+  channel_impl(std::unique_ptr<tls_stream> stream, const channel_options& opts);
+  ~channel_impl();
+
+  void start();
+  asio::awaitable<status> send(flatbuffers::DetachedBuffer frame);
+  asio::awaitable<result<message>> receive();
+  asio::awaitable<void> close();
+  // Starts a clean close without waiting for it.
+  void begin_close(const std::string& reason);
+  // Closes at once (no flush, no close_notify).
+  void abort(errc code, const std::string& reason);
+  // Waits for the peer's first frame (its initial Ping) or the end of the channel; with TLS 1.3
+  // this is where a client learns that the server refused its certificate.
+  asio::awaitable<status> wait_first_frame();
+
+  bool is_open() const { return open_.load(); }
+  std::string close_reason() const;
+  const std::string& peer_identity() const { return stream_->peer_identity(); }
+  std::optional<node_role> peer_role() const { return stream_->peer_role(); }
+  const std::string& remote() const { return stream_->remote(); }
+  channel_stats stats() const;
+  net_emulator& emulator() { return emulator_; }
+  const asio::any_io_executor& executor() const { return ex_; }
+
+ private:
+  struct outgoing {
+    flatbuffers::DetachedBuffer buf;
+    clock::time_point queued;
+  };
+
+  asio::awaitable<void> reader(std::shared_ptr<channel_impl> self);
+  asio::awaitable<void> writer(std::shared_ptr<channel_impl> self);
+  asio::awaitable<void> heartbeat(std::shared_ptr<channel_impl> self);
+  asio::awaitable<status> read_exact(std::byte* p, std::size_t n, std::size_t& done);
+  asio::awaitable<status> write_frame(outgoing& item);
+  void queue_control(message_builder&& m);
+  void handle_pong(const wire::Pong& p);
+  void set_reason(errc code, const std::string& reason);
+  void maybe_finish();
+  void finish();
+  void wake_all();
+
+  std::unique_ptr<tls_stream> stream_;
+  asio::any_io_executor ex_;
+  channel_options opts_;
+  net_emulator emulator_;
+
+  std::deque<outgoing> data_q_;
+  std::deque<outgoing> control_q_;
+  std::size_t bytes_queued_ = 0;
+  std::deque<message> inbox_;
+  std::size_t inbox_bytes_ = 0;
+
+  wakeup writer_wake_;
+  wakeup space_wake_;
+  wakeup inbox_wake_;
+  wakeup inbox_space_wake_;
+  wakeup state_wake_;
+  asio::steady_timer writer_timer_;
+  asio::steady_timer heartbeat_timer_;
+  std::unique_ptr<watchdog> close_watchdog_;
+
+  bool closing_ = false;  // no new sends; writer flushes then sends close_notify
+  bool closed_ = false;   // socket closed, coroutines ending
+  bool reader_done_ = false;
+  bool writer_done_ = false;
+  bool reader_paused_ = false;  // inbox full
+  bool got_first_frame_ = false;
+  int pings_queued_ = 0;
+  int pongs_queued_ = 0;
+  std::uint64_t ping_sequence_ = 0;
+  clock::time_point last_rx_;
+  errc close_code_ = errc::closed;
+
+  mutable std::mutex reason_mu_;
+  std::string close_reason_;
+  std::atomic<bool> open_{true};
+
+  std::atomic<std::uint64_t> bytes_sent_{0};
+  std::atomic<std::uint64_t> bytes_received_{0};
+  std::atomic<std::uint64_t> messages_sent_{0};
+  std::atomic<std::uint64_t> messages_received_{0};
+  std::atomic<std::uint64_t> bytes_in_flight_{0};
+  std::atomic<double> rtt_us_{0};
+  std::atomic<double> last_rtt_us_{0};
+  std::atomic<double> send_bps_{0};
+  std::atomic<double> receive_bps_{0};
+};
+
+}  // namespace cleave::transport::detail

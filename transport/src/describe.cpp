@@ -1,0 +1,191 @@
+// One-line descriptions of received messages, for logs and debugging; reads every field.
+#include <string>
+
+#include "cleave/transport/message.h"
+
+namespace cleave::transport {
+
+namespace {
+
+void add(std::string& s, const char* key, std::uint64_t v) {
+  s += ' ';
+  s += key;
+  s += '=';
+  s += std::to_string(v);
+}
+
+void add_float(std::string& s, const char* key, float v) {
+  s += ' ';
+  s += key;
+  s += '=';
+  s += std::to_string(v);
+}
+
+void add_text(std::string& s, const char* key, const flatbuffers::String* v) {
+  if (!v) return;
+  s += ' ';
+  s += key;
+  s += "=\"";
+  s += v->string_view();
+  s += '"';
+}
+
+void add_tensor(std::string& s, const char* key, const wire::Tensor* t) {
+  if (!t) return;
+  const tensor_view v = view_of(*t);
+  s += ' ';
+  s += key;
+  s += '=';
+  if (!v.name.empty()) {
+    s += v.name;
+    s += ':';
+  }
+  s += core::dtype_name(v.dtype);
+  s += v.shape.str();
+}
+
+void add_tensors(std::string& s, const char* key, const flatbuffers::Vector<flatbuffers::Offset<wire::Tensor>>* list) {
+  if (!list) return;
+  std::uint64_t bytes = 0;
+  for (const auto* t : *list) bytes += view_of(*t).data.size();
+  s += ' ';
+  s += key;
+  s += "=[" + std::to_string(list->size()) + " tensors, " + std::to_string(bytes) + " bytes]";
+}
+
+}  // namespace
+
+std::string describe(const message& m) {
+  std::string s(body_name(m.type()));
+  if (const auto* b = m.as<wire::Hello>()) {
+    add(s, "version", b->protocol_version());
+    s += " role=";
+    s += role_name(static_cast<node_role>(b->role()));
+    add(s, "node", b->node_id());
+    add_text(s, "name", b->name());
+    if (b->backends())
+      for (const auto* be : *b->backends()) {
+        add_text(s, "backend", be->name());
+        add_float(s, "gflops", be->gflops());
+        add(s, "memory", be->memory_bytes());
+      }
+    add(s, "memory", b->memory_bytes());
+    add_float(s, "gflops", b->gflops());
+    add(s, "samples", b->n_samples());
+  } else if (const auto* b = m.as<wire::Welcome>()) {
+    add(s, "version", b->protocol_version());
+    add(s, "node", b->node_id());
+    add(s, "run", b->run_id());
+    add(s, "epoch", b->plan_epoch());
+    add(s, "heartbeat_ms", b->heartbeat_ms());
+  } else if (const auto* b = m.as<wire::Plan>()) {
+    add(s, "epoch", b->epoch());
+    add(s, "blocks", b->n_blocks());
+    s += b->u_shape() ? " u-shape" : "";
+    add_text(s, "model", b->model());
+    add(s, "micro_batch_size", b->micro_batch_size());
+    add(s, "micro_batches", b->n_micro_batches());
+    if (b->devices())
+      for (const auto* d : *b->devices()) {
+        add(s, "device", d->device_id());
+        if (!d->stages()) continue;
+        for (const auto* st : *d->stages()) {
+          s += " [" + std::to_string(st->first_block()) + "," + std::to_string(st->end_block()) + ")@";
+          s += role_name(static_cast<node_role>(st->role()));
+          s += std::to_string(st->node_id());
+          if (st->with_loss()) s += "+loss";
+        }
+      }
+  } else if (const auto* b = m.as<wire::Activations>()) {
+    add(s, "epoch", b->epoch());
+    add(s, "step", b->step());
+    add(s, "mb", b->micro_batch());
+    add(s, "device", b->device_id());
+    add(s, "block", b->block());
+    add_tensor(s, "activation", b->activation());
+    add_tensor(s, "labels", b->labels());
+  } else if (const auto* b = m.as<wire::Gradients>()) {
+    add(s, "epoch", b->epoch());
+    add(s, "step", b->step());
+    add(s, "mb", b->micro_batch());
+    add(s, "device", b->device_id());
+    add(s, "block", b->block());
+    add_tensor(s, "gradient", b->gradient());
+    add_float(s, "loss", b->loss());
+    add(s, "correct", b->n_correct());
+  } else if (const auto* b = m.as<wire::RoundStart>()) {
+    add(s, "round", b->round());
+    add(s, "epoch", b->epoch());
+    add(s, "local_steps", b->local_steps());
+    add(s, "deadline_ms", b->deadline_ms());
+    add_float(s, "lr", b->learning_rate());
+  } else if (const auto* b = m.as<wire::ReplicaUpload>()) {
+    add(s, "round", b->round());
+    add(s, "node", b->node_id());
+    s += " blocks=[" + std::to_string(b->first_block()) + "," + std::to_string(b->end_block()) + ")";
+    add(s, "samples", b->n_samples());
+    add_tensors(s, "weights", b->weights());
+  } else if (const auto* b = m.as<wire::GlobalWeights>()) {
+    add(s, "round", b->round());
+    s += " blocks=[" + std::to_string(b->first_block()) + "," + std::to_string(b->end_block()) + ")";
+    add_tensors(s, "weights", b->weights());
+  } else if (const auto* b = m.as<wire::Profile>()) {
+    add(s, "node", b->node_id());
+    add(s, "epoch", b->epoch());
+    add(s, "step", b->step());
+    add(s, "memory_budget", b->memory_budget_bytes());
+    double compute_us = 0;
+    if (b->blocks())
+      for (const auto* p : *b->blocks()) compute_us += p->forward_us() + p->backward_us();
+    add(s, "blocks", b->blocks() ? b->blocks()->size() : 0);
+    add_float(s, "compute_us", static_cast<float>(compute_us));
+    if (b->links())
+      for (const auto* l : *b->links()) {
+        add(s, "peer", l->peer_id());
+        add_float(s, "rtt_us", l->rtt_us());
+        add_float(s, "bandwidth", l->bandwidth_bytes_per_s());
+      }
+  } else if (const auto* b = m.as<wire::Migrate>()) {
+    add(s, "epoch", b->epoch());
+    add(s, "step", b->step());
+    s += " blocks=[" + std::to_string(b->first_block()) + "," + std::to_string(b->end_block()) + ")";
+    add(s, "from", b->from_node());
+    add(s, "to", b->to_node());
+    add_tensors(s, "weights", b->weights());
+    add_tensors(s, "optimizer_state", b->optimizer_state());
+  } else if (const auto* b = m.as<wire::Ping>()) {
+    add(s, "seq", b->sequence());
+  } else if (const auto* b = m.as<wire::Pong>()) {
+    add(s, "seq", b->sequence());
+  } else if (const auto* b = m.as<wire::Error>()) {
+    add(s, "code", static_cast<std::uint64_t>(b->code()));
+    add_text(s, "text", b->message());
+  }
+  return s;
+}
+
+void for_each_tensor(const message& m, const std::function<void(std::string_view, const tensor_view&)>& fn) {
+  using list = flatbuffers::Vector<flatbuffers::Offset<wire::Tensor>>;
+  const auto one = [&](std::string_view what, const wire::Tensor* t) {
+    if (t) fn(what, view_of(*t));
+  };
+  const auto all = [&](std::string_view what, const list* l) {
+    if (!l) return;
+    for (const auto* t : *l) fn(what, view_of(*t));
+  };
+  if (const auto* b = m.as<wire::Activations>()) {
+    one("activation", b->activation());
+    one("labels", b->labels());
+  } else if (const auto* b = m.as<wire::Gradients>()) {
+    one("gradient", b->gradient());
+  } else if (const auto* b = m.as<wire::ReplicaUpload>()) {
+    all("weights", b->weights());
+  } else if (const auto* b = m.as<wire::GlobalWeights>()) {
+    all("weights", b->weights());
+  } else if (const auto* b = m.as<wire::Migrate>()) {
+    all("weights", b->weights());
+    all("optimizer_state", b->optimizer_state());
+  }
+}
+
+}  // namespace cleave::transport

@@ -1,0 +1,113 @@
+// OpenSSL helpers: error text, PEM loading with clear messages, certificate names.
+#include "openssl_util.h"
+
+#include <openssl/pem.h>
+
+#include <system_error>
+
+namespace cleave::transport::detail {
+
+std::string openssl_errors() {
+  std::string s;
+  while (const unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof buf);
+    if (!s.empty()) s += "; ";
+    s += buf;
+  }
+  return s;
+}
+
+void throw_openssl(const char* expr, const char* file, int line) {
+  std::string msg = std::string("OpenSSL call failed: ") + expr + " (" + file + ":" + std::to_string(line) + ")";
+  const std::string errs = openssl_errors();
+  if (!errs.empty()) msg += ": " + errs;
+  throw core::error(msg);
+}
+
+namespace {
+
+bio_ptr open_pem(const std::filesystem::path& path, const char* what) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw core::error(std::string(what) + " not found: " + path.string());
+  bio_ptr bio(BIO_new_file(path.c_str(), "r"));
+  if (!bio) {
+    ERR_clear_error();
+    throw core::error(std::string("cannot open ") + what + " " + path.string());
+  }
+  return bio;
+}
+
+}  // namespace
+
+x509_ptr load_certificate(const std::filesystem::path& path, const char* what) {
+  auto bio = open_pem(path, what);
+  x509_ptr cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+  if (!cert) {
+    const std::string errs = openssl_errors();
+    throw core::error(std::string(what) + " " + path.string() + " is not a PEM certificate" +
+                      (errs.empty() ? "" : " (" + errs + ")"));
+  }
+  return cert;
+}
+
+evp_pkey_ptr load_private_key(const std::filesystem::path& path, const char* what) {
+  auto bio = open_pem(path, what);
+  evp_pkey_ptr key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+  if (!key) {
+    const std::string errs = openssl_errors();
+    throw core::error(std::string(what) + " " + path.string() + " is not a PEM private key" +
+                      (errs.empty() ? "" : " (" + errs + ")"));
+  }
+  return key;
+}
+
+namespace {
+
+std::string name_entry(const X509* cert, int nid) {
+  const X509_NAME* name = X509_get_subject_name(cert);
+  if (!name) return {};
+  const int i = X509_NAME_get_index_by_NID(name, nid, -1);
+  if (i < 0) return {};
+  const ASN1_STRING* data = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(name, i));
+  unsigned char* utf8 = nullptr;
+  const int n = ASN1_STRING_to_UTF8(&utf8, data);
+  if (n < 0) {
+    ERR_clear_error();
+    return {};
+  }
+  std::string s(reinterpret_cast<const char*>(utf8), static_cast<std::size_t>(n));
+  OPENSSL_free(utf8);
+  return s;
+}
+
+}  // namespace
+
+std::string common_name(const X509* cert) {
+  return name_entry(cert, NID_commonName);
+}
+
+std::optional<node_role> certificate_role(const X509* cert) {
+  return role_from_name(name_entry(cert, NID_organizationalUnitName));
+}
+
+std::chrono::system_clock::time_point asn1_time_point(const ASN1_TIME* t) {
+  struct tm tm {};
+  if (!t || ASN1_TIME_to_tm(t, &tm) != 1) return {};
+  return std::chrono::system_clock::from_time_t(timegm(&tm));
+}
+
+std::optional<std::string> verify_against(X509* cert, X509* ca) {
+  x509_store_ptr store(X509_STORE_new());
+  CLEAVE_CHECK_SSL(store);
+  CLEAVE_CHECK_SSL(X509_STORE_add_cert(store.get(), ca));
+  x509_store_ctx_ptr ctx(X509_STORE_CTX_new());
+  CLEAVE_CHECK_SSL(ctx);
+  CLEAVE_CHECK_SSL(X509_STORE_CTX_init(ctx.get(), store.get(), cert, nullptr));
+  if (X509_verify_cert(ctx.get()) == 1) return std::nullopt;
+  ERR_clear_error();
+  return std::string(X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx.get())));
+}
+
+}  // namespace cleave::transport::detail

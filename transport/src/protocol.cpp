@@ -1,0 +1,233 @@
+// Training-protocol values in messages.
+#include "cleave/transport/protocol.h"
+
+#include <cstring>
+
+#include "cleave/transport/tensor_io.h"
+
+namespace cleave::transport {
+
+namespace {
+
+wire::Role role_of(core::tier t) {
+  switch (t) {
+    case core::tier::device:
+      return wire::Role::device;
+    case core::tier::edge:
+      return wire::Role::edge;
+    case core::tier::server:
+      return wire::Role::server;
+  }
+  return wire::Role::device;
+}
+
+// The f32 tensor named `name` of a weights list, with exactly n elements.
+std::span<const float> f32_tensor(const flatbuffers::Vector<flatbuffers::Offset<wire::Tensor>>* list,
+                                  std::string_view name, std::int64_t n, const char* what) {
+  if (list)
+    for (const auto* t : *list) {
+      const tensor_view v = view_of(*t);
+      if (v.name != name) continue;
+      if (v.dtype != core::dtype::f32 || v.numel() != n)
+        throw core::error(std::string(what) + ": tensor '" + std::string(name) + "' holds " +
+                          std::to_string(v.numel()) + " " + std::string(core::dtype_name(v.dtype)) +
+                          " values, expected " + std::to_string(n) + " f32");
+      return v.values<float>();
+    }
+  if (n == 0) return {};
+  throw core::error(std::string(what) + ": no tensor '" + std::string(name) + "'");
+}
+
+}  // namespace
+
+message_builder make_plan(const plan_desc& p) {
+  message_builder b(p.model_json.size() + 1024);
+  auto& f = b.fbb();
+  std::vector<flatbuffers::Offset<wire::StageAssignment>> stages;
+  for (int s = 0; s < p.route.n_segments(); ++s) {
+    const core::tier t = p.route.path[static_cast<std::size_t>(s)];
+    const std::uint32_t node = t == core::tier::device ? p.device_id : t == core::tier::edge ? p.edge_id : 0;
+    stages.push_back(wire::CreateStageAssignment(f, node, role_of(t), static_cast<std::uint32_t>(p.route.begin(s)),
+                                                 static_cast<std::uint32_t>(p.route.end(s)),
+                                                 s + 1 == p.route.n_segments()));
+  }
+  const auto dp = wire::CreateDevicePlan(f, p.device_id, f.CreateVector(stages));
+  const auto model = f.CreateString(p.model_json.data(), p.model_json.size());
+  const auto training = f.CreateString(core::to_json(p.training.opt));
+  const auto devices = f.CreateVector(&dp, 1);
+  b.finish(wire::CreatePlan(f, p.epoch, static_cast<std::uint32_t>(p.route.n_blocks), p.route.u_shape(), model,
+                            p.micro_batch_size, p.n_micro_batches, devices, training, p.training.seed));
+  return b;
+}
+
+training_settings training_of(const wire::Plan& p) {
+  training_settings t;
+  if (!p.training()) throw core::error("plan without training settings");
+  t.opt = core::optimizer_config_from_json(p.training()->str());
+  t.seed = p.seed();
+  return t;
+}
+
+core::route route_for(const wire::Plan& p, std::uint32_t device, int n_blocks) {
+  if (static_cast<int>(p.n_blocks()) != n_blocks)
+    throw core::error("plan for " + std::to_string(p.n_blocks()) + " blocks, the model has " +
+                      std::to_string(n_blocks));
+  if (p.devices())
+    for (const auto* d : *p.devices()) {
+      if (d->device_id() != device) continue;
+      if (!d->stages() || d->stages()->size() < 2)
+        throw core::error("plan of device " + std::to_string(device) + " has fewer than two stages");
+      bool edge = false;
+      std::vector<int> cuts;
+      const auto& st = *d->stages();
+      for (flatbuffers::uoffset_t i = 0; i < st.size(); ++i) {
+        if (st.Get(i)->role() == wire::Role::edge) edge = true;
+        if (i + 1 < st.size()) cuts.push_back(static_cast<int>(st.Get(i)->end_block()));
+      }
+      const bool u = st.Get(st.size() - 1)->role() == wire::Role::device;
+      core::route r = core::make_route(u, edge, cuts, n_blocks);
+      for (flatbuffers::uoffset_t i = 0; i < st.size(); ++i)
+        if (st.Get(i)->role() != role_of(r.path[i]) ||
+            st.Get(i)->first_block() != static_cast<std::uint32_t>(r.begin(static_cast<int>(i))) ||
+            st.Get(i)->end_block() != static_cast<std::uint32_t>(r.end(static_cast<int>(i))))
+          throw core::error("plan of device " + std::to_string(device) + ": stage " + std::to_string(i) +
+                            " does not fit a " + r.str() + " route");
+      return r;
+    }
+  throw core::error("plan has no route for device " + std::to_string(device));
+}
+
+batch_info batch_of(const wire::Activations& a) {
+  batch_info b{a.batch_size(), a.n_micro_batches()};
+  if (b.batch_size == 0) {
+    // A sender that does not micro-batch: the activation is the whole batch.
+    const auto* s = a.activation()->shape();
+    b.batch_size = static_cast<std::uint32_t>(s && s->size() ? s->Get(0) : 1);
+    b.n_micro_batches = 1;
+  }
+  return b;
+}
+
+message_builder make_activations(const step_key& key, const batch_info& batch, core::backend& b,
+                                 const core::tensor& activation, const core::tensor* labels) {
+  message_builder m(activation.bytes() + (labels ? labels->bytes() : 0) + 512);
+  const auto a = add_tensor(m, b, activation, "activation");
+  flatbuffers::Offset<wire::Tensor> l;
+  if (labels) l = add_tensor(m, b, *labels, "labels");
+  m.finish(wire::CreateActivations(m.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, a, l,
+                                   batch.batch_size, batch.n_micro_batches));
+  return m;
+}
+
+message_builder make_gradients(const step_key& key, core::backend& b, const core::tensor& gradient, float loss,
+                               std::uint32_t n_correct) {
+  message_builder m(gradient.bytes() + 512);
+  const auto g = add_tensor(m, b, gradient, "gradient");
+  m.finish(wire::CreateGradients(m.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, g, loss,
+                                 n_correct));
+  return m;
+}
+
+message_builder make_round_start(const round_start_desc& r) {
+  message_builder m(256 + r.devices.size() * 4);
+  const auto devices = m.fbb().CreateVector(r.devices.data(), r.devices.size());
+  m.finish(wire::CreateRoundStart(m.fbb(), r.round, r.epoch, r.local_steps, r.deadline_ms, r.learning_rate, r.device_id,
+                                  devices));
+  return m;
+}
+
+round_stats stats_of(const wire::ReplicaUpload& r) {
+  return {r.compute_us(), r.device_compute_us(), r.bytes_moved(), r.loss_sum(), r.n_loss(), r.n_correct()};
+}
+
+namespace {
+
+template <class AddWeights>
+message_builder replica_message(const replica_desc& d, std::size_t bytes, AddWeights add) {
+  message_builder m(bytes + 512 + d.devices.size() * 4);
+  auto& f = m.fbb();
+  const auto weights = add(m);
+  const auto devices = f.CreateVector(d.devices.data(), d.devices.size());
+  m.finish(wire::CreateReplicaUpload(f, d.round, d.node_id, d.first_block, d.end_block, d.n_samples, weights, devices,
+                                     d.final_part, d.stats.compute_us, d.stats.device_compute_us, d.stats.bytes_moved,
+                                     d.stats.loss_sum, d.stats.n_loss, d.stats.n_correct));
+  return m;
+}
+
+}  // namespace
+
+message_builder make_replica_upload(const replica_desc& d, core::backend& b, const core::tensor& params,
+                                    const core::tensor& buffers) {
+  return replica_message(d, params.bytes() + buffers.bytes(), [&](message_builder& m) {
+    flatbuffers::Offset<wire::Tensor> t[2] = {add_tensor(m, b, params, "params"), add_tensor(m, b, buffers, "buffers")};
+    return m.fbb().CreateVector(t, 2);
+  });
+}
+
+message_builder make_replica_upload(const replica_desc& d, std::span<const float> params,
+                                    std::span<const float> buffers) {
+  return replica_message(d, (params.size() + buffers.size()) * 4, [&](message_builder& m) {
+    const tensor_source src[2] = {
+        {core::dtype::f32, core::shape{static_cast<std::int64_t>(params.size())}, params.data(), "params"},
+        {core::dtype::f32, core::shape{static_cast<std::int64_t>(buffers.size())}, buffers.data(), "buffers"}};
+    return m.add_tensors(src);
+  });
+}
+
+std::vector<std::uint32_t> devices_of(const wire::ReplicaUpload& r) {
+  std::vector<std::uint32_t> out;
+  if (r.devices()) out.assign(r.devices()->begin(), r.devices()->end());
+  return out;
+}
+
+weights_view replica_weights_of(const wire::ReplicaUpload& r, const core::model_spec& m) {
+  if (r.first_block() == r.end_block() && r.n_samples() == 0) return {};
+  if (r.first_block() >= r.end_block() || r.end_block() > static_cast<std::uint32_t>(m.n_blocks()))
+    throw core::error("replica of blocks [" + std::to_string(r.first_block()) + "," + std::to_string(r.end_block()) +
+                      ") outside the model's " + std::to_string(m.n_blocks()));
+  const auto lay = core::layout_of(m);
+  const auto np = lay.param_offset[r.end_block()] - lay.param_offset[r.first_block()];
+  const auto nb = lay.buffer_offset[r.end_block()] - lay.buffer_offset[r.first_block()];
+  return {f32_tensor(r.weights(), "params", np, "replica"), f32_tensor(r.weights(), "buffers", nb, "replica")};
+}
+
+message_builder make_global_weights(const global_weights_desc& d, std::span<const float> params,
+                                    std::span<const float> buffers) {
+  message_builder m((params.size() + buffers.size()) * 4 + 512);
+  const tensor_source src[2] = {
+      {core::dtype::f32, core::shape{static_cast<std::int64_t>(params.size())}, params.data(), "params"},
+      {core::dtype::f32, core::shape{static_cast<std::int64_t>(buffers.size())}, buffers.data(), "buffers"}};
+  const auto w = m.add_tensors(src);
+  m.finish(wire::CreateGlobalWeights(m.fbb(), d.round, 0, d.n_blocks, w, d.device_id, d.test_accuracy, d.test_loss));
+  return m;
+}
+
+weights_view weights_of(const wire::GlobalWeights& g, const core::model_spec& m) {
+  const auto lay = core::layout_of(m);
+  return {f32_tensor(g.weights(), "params", lay.param_offset.back(), "global weights"),
+          f32_tensor(g.weights(), "buffers", lay.buffer_offset.back(), "global weights")};
+}
+
+void install(core::stage& s, std::span<const float> params, std::span<const float> buffers) {
+  const auto lay = core::layout_of(s.model());
+  const auto p0 = lay.param_offset[static_cast<std::size_t>(s.begin())];
+  const auto b0 = lay.buffer_offset[static_cast<std::size_t>(s.begin())];
+  CLEAVE_ASSERT(static_cast<std::int64_t>(params.size()) == lay.param_offset.back() &&
+                    static_cast<std::int64_t>(buffers.size()) == lay.buffer_offset.back(),
+                "install needs whole-model vectors");
+  if (s.n_params()) s.device().upload(s.params(), params.data() + p0);
+  if (s.n_buffers()) s.device().upload(s.buffers(), buffers.data() + b0);
+}
+
+message_builder make_leave(const leave_desc& l) {
+  message_builder m(128 + l.reason.size());
+  const auto reason = m.fbb().CreateString(l.reason.data(), l.reason.size());
+  m.finish(wire::CreateLeave(m.fbb(), l.node_id, reason));
+  return m;
+}
+
+message_builder copy_of(const message& m) {
+  return message_builder::from_frame(m.frame());
+}
+
+}  // namespace cleave::transport

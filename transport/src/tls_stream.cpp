@@ -1,0 +1,208 @@
+// Non-blocking OpenSSL on an Asio socket: each SSL call that would block waits for readiness.
+#include "cleave/transport/tls_stream.h"
+
+#include <algorithm>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/use_awaitable.hpp>
+#include <cerrno>
+#include <cstring>
+
+#include "openssl_util.h"
+
+namespace cleave::transport {
+
+namespace detail {
+
+// What the verify callback checks and why it refused; reached through SSL ex_data.
+struct peer_check {
+  std::vector<std::string> allowed;
+  std::string reason;
+};
+
+}  // namespace detail
+
+using namespace detail;
+
+namespace {
+
+constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
+
+int check_index() {
+  static const int index = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
+  return index;
+}
+
+int verify_callback(int preverify_ok, X509_STORE_CTX* store) {
+  SSL* ssl = static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
+  auto* check = ssl ? static_cast<peer_check*>(SSL_get_ex_data(ssl, check_index())) : nullptr;
+  if (!check) return preverify_ok;
+  X509* cert = X509_STORE_CTX_get_current_cert(store);
+  const int depth = X509_STORE_CTX_get_error_depth(store);
+  if (!preverify_ok) {
+    if (check->reason.empty()) {
+      const int err = X509_STORE_CTX_get_error(store);
+      check->reason = "certificate '" + (cert ? common_name(cert) : std::string("?")) +
+                      "' rejected: " + X509_verify_cert_error_string(err);
+      if (depth > 0) check->reason += " (chain depth " + std::to_string(depth) + ")";
+    }
+    return 0;
+  }
+  if (depth == 0 && !check->allowed.empty()) {
+    const std::string name = cert ? common_name(cert) : std::string();
+    if (std::find(check->allowed.begin(), check->allowed.end(), name) == check->allowed.end()) {
+      if (check->reason.empty()) check->reason = "identity '" + name + "' is not on the allow-list";
+      X509_STORE_CTX_set_error(store, X509_V_ERR_APPLICATION_VERIFICATION);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+bool is_alert(unsigned long e) {
+  return ERR_GET_LIB(e) == ERR_LIB_SSL && ERR_GET_REASON(e) >= SSL_AD_REASON_OFFSET;
+}
+
+// Turns a failed SSL call into a failure, clearing the error queue.
+failure ssl_failure(SSL* ssl, int ret, const char* op) {
+  const int code = SSL_get_error(ssl, ret);
+  const int saved_errno = errno;
+  const unsigned long e = ERR_peek_error();
+  std::string text;
+  if (e) {
+    const char* r = ERR_reason_error_string(e);
+    text = r ? r : "unknown OpenSSL error";
+  }
+  ERR_clear_error();
+  switch (code) {
+    case SSL_ERROR_ZERO_RETURN:
+      return failure(errc::closed, "peer closed the connection");
+    case SSL_ERROR_SYSCALL:
+      if (saved_errno != 0) return failure(errc::connection, std::string(op) + ": " + std::strerror(saved_errno));
+      return failure(errc::connection, std::string(op) + ": connection lost");
+    case SSL_ERROR_SSL:
+      if (e && ERR_GET_LIB(e) == ERR_LIB_SSL && ERR_GET_REASON(e) == SSL_R_UNEXPECTED_EOF_WHILE_READING)
+        return failure(errc::connection, std::string(op) + ": connection lost without TLS close");
+      if (e && is_alert(e)) return failure(errc::refused, "peer sent TLS alert: " + text);
+      return failure(errc::connection, std::string(op) + ": " + (text.empty() ? "TLS error" : text));
+    default:
+      return failure(errc::connection, std::string(op) + ": TLS error " + std::to_string(code));
+  }
+}
+
+}  // namespace
+
+tls_stream::tls_stream(asio::ip::tcp::socket socket, const tls_context& ctx, side s)
+    : socket_(std::move(socket)), check_(std::make_unique<peer_check>()) {
+  asio::error_code ec;
+  const auto ep = socket_.remote_endpoint(ec);
+  remote_ = ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
+  socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+  socket_.non_blocking(true, ec);
+  if (ec) throw core::error("cannot make socket non-blocking: " + ec.message());
+  ssl_ = SSL_new(ctx.native());
+  CLEAVE_CHECK_SSL(ssl_);
+  CLEAVE_CHECK_SSL(SSL_set_fd(ssl_, static_cast<int>(socket_.native_handle())));
+  CLEAVE_CHECK_SSL(SSL_set_ex_data(ssl_, check_index(), check_.get()));
+  SSL_set_verify(ssl_, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, verify_callback);
+  if (s == side::server)
+    SSL_set_accept_state(ssl_);
+  else
+    SSL_set_connect_state(ssl_);
+}
+
+tls_stream::~tls_stream() {
+  if (ssl_) SSL_free(ssl_);
+}
+
+void tls_stream::set_allowed_identities(std::vector<std::string> names) {
+  check_->allowed = std::move(names);
+}
+
+asio::awaitable<status> tls_stream::handshake() {
+  for (;;) {
+    if (!socket_.is_open()) co_return failure(errc::timeout, "handshake aborted (timeout or close)");
+    ERR_clear_error();
+    const int r = SSL_do_handshake(ssl_);
+    if (r == 1) break;
+    const int code = SSL_get_error(ssl_, r);
+    if (code == SSL_ERROR_WANT_READ || code == SSL_ERROR_WANT_WRITE) {
+      auto [ec] = co_await socket_.async_wait(
+          code == SSL_ERROR_WANT_READ ? asio::socket_base::wait_read : asio::socket_base::wait_write, nothrow);
+      if (ec) co_return failure(errc::timeout, "handshake aborted (timeout or close)");
+      continue;
+    }
+    failure f = ssl_failure(ssl_, r, "handshake failed");
+    if (!check_->reason.empty()) co_return failure(errc::refused, check_->reason);
+    co_return failure(errc::refused, f.reason());
+  }
+  if (X509* peer = SSL_get0_peer_certificate(ssl_)) {
+    peer_identity_ = common_name(peer);
+    peer_role_ = certificate_role(peer);
+  }
+  co_return status{};
+}
+
+asio::awaitable<result<std::size_t>> tls_stream::read_some(std::span<std::byte> buf) {
+  for (;;) {
+    if (!socket_.is_open()) co_return failure(errc::closed, "connection closed locally");
+    ERR_clear_error();
+    errno = 0;
+    std::size_t got = 0;
+    const int r = SSL_read_ex(ssl_, buf.data(), buf.size(), &got);
+    if (r == 1) co_return got;
+    const int code = SSL_get_error(ssl_, r);
+    if (code == SSL_ERROR_WANT_READ || code == SSL_ERROR_WANT_WRITE) {
+      auto [ec] = co_await socket_.async_wait(
+          code == SSL_ERROR_WANT_READ ? asio::socket_base::wait_read : asio::socket_base::wait_write, nothrow);
+      if (ec) co_return failure(errc::closed, "connection closed locally");
+      continue;
+    }
+    co_return ssl_failure(ssl_, r, "read");
+  }
+}
+
+asio::awaitable<status> tls_stream::write_all(std::span<const std::byte> buf) {
+  std::size_t done = 0;
+  while (done < buf.size()) {
+    if (!socket_.is_open()) co_return failure(errc::closed, "connection closed locally");
+    ERR_clear_error();
+    errno = 0;
+    std::size_t n = 0;
+    const int r = SSL_write_ex(ssl_, buf.data() + done, buf.size() - done, &n);
+    if (r == 1) {
+      done += n;
+      continue;
+    }
+    const int code = SSL_get_error(ssl_, r);
+    if (code == SSL_ERROR_WANT_READ || code == SSL_ERROR_WANT_WRITE) {
+      auto [ec] = co_await socket_.async_wait(
+          code == SSL_ERROR_WANT_READ ? asio::socket_base::wait_read : asio::socket_base::wait_write, nothrow);
+      if (ec) co_return failure(errc::closed, "connection closed locally");
+      continue;
+    }
+    co_return ssl_failure(ssl_, r, "write");
+  }
+  co_return status{};
+}
+
+asio::awaitable<void> tls_stream::shutdown() {
+  // Sending close_notify needs at most a few writable waits; the peer's reply is not awaited.
+  for (int i = 0; i < 16 && socket_.is_open(); ++i) {
+    ERR_clear_error();
+    const int r = SSL_shutdown(ssl_);
+    if (r >= 0) break;
+    const int code = SSL_get_error(ssl_, r);
+    if (code != SSL_ERROR_WANT_WRITE) break;
+    auto [ec] = co_await socket_.async_wait(asio::socket_base::wait_write, nothrow);
+    if (ec) break;
+  }
+  ERR_clear_error();
+}
+
+void tls_stream::close() {
+  asio::error_code ec;
+  socket_.shutdown(asio::socket_base::shutdown_both, ec);
+  socket_.close(ec);
+}
+
+}  // namespace cleave::transport

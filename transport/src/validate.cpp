@@ -1,0 +1,392 @@
+// Inbound frames: FlatBuffers verification with depth and table limits, then the semantic checks
+// of every message type. Nothing here trusts a value before it is checked.
+#include <cmath>
+#include <string>
+
+#include "cleave/transport/message.h"
+
+namespace cleave::transport {
+
+namespace {
+
+using tensor_list = flatbuffers::Vector<flatbuffers::Offset<wire::Tensor>>;
+
+class checker {
+ public:
+  explicit checker(const frame_limits& limits) : lim_(limits) {}
+
+  const std::string& reason() const { return reason_; }
+
+  bool fail(std::string what) {
+    reason_ = std::move(what);
+    return false;
+  }
+
+  bool string(const flatbuffers::String* s, const char* what) {
+    if (s && s->size() > lim_.max_string_bytes)
+      return fail(std::string(what) + " of " + std::to_string(s->size()) + " bytes exceeds the limit of " +
+                  std::to_string(lim_.max_string_bytes));
+    return true;
+  }
+
+  template <class T>
+  bool count(const flatbuffers::Vector<T>* v, std::uint32_t max, const char* what) {
+    if (v && v->size() > max)
+      return fail(std::string(what) + ": " + std::to_string(v->size()) + " entries exceed the limit of " +
+                  std::to_string(max));
+    return true;
+  }
+
+  bool node(std::uint32_t id, const char* what) {
+    if (id >= lim_.max_node_id)
+      return fail(std::string(what) + " " + std::to_string(id) + " out of range [0, " +
+                  std::to_string(lim_.max_node_id) + ")");
+    return true;
+  }
+
+  bool block(std::uint32_t b, const char* what) {
+    if (b > lim_.max_blocks)
+      return fail(std::string(what) + " " + std::to_string(b) + " out of range [0, " + std::to_string(lim_.max_blocks) +
+                  "]");
+    return true;
+  }
+
+  // A non-empty block range [first, end) with end <= bound.
+  bool range(std::uint32_t first, std::uint32_t end, std::uint32_t bound, const char* what) {
+    if (!(first < end && end <= bound))
+      return fail(std::string(what) + " block range [" + std::to_string(first) + ", " + std::to_string(end) +
+                  ") is empty or beyond " + std::to_string(bound));
+    return true;
+  }
+
+  bool micro_batch(std::uint32_t mb) {
+    if (mb >= lim_.max_micro_batches)
+      return fail("micro-batch " + std::to_string(mb) + " out of range [0, " + std::to_string(lim_.max_micro_batches) +
+                  ")");
+    return true;
+  }
+
+  bool role(wire::Role r, const char* what) {
+    if (static_cast<unsigned>(r) > static_cast<unsigned>(wire::Role::MAX))
+      return fail(std::string(what) + ": unknown role " + std::to_string(static_cast<unsigned>(r)));
+    return true;
+  }
+
+  bool measure(float v, const char* what) {
+    if (!std::isfinite(v) || v < 0) return fail(std::string(what) + " is negative or not finite");
+    return true;
+  }
+
+  bool tensor(const wire::Tensor* t, const char* what) {
+    if (!t) return fail(std::string(what) + ": missing tensor");
+    if (!string(t->name(), "tensor name")) return false;
+    const auto dt = core::dtype_from_int(static_cast<std::uint32_t>(t->dtype()));
+    if (!dt) return fail(std::string(what) + ": unknown dtype " + std::to_string(static_cast<unsigned>(t->dtype())));
+    const auto* shape = t->shape();
+    const std::uint32_t rank = shape ? shape->size() : 0;
+    if (rank > static_cast<std::uint32_t>(core::shape::max_rank))
+      return fail(std::string(what) + ": rank " + std::to_string(rank) + " above " +
+                  std::to_string(core::shape::max_rank));
+    // The Verifier checks a vector's length field, not the alignment of 8-byte elements.
+    if (rank && reinterpret_cast<std::uintptr_t>(shape->data()) % alignof(std::int64_t) != 0)
+      return fail(std::string(what) + ": misaligned shape");
+    std::uint64_t n = 1;
+    for (std::uint32_t i = 0; i < rank; ++i) {
+      const std::int64_t d = shape->Get(i);
+      if (d < 0) return fail(std::string(what) + ": negative dimension " + std::to_string(d));
+      if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n))
+        return fail(std::string(what) + ": element count overflows");
+    }
+    std::uint64_t bytes = 0;
+    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(core::dtype_size(*dt)), &bytes))
+      return fail(std::string(what) + ": byte size overflows");
+    const std::uint64_t have = t->data() ? t->data()->size() : 0;
+    if (bytes != have)
+      return fail(std::string(what) + ": shape and dtype need " + std::to_string(bytes) + " bytes, data holds " +
+                  std::to_string(have));
+    ++n_tensors_;
+    if (n_tensors_ > lim_.max_tensors)
+      return fail("more than " + std::to_string(lim_.max_tensors) + " tensors in one message");
+    return true;
+  }
+
+  bool tensors(const tensor_list* v, const char* what) {
+    if (!count(v, lim_.max_tensors, what)) return false;
+    if (!v) return true;
+    for (const auto* t : *v)
+      if (!tensor(t, what)) return false;
+    return true;
+  }
+
+  // Activations and Gradients share their ids.
+  template <class T>
+  bool step(const T& m) {
+    return node(m.device_id(), "device id") && block(m.block(), "block") && micro_batch(m.micro_batch());
+  }
+
+  bool check(const wire::Hello& m) {
+    if (!role(m.role(), "hello") || !node(m.node_id(), "node id") || !string(m.name(), "name") ||
+        !count(m.backends(), lim_.max_list, "backends") || !measure(m.gflops(), "gflops"))
+      return false;
+    if (m.backends())
+      for (const auto* b : *m.backends())
+        if (!string(b->name(), "backend name") || !measure(b->gflops(), "backend gflops")) return false;
+    return true;
+  }
+
+  bool check(const wire::Welcome& m) { return node(m.node_id(), "node id"); }
+
+  bool check(const wire::Plan& m) {
+    if (m.n_blocks() > lim_.max_blocks)
+      return fail("plan of " + std::to_string(m.n_blocks()) + " blocks exceeds the limit of " +
+                  std::to_string(lim_.max_blocks));
+    if (m.model() && m.model()->size() > lim_.max_model_bytes)
+      return fail("model spec of " + std::to_string(m.model()->size()) + " bytes exceeds the limit of " +
+                  std::to_string(lim_.max_model_bytes));
+    if (!string(m.training(), "training settings") || !count(m.devices(), lim_.max_list, "plan devices")) return false;
+    if (m.n_micro_batches() > lim_.max_micro_batches)
+      return fail("plan of " + std::to_string(m.n_micro_batches()) + " micro-batches exceeds the limit");
+    if (!m.devices()) return true;
+    for (const auto* d : *m.devices()) {
+      if (!node(d->device_id(), "device id") || !count(d->stages(), lim_.max_list, "plan stages")) return false;
+      if (!d->stages()) continue;
+      for (const auto* s : *d->stages())
+        if (!node(s->node_id(), "stage node id") || !role(s->role(), "stage") ||
+            !range(s->first_block(), s->end_block(), m.n_blocks(), "stage"))
+          return false;
+    }
+    return true;
+  }
+
+  bool check(const wire::Activations& m) {
+    if (!step(m) || !tensor(m.activation(), "activation")) return false;
+    if (m.batch_size() || m.n_micro_batches()) {
+      const auto* a = m.activation()->shape();
+      if (m.n_micro_batches() == 0 || m.n_micro_batches() > lim_.max_micro_batches ||
+          m.n_micro_batches() > m.batch_size() || !a || a->size() == 0 || a->Get(0) < 1 ||
+          static_cast<std::uint64_t>(a->Get(0)) > m.batch_size())
+        return fail("batch size " + std::to_string(m.batch_size()) + " and " + std::to_string(m.n_micro_batches()) +
+                    " micro-batches do not fit the activation");
+    }
+    if (!m.labels()) return true;
+    if (!tensor(m.labels(), "labels")) return false;
+    const auto* a = m.activation()->shape();
+    const auto* l = m.labels()->shape();
+    if (!a || !l || a->size() == 0 || l->size() == 0 || a->Get(0) != l->Get(0))
+      return fail("labels and activation disagree on the batch size");
+    return true;
+  }
+
+  bool check(const wire::Gradients& m) { return step(m) && tensor(m.gradient(), "gradient"); }
+
+  bool check(const wire::RoundStart& m) {
+    if (!std::isfinite(m.learning_rate())) return fail("learning rate is not finite");
+    return node(m.device_id(), "device id") && nodes(m.devices(), "round devices");
+  }
+
+  bool check(const wire::ReplicaUpload& m) {
+    if (!node(m.node_id(), "node id") || !nodes(m.devices(), "replica devices") ||
+        !measure(static_cast<float>(m.loss_sum()), "loss sum"))
+      return false;
+    // A part without weights (statistics only) may have an empty range.
+    const bool empty = m.first_block() == m.end_block() && (!m.weights() || m.weights()->size() == 0);
+    return (empty || range(m.first_block(), m.end_block(), lim_.max_blocks, "replica")) &&
+           tensors(m.weights(), "weights");
+  }
+
+  bool check(const wire::GlobalWeights& m) {
+    return node(m.device_id(), "device id") &&
+           range(m.first_block(), m.end_block(), lim_.max_blocks, "global weights") && tensors(m.weights(), "weights");
+  }
+
+  bool check(const wire::Leave& m) { return node(m.node_id(), "node id") && string(m.reason(), "reason"); }
+
+  bool nodes(const flatbuffers::Vector<std::uint32_t>* v, const char* what) {
+    if (!count(v, lim_.max_list, what)) return false;
+    if (v)
+      for (auto id : *v)
+        if (!node(id, what)) return false;
+    return true;
+  }
+
+  bool check(const wire::Profile& m) {
+    if (!node(m.node_id(), "node id") || !count(m.blocks(), lim_.max_blocks, "block profiles") ||
+        !count(m.links(), lim_.max_list, "link profiles"))
+      return false;
+    if (m.blocks())
+      for (const auto* b : *m.blocks())
+        if (!block(b->block(), "profiled block") || !measure(b->forward_us(), "forward time") ||
+            !measure(b->backward_us(), "backward time"))
+          return false;
+    if (m.links())
+      for (const auto* l : *m.links())
+        if (!node(l->peer_id(), "peer id") || !measure(l->rtt_us(), "rtt") ||
+            !measure(l->bandwidth_bytes_per_s(), "bandwidth"))
+          return false;
+    return true;
+  }
+
+  bool check(const wire::Migrate& m) {
+    return range(m.first_block(), m.end_block(), lim_.max_blocks, "migrated") && node(m.from_node(), "from node") &&
+           node(m.to_node(), "to node") && tensors(m.weights(), "weights") &&
+           tensors(m.optimizer_state(), "optimizer state");
+  }
+
+  bool check(const wire::Ping&) { return true; }
+  bool check(const wire::Pong&) { return true; }
+  bool check(const wire::Error& m) { return string(m.message(), "error text"); }
+
+ private:
+  const frame_limits& lim_;
+  std::string reason_;
+  std::uint32_t n_tensors_ = 0;
+};
+
+template <class T>
+bool check_body(checker& c, const wire::Message& m, const char* name) {
+  const T* body = m.body_as<T>();
+  if (!body) return c.fail(std::string("missing ") + name + " body");
+  return c.check(*body);
+}
+
+std::string printable_identifier(const std::byte* p) {
+  std::string s;
+  for (int i = 0; i < 4; ++i) {
+    const auto c = static_cast<unsigned char>(p[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      s += static_cast<char>(c);
+    } else {
+      static const char hex[] = "0123456789abcdef";
+      s += "\\x";
+      s += hex[c >> 4];
+      s += hex[c & 15];
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string_view body_name(wire::Body b) {
+  if (static_cast<unsigned>(b) > static_cast<unsigned>(wire::Body::MAX)) return "unknown";
+  return wire::EnumNameBody(b);
+}
+
+std::optional<std::string> check_message(const wire::Message& m, const frame_limits& limits) {
+  checker c(limits);
+  bool ok = false;
+  switch (m.body_type()) {
+    case wire::Body::Hello:
+      ok = check_body<wire::Hello>(c, m, "Hello");
+      break;
+    case wire::Body::Welcome:
+      ok = check_body<wire::Welcome>(c, m, "Welcome");
+      break;
+    case wire::Body::Plan:
+      ok = check_body<wire::Plan>(c, m, "Plan");
+      break;
+    case wire::Body::Activations:
+      ok = check_body<wire::Activations>(c, m, "Activations");
+      break;
+    case wire::Body::Gradients:
+      ok = check_body<wire::Gradients>(c, m, "Gradients");
+      break;
+    case wire::Body::RoundStart:
+      ok = check_body<wire::RoundStart>(c, m, "RoundStart");
+      break;
+    case wire::Body::ReplicaUpload:
+      ok = check_body<wire::ReplicaUpload>(c, m, "ReplicaUpload");
+      break;
+    case wire::Body::GlobalWeights:
+      ok = check_body<wire::GlobalWeights>(c, m, "GlobalWeights");
+      break;
+    case wire::Body::Profile:
+      ok = check_body<wire::Profile>(c, m, "Profile");
+      break;
+    case wire::Body::Migrate:
+      ok = check_body<wire::Migrate>(c, m, "Migrate");
+      break;
+    case wire::Body::Ping:
+      ok = check_body<wire::Ping>(c, m, "Ping");
+      break;
+    case wire::Body::Pong:
+      ok = check_body<wire::Pong>(c, m, "Pong");
+      break;
+    case wire::Body::Error:
+      ok = check_body<wire::Error>(c, m, "Error");
+      break;
+    case wire::Body::Leave:
+      ok = check_body<wire::Leave>(c, m, "Leave");
+      break;
+    case wire::Body::NONE:
+    default:
+      c.fail("unknown message type " + std::to_string(static_cast<unsigned>(m.body_type())));
+      break;
+  }
+  if (ok) return std::nullopt;
+  return std::string(body_name(m.body_type())) + ": " + c.reason();
+}
+
+result<message> decode_frame(aligned_bytes frame, const frame_limits& limits) {
+  if (frame.empty() || frame.size() < frame_header_bytes + min_frame_body_bytes)
+    return failure(errc::bad_frame, "frame of " + std::to_string(frame.size()) + " bytes is too short");
+  const std::uint32_t body = read_frame_length(frame.data());
+  if (auto e = check_frame_length(body, limits)) return failure(errc::bad_frame, *e);
+  if (static_cast<std::size_t>(body) + frame_header_bytes != frame.size())
+    return failure(errc::bad_frame, "length prefix says " + std::to_string(body) + " bytes but the frame holds " +
+                                        std::to_string(frame.size() - frame_header_bytes));
+  CLEAVE_ASSERT(reinterpret_cast<std::uintptr_t>(frame.data()) % frame_alignment == 0);
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(frame.data());
+  if (!flatbuffers::BufferHasIdentifier(bytes, wire::MessageIdentifier(), true))
+    return failure(errc::bad_frame, "wrong file identifier '" +
+                                        printable_identifier(frame.data() + frame_header_bytes + 4) + "' (expected '" +
+                                        wire::MessageIdentifier() + "')");
+  flatbuffers::Verifier::Options opts;
+  opts.max_depth = limits.max_depth;
+  opts.max_tables = limits.max_tables;
+  opts.check_alignment = true;
+  opts.check_nested_flatbuffers = false;
+  flatbuffers::Verifier verifier(bytes, frame.size(), opts);
+  if (!verifier.VerifySizePrefixedBuffer<wire::Message>(wire::MessageIdentifier()))
+    return failure(errc::bad_frame,
+                   "frame failed FlatBuffers verification (bad offsets, sizes, alignment, "
+                   "or nesting beyond " +
+                       std::to_string(limits.max_depth) + " levels / " + std::to_string(limits.max_tables) +
+                       " tables)");
+  const auto* root = flatbuffers::GetSizePrefixedRoot<wire::Message>(bytes);
+  if (auto e = check_message(*root, limits)) return failure(errc::bad_frame, *e);
+  message m;
+  m.buf_ = std::move(frame);
+  m.root_ = root;
+  return m;
+}
+
+tensor_view view_of(const wire::Tensor& t) {
+  tensor_view v;
+  v.dtype = static_cast<core::dtype>(t.dtype());
+  const auto* s = t.shape();
+  const int rank = s ? static_cast<int>(s->size()) : 0;
+  CLEAVE_ASSERT(rank <= core::shape::max_rank, "view_of needs a checked message");
+  switch (rank) {
+    case 0:
+      v.shape = core::shape{};
+      break;
+    case 1:
+      v.shape = core::shape{s->Get(0)};
+      break;
+    case 2:
+      v.shape = core::shape{s->Get(0), s->Get(1)};
+      break;
+    case 3:
+      v.shape = core::shape{s->Get(0), s->Get(1), s->Get(2)};
+      break;
+    default:
+      v.shape = core::shape{s->Get(0), s->Get(1), s->Get(2), s->Get(3)};
+      break;
+  }
+  if (t.data()) v.data = {reinterpret_cast<const std::byte*>(t.data()->data()), t.data()->size()};
+  if (t.name()) v.name = t.name()->string_view();
+  return v;
+}
+
+}  // namespace cleave::transport
