@@ -1,0 +1,134 @@
+// The vulkan backend: core::backend on a Vulkan compute device. Tensors are ranges of pooled
+// device memory; ops are recorded as compute dispatches into a batch that is submitted when the
+// host needs a result. Shaders are in shaders/, compiled at build time and embedded.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "cleave/core/backend.h"
+#include "vk_device.h"
+#include "vk_memory.h"
+#include "vk_stream.h"
+
+namespace cleave::backend::vk {
+
+class vulkan_backend final : public core::backend {
+ public:
+  // `device_spec`: "" (the preferred device), an index, or a name substring; see select_device.
+  explicit vulkan_backend(const std::string& device_spec);
+  ~vulkan_backend() override;
+
+  std::string name() const override { return "vulkan"; }
+  std::string device_name() const override;
+  bool host_memory() const override { return false; }
+
+  core::buffer_ptr allocate(std::size_t bytes) override;
+  void upload(const core::tensor& dst, const void* src) override;
+  void download(const core::tensor& src, void* dst) override;
+  void synchronize() override;
+
+  void fill(const core::tensor& t, float value) override;
+  void copy(const core::tensor& src, const core::tensor& dst) override;
+  void cast(const core::tensor& src, const core::tensor& dst) override;
+  void add(const core::tensor& a, const core::tensor& b, const core::tensor& y) override;
+  void mul(const core::tensor& a, const core::tensor& b, const core::tensor& y) override;
+  void axpy(float alpha, const core::tensor& x, const core::tensor& y) override;
+  void scale(const core::tensor& y, float alpha) override;
+
+  void relu_forward(const core::tensor& x, const core::tensor& y) override;
+  void relu_backward(const core::tensor& y, const core::tensor& dy, const core::tensor& dx) override;
+  void dropout_forward(const core::tensor& x, const core::tensor& y, const core::tensor& mask, float p,
+                       std::uint32_t seed) override;
+
+  void matmul(const core::tensor& a, const core::tensor& b, const core::tensor& c, bool trans_a, bool trans_b,
+              float alpha, float beta) override;
+  void linear_forward(const core::tensor& x, const core::tensor& w, const core::tensor& b,
+                      const core::tensor& y) override;
+  void linear_backward_data(const core::tensor& dy, const core::tensor& w, const core::tensor& dx) override;
+  void linear_backward_weights(const core::tensor& x, const core::tensor& dy, const core::tensor& dw,
+                               const core::tensor& db) override;
+
+  void conv2d_forward(const core::conv2d_desc& d, const core::tensor& x, const core::tensor& w, const core::tensor& b,
+                      const core::tensor& y) override;
+  void conv2d_backward_data(const core::conv2d_desc& d, const core::tensor& dy, const core::tensor& w,
+                            const core::tensor& dx) override;
+  void conv2d_backward_weights(const core::conv2d_desc& d, const core::tensor& x, const core::tensor& dy,
+                               const core::tensor& dw, const core::tensor& db) override;
+
+  void pool2d_forward(const core::pool2d_desc& d, const core::tensor& x, const core::tensor& y,
+                      core::tensor* ws) override;
+  void pool2d_backward(const core::pool2d_desc& d, const core::tensor& x, const core::tensor& dy,
+                       const core::tensor& ws, const core::tensor& dx) override;
+
+  void batchnorm_forward_train(const core::batchnorm_desc& d, const core::tensor& x, const core::tensor& gamma,
+                               const core::tensor& beta, const core::tensor& y, const core::tensor& save_mean,
+                               const core::tensor& save_invstd, const core::tensor& running_mean,
+                               const core::tensor& running_var) override;
+  void batchnorm_forward_infer(const core::batchnorm_desc& d, const core::tensor& x, const core::tensor& gamma,
+                               const core::tensor& beta, const core::tensor& running_mean,
+                               const core::tensor& running_var, const core::tensor& y) override;
+  void batchnorm_backward(const core::batchnorm_desc& d, const core::tensor& x, const core::tensor& dy,
+                          const core::tensor& gamma, const core::tensor& save_mean, const core::tensor& save_invstd,
+                          const core::tensor& dx, const core::tensor& dgamma, const core::tensor& dbeta) override;
+
+  void softmax_xent_forward(const core::tensor& logits, const core::tensor& labels, const core::tensor& probs,
+                            const core::tensor& loss) override;
+  void softmax_xent_backward(const core::tensor& probs, const core::tensor& labels, const core::tensor& dlogits,
+                             float scale) override;
+
+  void sgd_update(const core::sgd_desc& d, const core::tensor& param, const core::tensor& grad,
+                  const core::tensor& momentum_buf) override;
+  void adamw_update(const core::adamw_desc& d, const core::tensor& param, const core::tensor& grad,
+                    const core::tensor& m, const core::tensor& v) override;
+
+  // ---- introspection for tests and benchmarks ----------------------------------------------
+  const device& vk_device() const { return *dev_; }
+  memory_pool::stats pool_stats() const { return pool_->get_stats(); }
+  // Whether uploads and downloads copy straight through mapped tensor memory (else staging).
+  bool direct_transfers() const { return pool_->mapped(); }
+  const stream::stats& stream_stats() const { return stream_->get_stats(); }
+  // Submit a batch once it holds this many commands (default 1024).
+  void set_batch_limit(std::uint32_t n) { stream_->set_batch_limit(n); }
+  // Caps workgroups per dispatch along x below the device's limit (to test chunked dispatch).
+  void set_max_workgroups_x(std::uint32_t n) { max_groups_x_ = n; }
+
+ private:
+  // A tensor bound to a shader: its binding and its first element's offset within it, in
+  // 4-byte words and in bytes.
+  struct bound {
+    binding b;
+    std::uint32_t word = 0;
+    std::uint32_t byte = 0;
+  };
+  bound bind(const core::tensor& t, bool write) const;
+  // A small buffer bound where a shader's optional operand is absent.
+  bound dummy() const;
+  bound bind_opt(const core::tensor& t, bool write) const { return t.defined() ? bind(t, write) : dummy(); }
+  void run(std::string_view shader, std::initializer_list<bound> args, const void* push, std::uint32_t push_bytes,
+           std::uint32_t gx, std::uint32_t gy = 1, std::uint32_t gz = 1, std::span<const std::uint32_t> spec = {});
+  template <class Push>
+  void run(std::string_view shader, std::initializer_list<bound> args, const Push& push, std::uint32_t gx,
+           std::uint32_t gy = 1, std::uint32_t gz = 1, std::span<const std::uint32_t> spec = {}) {
+    static_assert(sizeof(Push) <= push_constant_bytes);
+    run(shader, args, &push, sizeof(Push), gx, gy, gz, spec);
+  }
+  // Workgroups for a grid-stride loop over n items.
+  static std::uint32_t groups_for(std::int64_t n);
+  void eltwise(std::uint32_t op, const core::tensor& a, const core::tensor& b, const core::tensor& y, float alpha);
+
+  struct gemm_args;
+  void gemm(std::string_view shader, gemm_args& g, const bound& a, const bound& b, const bound& c, const bound& bias);
+
+  std::shared_ptr<device> dev_;
+  std::shared_ptr<memory_pool> pool_;     // tensors
+  std::shared_ptr<memory_pool> staging_;  // host-visible staging for devices whose memory is not
+  std::unique_ptr<stream> stream_;
+  core::buffer_ptr dummy_;
+  std::uint32_t max_groups_x_ = 0;  // 0: the device's maxComputeWorkGroupCount[0]
+};
+
+}  // namespace cleave::backend::vk
