@@ -51,6 +51,14 @@ class checker {
     return true;
   }
 
+  // A block range [first, end), possibly empty (a relay stage), with end <= bound.
+  bool span(std::uint32_t first, std::uint32_t end, std::uint32_t bound, const char* what) {
+    if (!(first <= end && end <= bound))
+      return fail(std::string(what) + " block range [" + std::to_string(first) + ", " + std::to_string(end) +
+                  ") is reversed or beyond " + std::to_string(bound));
+    return true;
+  }
+
   // A non-empty block range [first, end) with end <= bound.
   bool range(std::uint32_t first, std::uint32_t end, std::uint32_t bound, const char* what) {
     if (!(first < end && end <= bound))
@@ -152,7 +160,7 @@ class checker {
       if (!d->stages()) continue;
       for (const auto* s : *d->stages())
         if (!node(s->node_id(), "stage node id") || !role(s->role(), "stage") ||
-            !range(s->first_block(), s->end_block(), m.n_blocks(), "stage"))
+            !span(s->first_block(), s->end_block(), m.n_blocks(), "stage"))
           return false;
     }
     return true;

@@ -1,0 +1,139 @@
+// Split training over TLS on loopback equals local training: one device in every plan shape,
+// and four devices in SplitFed-v1 against four local trainings averaged.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <future>
+
+#include "cleave/core/trainer.h"
+#include "federation.h"
+
+using namespace cleave;
+using namespace cleave::testing;
+
+namespace {
+
+// The device's data stream (partition "all"): position p is sample order(p / n)[p % n].
+std::vector<float> local_training(const workspace& w, const std::string& be, const core::optimizer_config& opt,
+                                  std::uint64_t seed, std::uint32_t device, int steps, int batch) {
+  const auto d = core::load_dataset(w.data.string());
+  const auto m = core::zoo_model("lenet5", d.train.item, d.train.n_classes);
+  auto b = backend::make_backend(be);
+  core::train_config tc;
+  tc.seed = seed;
+  tc.opt = opt;
+  core::trainer t(*b, m, tc);
+  const std::uint64_t order_seed = device::default_order_seed(1, device);
+  const std::int64_t n = d.train.size();
+  std::vector<float> x(static_cast<std::size_t>(batch * 784));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(batch));
+  std::int64_t pos = 0;
+  for (int s = 0; s < steps; ++s) {
+    for (int i = 0; i < batch; ++i, ++pos) {
+      const std::int64_t idx = core::epoch_order(n, order_seed, pos / n)[static_cast<std::size_t>(pos % n)];
+      d.train.gather(&idx, 1, x.data() + i * 784, y.data() + i);
+    }
+    t.step(x.data(), y.data(), batch);
+  }
+  std::vector<float> p(static_cast<std::size_t>(t.model_stage().n_params()));
+  b->download(t.model_stage().params(), p.data());
+  return p;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1e-3, std::fabs(static_cast<double>(b[i]))));
+  return worst;
+}
+
+struct plan_shape {
+  const char* name;
+  bool edge, u_shape;
+};
+
+std::uint16_t wait_port(server::edge_node& e) {
+  for (int i = 0; i < 1000 && e.port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return e.port();
+}
+
+// Runs a federation of n devices (all behind one edge when `edge`) and returns the server's
+// global parameters after its rounds.
+std::vector<float> run_federation(const workspace& w, const std::string& be, server::server_config sc, int n_devices,
+                                  bool edge) {
+  std::promise<std::uint16_t> port;
+  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const std::uint16_t sp = port.get_future().get();
+  std::unique_ptr<server::edge_node> en;
+  std::unique_ptr<runner> re;
+  std::uint16_t up = sp;
+  std::string up_name = "server";
+  if (edge) {
+    server::edge_config ec;
+    ec.certs = w.certs;
+    ec.name = "edge-1";
+    ec.port = 0;
+    ec.upstream_port = sp;
+    ec.backend = be;
+    en = std::make_unique<server::edge_node>(ec);
+    re = std::make_unique<runner>([&] { en->run(); });
+    up = wait_port(*en);
+    up_name = "edge-1";
+  }
+  std::vector<std::unique_ptr<device::agent>> agents;
+  std::vector<std::unique_ptr<runner>> ra;
+  for (int i = 1; i <= n_devices; ++i) {
+    agents.push_back(std::make_unique<device::agent>(agent_cfg(w, static_cast<std::uint32_t>(i), up, be, up_name)));
+    ra.push_back(std::make_unique<runner>([a = agents.back().get()] { a->run(); }));
+  }
+  rs.join();
+  for (auto& r : ra) r->join();
+  if (re) re->join();
+  CHECK(rs.error() == "");
+  for (auto& r : ra) CHECK(r->error() == "");
+  if (re) CHECK(re->error() == "");
+  return srv.global_params();
+}
+
+}  // namespace
+
+TEST_CASE("split training with one device equals local training in 2-tier, 3-tier and U-shaped plans") {
+  const std::string be = test_backend();
+  for (const plan_shape& ps : {plan_shape{"2-tier", false, false}, plan_shape{"3-tier", true, false},
+                               plan_shape{"U-shaped 2-tier", false, true}, plan_shape{"U-shaped 3-tier", true, true}}) {
+    SUBCASE(ps.name) {
+      workspace w(std::string("equiv-") + (ps.edge ? "e" : "") + (ps.u_shape ? "u" : ""), 1);
+      auto sc = server_cfg(w, be);
+      sc.rounds = 2;
+      sc.local_steps = 25;
+      sc.u_shape = ps.u_shape;
+      const auto got = run_federation(w, be, sc, 1, ps.edge);
+      const auto want = local_training(w, be, sc.opt, sc.seed, 1, 50, sc.batch);
+      const double diff = max_rel_diff(got, want);
+      INFO(ps.name << ": max relative difference " << diff);
+      CHECK(diff <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("a SplitFed-v1 round of four devices equals four local trainings averaged") {
+  const std::string be = test_backend();
+  workspace w("avg4", 4);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 1;
+  sc.local_steps = 10;
+  sc.min_devices = 4;
+  const auto got = run_federation(w, be, sc, 4, true);
+  std::vector<double> mean(got.size(), 0.0);
+  for (std::uint32_t d = 1; d <= 4; ++d) {
+    const auto p = local_training(w, be, sc.opt, sc.seed, d, 10, sc.batch);
+    for (std::size_t i = 0; i < p.size(); ++i) mean[i] += p[i] / 4.0;
+  }
+  const double diff = max_rel_diff(got, std::vector<float>(mean.begin(), mean.end()));
+  INFO("max relative difference " << diff);
+  CHECK(diff <= 1e-5);
+}
