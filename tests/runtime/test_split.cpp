@@ -4,7 +4,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <future>
+#include <set>
+
+#include "cleave/transport/message.h"
 
 #include "cleave/core/trainer.h"
 #include "federation.h"
@@ -62,7 +66,7 @@ std::uint16_t wait_port(server::edge_node& e) {
 // Runs a federation of n devices (all behind one edge when `edge`) and returns the server's
 // global parameters after its rounds.
 std::vector<float> run_federation(const workspace& w, const std::string& be, server::server_config sc, int n_devices,
-                                  bool edge) {
+                                  bool edge, const std::function<void(device::agent_config&)>& customise) {
   std::promise<std::uint16_t> port;
   sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
   server::server_node srv(sc);
@@ -87,7 +91,9 @@ std::vector<float> run_federation(const workspace& w, const std::string& be, ser
   std::vector<std::unique_ptr<device::agent>> agents;
   std::vector<std::unique_ptr<runner>> ra;
   for (int i = 1; i <= n_devices; ++i) {
-    agents.push_back(std::make_unique<device::agent>(agent_cfg(w, static_cast<std::uint32_t>(i), up, be, up_name)));
+    auto ac = agent_cfg(w, static_cast<std::uint32_t>(i), up, be, up_name);
+    if (customise) customise(ac);
+    agents.push_back(std::make_unique<device::agent>(ac));
     ra.push_back(std::make_unique<runner>([a = agents.back().get()] { a->run(); }));
   }
   rs.join();
@@ -111,7 +117,7 @@ TEST_CASE("split training with one device equals local training in 2-tier, 3-tie
       sc.rounds = 2;
       sc.local_steps = 25;
       sc.u_shape = ps.u_shape;
-      const auto got = run_federation(w, be, sc, 1, ps.edge);
+      const auto got = run_federation(w, be, sc, 1, ps.edge, {});
       const auto want = local_training(w, be, sc.opt, sc.seed, 1, 50, sc.batch);
       const double diff = max_rel_diff(got, want);
       INFO(ps.name << ": max relative difference " << diff);
@@ -127,7 +133,7 @@ TEST_CASE("a SplitFed-v1 round of four devices equals four local trainings avera
   sc.rounds = 1;
   sc.local_steps = 10;
   sc.min_devices = 4;
-  const auto got = run_federation(w, be, sc, 4, true);
+  const auto got = run_federation(w, be, sc, 4, true, {});
   std::vector<double> mean(got.size(), 0.0);
   for (std::uint32_t d = 1; d <= 4; ++d) {
     const auto p = local_training(w, be, sc.opt, sc.seed, d, 10, sc.batch);
@@ -136,4 +142,59 @@ TEST_CASE("a SplitFed-v1 round of four devices equals four local trainings avera
   const double diff = max_rel_diff(got, std::vector<float>(mean.begin(), mean.end()));
   INFO("max relative difference " << diff);
   CHECK(diff <= 1e-5);
+}
+
+TEST_CASE("in U-shaped plans no message leaving a device holds labels or raw inputs") {
+  const std::string be = test_backend();
+  for (const plan_shape& ps : {plan_shape{"U-shaped 2-tier", false, true}, plan_shape{"U-shaped 3-tier", true, true}}) {
+    SUBCASE(ps.name) {
+      workspace w(std::string("privacy-") + (ps.edge ? "e" : ""), 1);
+      auto sc = server_cfg(w, be);
+      sc.rounds = 1;
+      sc.local_steps = 8;
+      sc.u_shape = true;
+      std::mutex mu;
+      std::vector<std::vector<std::byte>> frames;
+      run_federation(w, be, sc, 1, ps.edge, [&](device::agent_config& a) {
+        a.on_send = [&](std::span<const std::byte> f) {
+          std::lock_guard lock(mu);
+          frames.emplace_back(f.begin(), f.end());
+        };
+      });
+      // Every training image, as normalised on the device.
+      const auto d = core::load_dataset(w.data.string());
+      std::set<std::vector<float>> images;
+      for (std::int64_t i = 0; i < d.train.size(); ++i)
+        images.emplace(d.train.x.begin() + i * 784, d.train.x.begin() + (i + 1) * 784);
+      int n_activations = 0, n_tensors = 0;
+      for (const auto& f : frames) {
+        auto buf = transport::aligned_bytes::allocate(f.size());
+        std::memcpy(buf.data(), f.data(), f.size());
+        auto m = transport::decode_frame(std::move(buf), transport::frame_limits{});
+        REQUIRE(m.ok());
+        if (const auto* a = m->as<cleave::wire::Activations>()) {
+          ++n_activations;
+          CHECK(a->labels() == nullptr);
+        }
+        std::vector<const cleave::wire::Tensor*> tensors;
+        if (const auto* a = m->as<cleave::wire::Activations>()) tensors.push_back(a->activation());
+        if (const auto* g = m->as<cleave::wire::Gradients>()) tensors.push_back(g->gradient());
+        if (const auto* r = m->as<cleave::wire::ReplicaUpload>(); r && r->weights())
+          for (const auto* t : *r->weights()) tensors.push_back(t);
+        for (const auto* t : tensors) {
+          const auto v = transport::view_of(*t);
+          ++n_tensors;
+          CHECK(v.dtype != core::dtype::i32);  // labels are i32
+          CHECK(v.dtype != core::dtype::u8);   // raw pixels are u8
+          if (v.dtype != core::dtype::f32) continue;
+          const auto vals = v.values<float>();
+          for (std::size_t at = 0; at + 784 <= vals.size(); at += 784)
+            CHECK(images.count(std::vector<float>(vals.begin() + static_cast<std::ptrdiff_t>(at),
+                                                  vals.begin() + static_cast<std::ptrdiff_t>(at + 784))) == 0);
+        }
+      }
+      CHECK(n_activations == 8);
+      CHECK(n_tensors > 8);
+    }
+  }
 }

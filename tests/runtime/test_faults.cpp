@@ -1,0 +1,146 @@
+// Faults: a device killed mid-round, a device that sends out-of-plan or malformed messages.
+// The round completes without it, the server keeps serving the others.
+#include <doctest/doctest.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_future.hpp>
+#include <chrono>
+#include <future>
+
+#include "cleave/transport/connect.h"
+#include "cleave/transport/protocol.h"
+#include "federation.h"
+
+using namespace cleave;
+using namespace cleave::testing;
+
+namespace {
+
+// A device agent as a process of the cleave binary.
+pid_t spawn_agent(const workspace& w, int id, std::uint16_t port, const std::string& be, double slowdown) {
+  const std::vector<std::string> args = {CLEAVE_BINARY, "--log-level", "warn", "agent", "--certs", w.certs.string(),
+                                         "--id", std::to_string(id), "--connect", "127.0.0.1:" + std::to_string(port),
+                                         "--data", w.data.string(), "--partition", "all", "--backend", be,
+                                         "--slowdown", std::to_string(slowdown)};
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(CLEAVE_BINARY, argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+TEST_CASE("a device killed mid-round is left out of that round and rejoins a later one") {
+  const std::string be = test_backend();
+  workspace w("kill", 2);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 4;
+  sc.local_steps = 30;
+  sc.min_devices = 2;
+  sc.round_deadline_s = 30;
+  std::mutex mu;
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) {
+    std::lock_guard lock(mu);
+    reports.push_back(r);
+  };
+  std::promise<std::uint16_t> port;
+  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  // Device 1 is slow (so it is surely mid-round when killed); device 2 is not.
+  pid_t slow = spawn_agent(w, 1, sp, be, 200.0);
+  const pid_t fast = spawn_agent(w, 2, sp, be, 1.0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  {
+    std::lock_guard lock(mu);
+    REQUIRE(reports.empty());  // still in round 1
+  }
+  ::kill(slow, SIGKILL);
+  ::waitpid(slow, nullptr, 0);
+  slow = spawn_agent(w, 1, sp, be, 1.0);  // restarted, at full speed
+  rs.join();
+  CHECK(rs.error() == "");
+  int status = 0;
+  ::waitpid(slow, &status, 0);
+  CHECK(WIFEXITED(status));
+  ::waitpid(fast, &status, 0);
+  CHECK(WIFEXITED(status));
+  REQUIRE(reports.size() == 4);
+  CHECK(reports[0].n_participants == 2);
+  CHECK(reports[0].n_devices == 1);
+  bool rejoined = false;
+  for (std::size_t i = 1; i < reports.size(); ++i) rejoined |= reports[i].n_devices == 2;
+  CHECK(rejoined);
+}
+
+TEST_CASE("a device sending an out-of-plan or malformed message is disconnected and the others train on") {
+  const std::string be = test_backend();
+  workspace w("rogue", 3);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 2;
+  sc.local_steps = 10;
+  sc.min_devices = 3;
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+  std::promise<std::uint16_t> port;
+  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  device::agent good(agent_cfg(w, 1, sp, be, "server"));
+  runner rg([&] { good.run(); });
+
+  // Two rogue devices: one sends activations for a block outside its plan once its round
+  // starts, the other a frame of garbage. Each must see its channel closed by the server.
+  asio::io_context io;
+  const transport::tls_context tls2(transport::tls_files_in(w.certs, "device-2"));
+  const transport::tls_context tls3(transport::tls_files_in(w.certs, "device-3"));
+  auto rogue = [&](const transport::tls_context& tls, std::uint32_t id, bool garbage) -> asio::awaitable<std::string> {
+    auto ch = co_await transport::connect(tls, "127.0.0.1", sp);
+    if (!ch) co_return "connect failed: " + ch.error().reason();
+    transport::hello_info h;
+    h.role = transport::node_role::device;
+    h.node_id = id;
+    co_await ch->send(transport::make_hello(h));
+    for (;;) {
+      auto m = co_await ch->receive();
+      if (!m) co_return "closed: " + m.error().reason();
+      if (!m->as<cleave::wire::RoundStart>()) continue;
+      if (garbage) {
+        std::vector<std::byte> junk(64, std::byte{0x5a});
+        junk[0] = std::byte{60};  // a plausible length prefix, then nonsense
+        junk[1] = junk[2] = junk[3] = std::byte{0};
+        co_await ch->send(transport::message_builder::from_frame(junk));
+      } else {
+        auto b = backend::make_backend("reference");
+        core::tensor x = b->zeros({2, 4});
+        const transport::step_key key{1, 10, 0, id, 9};
+        co_await ch->send(transport::make_activations(key, {2, 1}, *b, x, nullptr));
+      }
+    }
+  };
+  auto f2 = asio::co_spawn(io, rogue(tls2, 2, false), asio::use_future);
+  auto f3 = asio::co_spawn(io, rogue(tls3, 3, true), asio::use_future);
+  std::thread io_thread([&] { io.run(); });
+  const std::string r2 = f2.get(), r3 = f3.get();
+  io_thread.join();
+  INFO("out-of-plan rogue: " << r2 << "; malformed rogue: " << r3);
+  CHECK(r2.rfind("closed", 0) == 0);
+  CHECK(r3.rfind("closed", 0) == 0);
+  rs.join();
+  rg.join();
+  CHECK(rs.error() == "");
+  REQUIRE(reports.size() == 2);
+  CHECK(reports[0].n_participants == 3);
+  CHECK(reports[0].n_devices == 1);
+  CHECK(reports[1].n_devices == 1);
+  CHECK(reports[1].test_accuracy > 0.0);
+}
