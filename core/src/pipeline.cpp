@@ -5,19 +5,6 @@
 
 namespace cleave::core {
 
-namespace {
-shape batched(const shape& per_sample, std::int64_t n) {
-  switch (per_sample.rank()) {
-    case 1:
-      return {n, per_sample[0]};
-    case 2:
-      return {n, per_sample[0], per_sample[1]};
-    default:
-      return {n, per_sample[0], per_sample[1], per_sample[2]};
-  }
-}
-}  // namespace
-
 segment_host::segment_host(backend& b, const model_spec& m, const optimizer_config& opt, std::uint64_t seed)
     : b_(&b), m_(&m), opt_(opt), seed_(seed) {}
 
@@ -92,7 +79,7 @@ segment_output segment_host::forward(std::uint32_t device, int segment, micro_ba
   n_mb_[{device, segment}] = n_micro_batches;
   const bool loss_here = segment + 1 == s.r.n_segments();
   stage::context ctx;
-  tensor y = s.rep->st->forward(x.reshaped(batched(want, batch)), ctx, mode::train, dropout_seed);
+  tensor y = s.rep->st->forward(x.reshaped(want.batched(batch)), ctx, mode::train, dropout_seed);
   segment_output out;
   if (!loss_here) {
     s.pending[id] = {std::move(ctx), y.shape()};

@@ -36,6 +36,15 @@ shape shape::with_batch(std::int64_t n) const {
   return s;
 }
 
+shape shape::batched(std::int64_t n) const {
+  CLEAVE_ASSERT(rank_ < max_rank, "no room for a batch dimension in " + str());
+  shape s;
+  s.rank_ = rank_ + 1;
+  s.dims_[0] = n;
+  for (int i = 0; i < rank_; ++i) s.dims_[i + 1] = dims_[i];
+  return s;
+}
+
 bool operator==(const shape& a, const shape& b) {
   if (a.rank_ != b.rank_) return false;
   for (int i = 0; i < a.rank_; ++i)

@@ -18,7 +18,7 @@ trainer::trainer(backend& b, const model_spec& m, const train_config& c)
 
 tensor trainer::step(const float* x, const std::int32_t* y, std::int64_t n) {
   const model_spec& m = stage_->model();
-  shape xs = m.input.rank() == 3 ? shape{n, m.input[0], m.input[1], m.input[2]} : shape{n, m.input[0]};
+  const shape xs = m.input.batched(n);
   tensor xt = b_->empty(xs), yt = b_->empty({n}, dtype::i32);
   b_->upload(xt, x);
   b_->upload(yt, y);
@@ -94,7 +94,7 @@ eval_report trainer::evaluate(const dataset& d) {
     const std::int64_t n = std::min<std::int64_t>(c_.eval_batch, d.size() - first);
     for (std::int64_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(i)] = first + i;
     d.gather(idx.data(), n, xb.data(), yb.data());
-    shape xs = m.input.rank() == 3 ? shape{n, m.input[0], m.input[1], m.input[2]} : shape{n, m.input[0]};
+    const shape xs = m.input.batched(n);
     tensor xt = b_->empty(xs), yt = b_->empty({n}, dtype::i32);
     b_->upload(xt, xb.data());
     b_->upload(yt, yb.data());

@@ -338,7 +338,7 @@ void agent::impl::run_round(const wire::RoundStart& r) {
     for (std::uint32_t mb = 0; mb < n_mb; ++mb) {
       const core::micro_batch_id id{step, mb};
       const auto n = static_cast<std::int64_t>(mbs);
-      core::tensor x = be_->empty(in.rank() == 3 ? core::shape{n, in[0], in[1], in[2]} : core::shape{n, in[0]});
+      core::tensor x = be_->empty(in.batched(n));
       core::tensor y = be_->empty({n}, core::dtype::i32);
       be_->upload(x, xb.data() + mb * mbs * per);
       be_->upload(y, yb.data() + mb * mbs);

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "../support/backend_harness.h"
+#include "../support/error_of.h"
 #include "cleave/core/checkpoint.h"
 
 using namespace cleave;
@@ -14,14 +15,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const core::error& e) {
-    return e.what();
-  }
-  return "";
-}
+using cleave::testing::error_of;
 
 struct fixture {
   std::unique_ptr<core::backend> b = backend::make_backend("reference");

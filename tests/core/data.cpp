@@ -9,6 +9,7 @@
 #include <functional>
 #include <set>
 
+#include "../support/error_of.h"
 #include "cleave/core/dataset.h"
 #include "cleave/core/error.h"
 #include "cleave/core/partition.h"
@@ -51,14 +52,7 @@ fs::path make_dir(const std::string& name, int n_train, bool gz) {
   return dir;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const core::error& e) {
-    return e.what();
-  }
-  return "";
-}
+using cleave::testing::error_of;
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 // Model specs: the zoo builds, and bad specs are refused with messages naming block and field.
 #include <doctest/doctest.h>
 
+#include "../support/error_of.h"
 #include "cleave/core/error.h"
 #include "cleave/core/model.h"
 
@@ -9,12 +10,7 @@ using namespace cleave;
 namespace {
 
 std::string error_of(const std::string& text) {
-  try {
-    core::parse_model_spec(text, "net.json");
-  } catch (const core::error& e) {
-    return e.what();
-  }
-  return "";
+  return cleave::testing::error_of([&] { core::parse_model_spec(text, "net.json"); });
 }
 
 }  // namespace

@@ -11,17 +11,6 @@ std::int64_t batch_of(const tensor& x) {
   return x.shape()[0];
 }
 
-shape batched(const shape& per_sample, std::int64_t n) {
-  switch (per_sample.rank()) {
-    case 1:
-      return {n, per_sample[0]};
-    case 2:
-      return {n, per_sample[0], per_sample[1]};
-    default:
-      return {n, per_sample[0], per_sample[1], per_sample[2]};
-  }
-}
-
 void require_rank(const shape& in, int rank, const char* what) {
   if (in.rank() != rank)
     throw error(std::string(what) + " expects a " + (rank == 1 ? "flat (F)" : "(C,H,W)") + " input, got " + in.str());
@@ -81,7 +70,7 @@ class conv2d final : public layer {
   }
   tensor forward(backend& b, const tensor& x, layer_ctx& ctx, const run_info&) override {
     // x (N,C,H,W) -> y (N,K,P,Q)
-    tensor y = b.empty(batched(out_, batch_of(x)));
+    tensor y = b.empty(out_.batched(batch_of(x)));
     b.conv2d_forward(d_, x, w_, b_, y);
     ctx.saved = {x};
     return y;
@@ -167,7 +156,7 @@ class flatten final : public layer {
     return x.reshaped({batch_of(x), out_[0]});
   }
   tensor backward(backend&, const tensor& dy, layer_ctx&, bool need_dx) override {
-    return need_dx ? dy.reshaped(batched(in_, batch_of(dy))) : tensor{};
+    return need_dx ? dy.reshaped(in_.batched(batch_of(dy))) : tensor{};
   }
 };
 

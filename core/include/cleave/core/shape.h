@@ -26,6 +26,8 @@ class shape {
 
   // Returns the same shape with dimension 0 replaced.
   shape with_batch(std::int64_t n) const;
+  // A per-sample shape with a leading batch dimension n: (C,H,W) -> (n,C,H,W).
+  shape batched(std::int64_t n) const;
 
   friend bool operator==(const shape& a, const shape& b);
 
