@@ -1,9 +1,11 @@
 // The gRPC side of bench_transport: the same payloads over gRPC with mutual TLS (built only when
-// gRPC is installed; defines CLEAVE_BENCH_GRPC).
+// gRPC is installed; the build then defines CLEAVE_BENCH_GRPC).
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
+#include <utility>
 
 struct grpc_bench_files {
   std::string ca;
@@ -13,11 +15,19 @@ struct grpc_bench_files {
   std::string client_key;
 };
 
-struct grpc_figures {
-  double bytes_per_second = 0;  // client-streaming upload of message_bytes messages
-  double rtt_p50_us = 0;        // unary echo of small_bytes
-  double rtt_p99_us = 0;
-};
+// An in-process gRPC server and a client channel to it, both with the federation certificates.
+class grpc_bench {
+ public:
+  grpc_bench(const grpc_bench_files& files, std::size_t max_message_bytes);
+  ~grpc_bench();
 
-grpc_figures run_grpc_bench(const grpc_bench_files& files, std::size_t message_bytes, int n_messages, int n_round_trips,
-                            std::size_t small_bytes);
+  // Client-streaming upload of `n` messages of `bytes` after `warmup` unmeasured ones; bytes/s
+  // from the first to the last measured message, acknowledged by the server.
+  double upload(std::size_t bytes, int n, int warmup);
+  // Unary echo of `bytes`: (p50, p99) round-trip time in microseconds over `n` calls.
+  std::pair<double, double> echo(std::size_t bytes, int n);
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
