@@ -297,3 +297,38 @@ TEST_CASE("non-finite profile measurements are refused") {
   auto b = make_profile(p);
   CHECK(refusal(aligned_copy(b.frame())).find("forward time is negative") != std::string::npos);
 }
+
+TEST_CASE("tensor data or shapes that are not aligned for in-place reads are refused") {
+  {
+    flatbuffers::FlatBufferBuilder f;
+    const auto s = f.CreateVector(std::vector<std::int64_t>{2});
+    f.ForceVectorAlignment(12, 1, 32);  // leaves the 8 data bytes 4 bytes off a 32-byte boundary
+    const auto d = f.CreateVector(std::vector<std::uint8_t>(8, 1));
+    const auto t = wire::CreateTensor(f, 0, wire::DType::f32, s, d);
+    const auto a = wire::CreateActivations(f, 1, 2, 0, 0, 1, t);
+    aligned_bytes frame = finish_raw(f, wire::Body::Activations, a.Union());
+    const auto* root = flatbuffers::GetSizePrefixedRoot<wire::Message>(frame.data());
+    const auto* data = root->body_as<wire::Activations>()->activation()->data()->data();
+    REQUIRE(reinterpret_cast<std::uintptr_t>(data) % 32 != 0);
+    CHECK(refusal(std::move(frame)).find("data is not 32-byte aligned") != std::string::npos);
+  }
+  {
+    flatbuffers::FlatBufferBuilder f;
+    const auto name = f.CreateString(std::string(32, 'x'));  // bytes the misread vector runs into
+    f.ForceVectorAlignment(12, 1, 8);
+    std::uint8_t* raw = nullptr;
+    // Two 4-byte elements read back as one int64 dimension 4 bytes off its alignment.
+    const auto s = flatbuffers::Offset<flatbuffers::Vector<std::int64_t>>(f.CreateUninitializedVector(2, 4, &raw));
+    std::memset(raw, 0, 8);
+    raw[0] = 1;
+    const auto t = wire::CreateTensor(f, name, wire::DType::u8, s, 0);
+    const auto a = wire::CreateActivations(f, 1, 2, 0, 0, 1, t);
+    aligned_bytes frame = finish_raw(f, wire::Body::Activations, a.Union());
+    const auto* root = flatbuffers::GetSizePrefixedRoot<wire::Message>(frame.data());
+    REQUIRE(reinterpret_cast<std::uintptr_t>(root->body_as<wire::Activations>()->activation()->shape()->data()) % 8 !=
+            0);
+    const std::string why = refusal(std::move(frame));
+    CAPTURE(why);
+    CHECK(why.find("misaligned shape") != std::string::npos);
+  }
+}

@@ -41,6 +41,15 @@ struct test_pki {
     return f;
   }
   tls_files no_certificate() const { return tls_files{dir / "ca.crt", {}, {}, true}; }
+
+  test_pki() = default;
+  test_pki(const test_pki&) = delete;
+  test_pki& operator=(const test_pki&) = delete;
+  ~test_pki() {
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    if (!other_dir.empty()) std::filesystem::remove_all(other_dir, ec);
+  }
 };
 
 inline std::filesystem::path make_temp_dir(const std::string& tag) {
@@ -49,34 +58,37 @@ inline std::filesystem::path make_temp_dir(const std::string& tag) {
   return templ;
 }
 
+// Fills `t` (made once per process by pki()).
+inline void provision(test_pki& t) {
+  t.dir = make_temp_dir("pki");
+  t.other_dir = make_temp_dir("pki-other");
+  init_ca(t.dir);
+  issue_options server;
+  server.role = node_role::server;
+  server.dns_names = {"localhost"};
+  server.ip_addresses = {"127.0.0.1"};
+  issue_certificate(t.dir, "server-1", server);
+  issue_options edge;
+  edge.role = node_role::edge;
+  issue_certificate(t.dir, "edge-1", edge);
+  issue_options device;
+  device.role = node_role::device;
+  issue_certificate(t.dir, "device-1", device);
+  issue_certificate(t.dir, "device-2", device);
+  issue_options old = device;
+  old.not_before = std::chrono::system_clock::now() - std::chrono::hours(24 * 30);
+  old.not_after = std::chrono::system_clock::now() - std::chrono::hours(24);
+  issue_certificate(t.dir, "device-old", old);
+  ca_options other;
+  other.name = "some other CA";
+  init_ca(t.other_dir, other);
+  issue_certificate(t.other_dir, "device-x", device);
+}
+
 inline const test_pki& pki() {
-  static const test_pki p = [] {
-    test_pki t;
-    t.dir = make_temp_dir("pki");
-    t.other_dir = make_temp_dir("pki-other");
-    init_ca(t.dir);
-    issue_options server;
-    server.role = node_role::server;
-    server.dns_names = {"localhost"};
-    server.ip_addresses = {"127.0.0.1"};
-    issue_certificate(t.dir, "server-1", server);
-    issue_options edge;
-    edge.role = node_role::edge;
-    issue_certificate(t.dir, "edge-1", edge);
-    issue_options device;
-    device.role = node_role::device;
-    issue_certificate(t.dir, "device-1", device);
-    issue_certificate(t.dir, "device-2", device);
-    issue_options old = device;
-    old.not_before = std::chrono::system_clock::now() - std::chrono::hours(24 * 30);
-    old.not_after = std::chrono::system_clock::now() - std::chrono::hours(24);
-    issue_certificate(t.dir, "device-old", old);
-    ca_options other;
-    other.name = "some other CA";
-    init_ca(t.other_dir, other);
-    issue_certificate(t.other_dir, "device-x", device);
-    return t;
-  }();
+  static test_pki p;  // its destructor removes the directories at exit
+  static const bool ready = (provision(p), true);
+  (void)ready;
   return p;
 }
 

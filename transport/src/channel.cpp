@@ -7,6 +7,7 @@
 #include <asio/detached.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/experimental/as_tuple.hpp>
+#include <asio/post.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cstring>
 
@@ -77,8 +78,7 @@ channel_impl::~channel_impl() = default;
 
 void channel_impl::start() {
   // The first Ping tells a TLS 1.3 client that the server accepted its certificate.
-  queue_control(make_ping(++ping_sequence_, now_ns()));
-  ++pings_queued_;
+  queue_ping();
   asio::co_spawn(ex_, reader(shared_from_this()), asio::detached);
   asio::co_spawn(ex_, writer(shared_from_this()), asio::detached);
   if (opts_.heartbeat.count() > 0 || opts_.idle_timeout.count() > 0)
@@ -169,6 +169,14 @@ void channel_impl::queue_control(message_builder&& m) {
   writer_wake_.notify();
 }
 
+void channel_impl::queue_ping() {
+  const std::uint64_t seq = ++ping_sequence_;
+  const std::uint64_t sent = now_ns();
+  recent_pings_[seq % recent_pings_.size()] = {seq, sent};
+  queue_control(make_ping(seq, sent));
+  ++pings_queued_;
+}
+
 asio::awaitable<result<message>> channel_impl::receive() {
   for (;;) {
     if (!inbox_.empty()) {
@@ -224,10 +232,9 @@ asio::awaitable<status> channel_impl::read_exact(std::byte* p, std::size_t n, st
 }
 
 void channel_impl::handle_pong(const wire::Pong& p) {
-  const std::uint64_t now = now_ns();
-  if (p.sent_ns() == 0 || p.sent_ns() > now) return;  // not one of ours
-  const double us = static_cast<double>(now - p.sent_ns()) / 1000.0;
-  if (us > 3600e6) return;
+  const auto& sent = recent_pings_[p.sequence() % recent_pings_.size()];
+  if (p.sequence() == 0 || sent.first != p.sequence() || sent.second != p.sent_ns()) return;  // not ours
+  const double us = static_cast<double>(now_ns() - p.sent_ns()) / 1000.0;
   last_rtt_us_.store(us);
   ewma(rtt_us_, us);
 }
@@ -310,6 +317,9 @@ asio::awaitable<void> channel_impl::reader(std::shared_ptr<channel_impl> self) {
     inbox_bytes_ += m.frame_bytes();
     inbox_.push_back(std::move(m));
     inbox_wake_.notify();
+    // Let the receiver take it before reading on: keeps the inbox (and its memory) shallow
+    // while the application keeps up.
+    co_await asio::post(ex_, asio::use_awaitable);
   }
   reader_done_ = true;
   inbox_wake_.notify();
@@ -394,10 +404,7 @@ asio::awaitable<void> channel_impl::heartbeat(std::shared_ptr<channel_impl> self
       abort(errc::timeout, "idle timeout: nothing received for " + std::to_string(opts_.idle_timeout.count()) + " ms");
       break;
     }
-    if (opts_.heartbeat.count() > 0 && pings_queued_ == 0) {
-      queue_control(make_ping(++ping_sequence_, now_ns()));
-      ++pings_queued_;
-    }
+    if (opts_.heartbeat.count() > 0 && pings_queued_ == 0) queue_ping();
   }
 }
 

@@ -2,6 +2,7 @@
 // inbox), writer (queues out, emulation, TLS close) and heartbeat (Pings, idle timeout).
 #pragma once
 
+#include <array>
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/steady_timer.hpp>
@@ -87,6 +88,7 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   asio::awaitable<status> read_exact(std::byte* p, std::size_t n, std::size_t& done);
   asio::awaitable<status> write_frame(outgoing& item);
   void queue_control(message_builder&& m);
+  void queue_ping();
   void handle_pong(const wire::Pong& p);
   void set_reason(errc code, const std::string& reason);
   void maybe_finish();
@@ -122,6 +124,8 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   int pings_queued_ = 0;
   int pongs_queued_ = 0;
   std::uint64_t ping_sequence_ = 0;
+  // (sequence, send time) of recent Pings: only Pongs answering one of them count.
+  std::array<std::pair<std::uint64_t, std::uint64_t>, 8> recent_pings_{};
   clock::time_point last_rx_;
   errc close_code_ = errc::closed;
 

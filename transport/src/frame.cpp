@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "buffer_pool.h"
 #include "cleave/transport/result.h"
 
 namespace cleave::transport {
@@ -20,13 +21,16 @@ std::optional<std::string> check_frame_length(std::uint32_t body_bytes, const fr
 
 aligned_bytes aligned_bytes::allocate(std::size_t n) {
   aligned_bytes b;
-  const std::size_t capacity = (n + frame_alignment - 1) / frame_alignment * frame_alignment;
-  if (capacity < n) return b;
-  void* p = std::aligned_alloc(frame_alignment, capacity == 0 ? frame_alignment : capacity);
+  std::size_t capacity = 0;
+  void* p = detail::pool_take(n, capacity);
   if (!p) return b;
-  b.p_.reset(static_cast<std::byte*>(p));
+  b.p_ = std::unique_ptr<std::byte[], releaser>(static_cast<std::byte*>(p), releaser{capacity});
   b.n_ = n;
   return b;
+}
+
+void aligned_bytes::releaser::operator()(std::byte* p) const {
+  detail::pool_give(p, capacity);
 }
 
 std::string_view errc_name(errc e) {

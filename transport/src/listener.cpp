@@ -104,9 +104,9 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
       refuse(stream->remote(), st.error().reason());
       co_return;
     }
-    ++n_accepted_;
     logger()->info("accepted {} ({}) from {}", stream->peer_identity(),
                    stream->peer_role() ? role_name(*stream->peer_role()) : "no role", stream->remote());
+    ++n_accepted_;
     if (closed_) {
       --pending_;
       slot_wake_.notify();
@@ -117,10 +117,10 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
   }
 
   void refuse(const std::string& remote, const std::string& reason) {
+    logger()->warn("refused connection from {}: {}", remote, reason);
     ++n_refused_;
     --pending_;
     slot_wake_.notify();
-    logger()->warn("refused connection from {}: {}", remote, reason);
   }
 
   asio::any_io_executor ex_;

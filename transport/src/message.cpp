@@ -1,7 +1,10 @@
 // Builders of every message type; tensor bytes go straight into the FlatBuffers buffer.
 #include "cleave/transport/message.h"
 
+#include "buffer_pool.h"
+
 #include <cstring>
+#include <new>
 #include <vector>
 
 namespace cleave::transport {
@@ -38,8 +41,26 @@ wire::Role to_wire(node_role r) {
 
 }  // namespace
 
+namespace {
+
+// Builder memory from the buffer pool; one stateless instance serves every builder.
+class pooled_allocator final : public flatbuffers::Allocator {
+ public:
+  std::uint8_t* allocate(std::size_t size) override {
+    std::size_t capacity = 0;
+    void* p = detail::pool_take(size, capacity);
+    if (!p) throw std::bad_alloc();
+    return static_cast<std::uint8_t*>(p);
+  }
+  void deallocate(std::uint8_t* p, std::size_t size) override { detail::pool_give(p, detail::pool_capacity(size)); }
+};
+
+pooled_allocator the_allocator;
+
+}  // namespace
+
 message_builder::message_builder(std::size_t initial_bytes)
-    : fbb_(initial_bytes < 64 ? 64 : initial_bytes, nullptr, false, frame_alignment) {}
+    : fbb_(initial_bytes < 64 ? 64 : initial_bytes, &the_allocator, false, frame_alignment) {}
 
 message_builder::pending_tensor message_builder::begin_tensor(core::dtype t, const core::shape& s,
                                                               std::string_view name) {

@@ -53,7 +53,7 @@ tls_context::tls_context(const tls_files& files) {
   SSL_CTX_set_mode(raw, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   // Fewer read calls on large transfers.
   SSL_CTX_set_read_ahead(raw, 1);
-  SSL_CTX_set_default_read_buffer_len(raw, 64 * 1024);
+  SSL_CTX_set_default_read_buffer_len(raw, 128 * 1024);
 
   X509_STORE* store = SSL_CTX_get_cert_store(raw);
   CLEAVE_CHECK_SSL(X509_STORE_add_cert(store, ca.get()));

@@ -95,8 +95,8 @@ class checker {
     if (rank > static_cast<std::uint32_t>(core::shape::max_rank))
       return fail(std::string(what) + ": rank " + std::to_string(rank) + " above " +
                   std::to_string(core::shape::max_rank));
-    // The Verifier checks a vector's length field, not the alignment of 8-byte elements.
-    if (rank && reinterpret_cast<std::uintptr_t>(shape->data()) % alignof(std::int64_t) != 0)
+    // The Verifier checks a vector's length field, not its elements' alignment.
+    if (rank > 0 && reinterpret_cast<std::uintptr_t>(shape->data()) % alignof(std::int64_t) != 0)
       return fail(std::string(what) + ": misaligned shape");
     std::uint64_t n = 1;
     for (std::uint32_t i = 0; i < rank; ++i) {
@@ -112,6 +112,9 @@ class checker {
     if (bytes != have)
       return fail(std::string(what) + ": shape and dtype need " + std::to_string(bytes) + " bytes, data holds " +
                   std::to_string(have));
+    // Receivers read tensor data in place as its element type.
+    if (have > 0 && reinterpret_cast<std::uintptr_t>(t->data()->data()) % frame_alignment != 0)
+      return fail(std::string(what) + ": data is not 32-byte aligned");
     ++n_tensors_;
     if (n_tensors_ > lim_.max_tensors)
       return fail("more than " + std::to_string(lim_.max_tensors) + " tensors in one message");

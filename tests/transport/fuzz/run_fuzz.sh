@@ -25,5 +25,5 @@ mkdir -p "$seeds" "$corpus"
 echo "fuzz: $(ls "$seeds" | wc -l) seeds, running ${seconds}s"
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
-exec "$build/fuzz_frames" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+exec "$build/fuzz_frames" -artifact_prefix="$build/" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
   -print_final_stats=1 "$corpus" "$seeds"

@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,7 +47,8 @@ inline std::uint32_t read_frame_length(const std::byte* header) {
 // Checks a frame's announced body length; returns why it is refused, or nothing.
 std::optional<std::string> check_frame_length(std::uint32_t body_bytes, const frame_limits& limits);
 
-// Owned memory, 32-byte aligned; holds a received frame.
+// Owned memory, 32-byte aligned; holds a received frame. Large blocks are recycled through a
+// process-wide pool.
 class aligned_bytes {
  public:
   aligned_bytes() = default;
@@ -61,10 +61,11 @@ class aligned_bytes {
   bool empty() const { return p_ == nullptr; }
 
  private:
-  struct free_deleter {
-    void operator()(std::byte* p) const { std::free(p); }
+  struct releaser {
+    std::size_t capacity;
+    void operator()(std::byte* p) const;
   };
-  std::unique_ptr<std::byte[], free_deleter> p_;
+  std::unique_ptr<std::byte[], releaser> p_;
   std::size_t n_ = 0;
 };
 

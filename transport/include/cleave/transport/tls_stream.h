@@ -17,6 +17,7 @@
 #include "cleave/transport/tls_context.h"
 
 typedef struct ssl_st SSL;
+typedef struct bio_st BIO;
 
 namespace cleave::transport {
 
@@ -64,8 +65,11 @@ class tls_stream {
   SSL* native() { return ssl_; }
 
  private:
+  asio::awaitable<status> flush();
+
   asio::ip::tcp::socket socket_;
   SSL* ssl_ = nullptr;
+  BIO* wbio_ = nullptr;  // owned by ssl_
   std::unique_ptr<detail::peer_check> check_;
   std::string peer_identity_;
   std::optional<node_role> peer_role_;
