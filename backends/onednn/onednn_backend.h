@@ -129,7 +129,7 @@ class onednn_backend final : public reference_backend {
     return *cache_.emplace(key, std::move(op)).first->second;
   }
   void run(planned_op& op, std::initializer_list<binding> args);
-  // Per-channel scratch floats owned by the backend (batch-norm variances), valid until the next op.
+  // Scratch floats owned by the backend (batch-norm variances, column sums), valid until the next op.
   float* scratch_floats(std::size_t n, int which);
 
   int n_threads_;
