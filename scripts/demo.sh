@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and trains LeNet-5 on Fashion-MNIST.
+# The main job: installs what is missing, builds, and runs `cleave demo`: 1 server, 1 edge
+# and 4 device agents as separate processes on loopback, training LeNet-5 on Fashion-MNIST
+# split non-IID across the devices. Extra arguments go to `cleave demo`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/build.sh"
-work=$(mktemp -d /tmp/cleave-demo.XXXXXX)
-exec "$root/build/apps/cleave" train --model lenet5 --data fashion-mnist --epochs 2 --backend auto \
-  --checkpoint "$work/lenet5.ckpt" "$@"
+exec "$root/build/apps/cleave" demo "$@"

@@ -77,7 +77,7 @@ struct agent_options {
 
 struct demo_options {
   std::string work;
-  int devices = 4, rounds = 4, local_steps = 120;
+  int devices = 4, rounds = 8, local_steps = 150;
   std::string partition = "dirichlet:0.5", backend = "auto", mode = "splitfed", model = "lenet5";
   std::string data = "fashion-mnist";
   bool u_shape = false, keep = false;

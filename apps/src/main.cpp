@@ -9,6 +9,8 @@
 int main(int argc, char** argv) {
   CLI::App app{"cleave: split learning across edge devices, edge servers and GPU servers"};
   app.require_subcommand(1);
+  // One config format for every command: TOML, a [section] per subcommand, keys = long options.
+  app.set_config("--config", "", "read options from a TOML file, e.g. [server] rounds = 10");
   std::string level = "info";
   app.add_option("--log-level", level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));

@@ -593,6 +593,7 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
       co_await wait_until(all_done, deadline);
     }
     round_open_ = false;
+    const double train_seconds = std::chrono::duration<double>(clock::now() - t0).count();
     std::vector<std::uint32_t> included;
     for (auto id : participants)
       if (devices_.at(id).done) included.push_back(id);
@@ -637,6 +638,7 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     rep.n_devices = static_cast<int>(included.size());
     rep.n_participants = static_cast<int>(participants.size());
     rep.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    rep.train_seconds = train_seconds;
     rep.train_loss = n_loss_ ? loss_sum_ / static_cast<double>(n_loss_) : 0.0;
     rep.train_accuracy = n_loss_ ? static_cast<double>(n_correct_) / static_cast<double>(n_loss_) : 0.0;
     rep.test_loss = ev.loss;

@@ -25,6 +25,7 @@ struct round_report {
   int n_devices = 0;        // in the average
   int n_participants = 0;   // asked to train
   double seconds = 0;
+  double train_seconds = 0;    // from the round's start until every replica was in (no averaging)
   double train_loss = 0;  // mean over the round's samples
   double train_accuracy = 0;
   double test_loss = 0, test_accuracy = 0;
