@@ -1,8 +1,6 @@
 // oneDNN backend: construction, registry entry points, ReLU and the dense ops (on matmul).
 #include "onednn_backend.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <thread>
@@ -72,7 +70,7 @@ onednn_backend::onednn_backend(onednn_options opt)
       layout_(opt.layout),
       pooling_(opt.pooling),
       min_parallel_work_(opt.min_parallel_work) {
-  set_threads(n_threads_);
+  set_omp_threads(n_threads_);
   eng_ = CLEAVE_CHECK_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0));
   stream_ = CLEAVE_CHECK_DNNL(dnnl::stream(eng_));
 }
@@ -84,12 +82,7 @@ std::string onednn_backend::device_name() const {
          std::to_string(n_threads_) + (n_threads_ == 1 ? " thread)" : " threads)");
 }
 
-void onednn_backend::set_threads(int n) {
-  if (omp_get_max_threads() != n) omp_set_num_threads(n);
-}
-
 void onednn_backend::run(planned_op& op, std::initializer_list<binding> args) {
-  set_threads(op.n_threads());
   op.run(stream_, arena_, args);
 }
 

@@ -57,8 +57,9 @@ struct onednn_options {
   conv_layout layout = conv_layout::automatic;
   pool_impl pooling = pool_impl::automatic;
   // Ops with less work than this (flops, or 4 x bytes moved for memory-bound ops) run on one
-  // thread: a fork and join would cost more than the second thread saves.
-  double min_parallel_work = 2e6;
+  // thread. A fork and join costs microseconds on idle cores, but a whole scheduler slice when
+  // another process holds a core: on LeNet-5 only the convolutions split.
+  double min_parallel_work = 1e7;
 };
 
 class onednn_backend final : public reference_backend {
@@ -117,21 +118,18 @@ class onednn_backend final : public reference_backend {
  private:
   // Threads for an op of `work` (see onednn_options::min_parallel_work).
   int threads_for(double work) const;
-  // Sets the calling thread's OpenMP thread count, which oneDNN's OMP runtime reads both when it
-  // creates a primitive (to split the work) and when it runs one.
-  static void set_threads(int n);
   // The cached plan for `key`, built by `build(planned_op&)` on first use; `work` (see
   // onednn_options::min_parallel_work) sets its thread count.
   template <class Build>
   planned_op& plan(const op_key& key, double work, Build&& build) {
     if (auto it = cache_.find(key); it != cache_.end()) return *it->second;
-    auto op = std::make_unique<planned_op>(eng_, threads_for(work));
-    set_threads(op->n_threads());
+    auto op = std::make_unique<planned_op>(eng_, threads_for(work), min_parallel_work_);
+    set_omp_threads(op->n_threads());
     build(*op);
     return *cache_.emplace(key, std::move(op)).first->second;
   }
   void run(planned_op& op, std::initializer_list<binding> args);
-  // Per-channel scratch floats owned by the backend (batch-norm variances), valid until the next op.
+  // Scratch floats owned by the backend (batch-norm variances, column sums), valid until the next op.
   float* scratch_floats(std::size_t n, int which);
 
   int n_threads_;

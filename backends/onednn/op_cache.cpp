@@ -1,6 +1,8 @@
 // Primitive plans: staging of arguments whose layout differs from the caller's, and the arena.
 #include "op_cache.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +13,10 @@
 #include "dnnl_check.h"
 
 namespace cleave::backend::detail {
+
+void set_omp_threads(int n) {
+  if (omp_get_max_threads() != n) omp_set_num_threads(n);
+}
 
 op_key& op_key::operator<<(std::int64_t v) {
   CLEAVE_ASSERT(n_ < max_values, "op_key: too many values");
@@ -78,7 +84,11 @@ void planned_op::add(int arg, bool is_output, const dnnl::memory::desc& user, co
     }
     const auto& src = is_output ? want : user;
     const auto& dst = is_output ? user : want;
+    const double work = 4.0 * static_cast<double>(user.get_size() + want.get_size());
+    s.n_threads = work >= min_parallel_work_ ? n_threads_ : 1;
+    set_omp_threads(s.n_threads);
     s.stage = CLEAVE_CHECK_DNNL(dnnl::reorder(dnnl::reorder::primitive_desc(eng_, src, eng_, dst, attr)));
+    set_omp_threads(n_threads_);
   } else {
     s.inner = s.user;
   }
@@ -115,10 +125,17 @@ void planned_op::run(const dnnl::stream& strm, scratch_arena& arena, std::initia
     }
   }
   for (auto& s : slots_)
-    if (s.staged && !s.is_output) CLEAVE_CHECK_DNNL(s.stage.execute(strm, s.user, s.inner));
+    if (s.staged && !s.is_output) {
+      set_omp_threads(s.n_threads);
+      CLEAVE_CHECK_DNNL(s.stage.execute(strm, s.user, s.inner));
+    }
+  set_omp_threads(n_threads_);
   CLEAVE_CHECK_DNNL(prim_.execute(strm, exec_args_));
   for (auto& s : slots_)
-    if (s.staged && s.is_output) CLEAVE_CHECK_DNNL(s.stage.execute(strm, s.inner, s.user));
+    if (s.staged && s.is_output) {
+      set_omp_threads(s.n_threads);
+      CLEAVE_CHECK_DNNL(s.stage.execute(strm, s.inner, s.user));
+    }
 }
 
 }  // namespace cleave::backend::detail

@@ -28,6 +28,10 @@ class op_key {
   int n_ = 0;
 };
 
+// Sets the calling thread's OpenMP thread count, which oneDNN's OMP runtime reads both when it
+// creates a primitive (to split the work) and when it runs one.
+void set_omp_threads(int n);
+
 struct op_key_hash {
   std::size_t operator()(const op_key& k) const { return k.hash(); }
 };
@@ -61,9 +65,12 @@ struct binding {
 // oneDNN's backward-weights primitives overwrite.
 class planned_op {
  public:
-  planned_op(const dnnl::engine& eng, int n_threads) : eng_(eng), n_threads_(n_threads) {}
+  // `n_threads` for the primitive; a staging reorder gets them too when it moves at least
+  // `min_parallel_work` / 4 bytes, else one thread.
+  planned_op(const dnnl::engine& eng, int n_threads, double min_parallel_work)
+      : eng_(eng), n_threads_(n_threads), min_parallel_work_(min_parallel_work) {}
 
-  // The OpenMP threads it was created for and must run with.
+  // The OpenMP threads the primitive was created for and runs with.
   int n_threads() const { return n_threads_; }
 
   void input(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want);
@@ -72,7 +79,8 @@ class planned_op {
   // Bytes of argument `arg` in the caller's layout.
   std::size_t bytes_of(int arg) const;
 
-  // Binds every argument of the plan (in any order) and runs reorders and the primitive.
+  // Binds every argument of the plan (in any order) and runs reorders and the primitive, each
+  // with the thread count it was created for.
   void run(const dnnl::stream& s, scratch_arena& arena, std::initializer_list<binding> args);
 
  private:
@@ -83,6 +91,7 @@ class planned_op {
     dnnl::memory inner;   // what the primitive sees: `user` itself, or a staged copy
     dnnl::reorder stage;  // user -> inner for inputs, inner -> user for outputs
     bool staged = false;
+    int n_threads = 1;       // of the staging reorder
     std::size_t offset = 0;  // of the staged copy in the arena
     void* user_ptr = nullptr;
     void* inner_ptr = nullptr;
@@ -92,6 +101,7 @@ class planned_op {
 
   dnnl::engine eng_;
   int n_threads_;
+  double min_parallel_work_;
   dnnl::primitive prim_;
   std::vector<slot> slots_;
   std::unordered_map<int, dnnl::memory> exec_args_;
