@@ -559,6 +559,7 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     };
     co_await on_worker(install_task);
     round_open_ = true;
+    if (c_.on_round_start) c_.on_round_start(round_, static_cast<int>(participants.size()));
     const auto deadline = clock::now() + std::chrono::milliseconds(static_cast<long>(c_.round_deadline_s * 1000));
     const std::function<bool()> all_done = [&] {
       for (auto id : participants) {

@@ -19,10 +19,15 @@ namespace {
 
 // A device agent as a process of the cleave binary.
 pid_t spawn_agent(const workspace& w, int id, std::uint16_t port, const std::string& be, double slowdown) {
-  const std::vector<std::string> args = {CLEAVE_BINARY, "--log-level", "warn", "agent", "--certs", w.certs.string(),
-                                         "--id", std::to_string(id), "--connect", "127.0.0.1:" + std::to_string(port),
-                                         "--data", w.data.string(), "--partition", "all", "--backend", be,
-                                         "--slowdown", std::to_string(slowdown)};
+  const std::vector<std::string> args = {CLEAVE_BINARY, "--log-level",
+                                         "warn",        "agent",
+                                         "--certs",     w.certs.string(),
+                                         "--id",        std::to_string(id),
+                                         "--connect",   "127.0.0.1:" + std::to_string(port),
+                                         "--data",      w.data.string(),
+                                         "--partition", "all",
+                                         "--backend",   be,
+                                         "--slowdown",  std::to_string(slowdown)};
   const pid_t pid = ::fork();
   if (pid == 0) {
     std::vector<char*> argv;
@@ -52,13 +57,18 @@ TEST_CASE("a device killed mid-round is left out of that round and rejoins a lat
   };
   std::promise<std::uint16_t> port;
   sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  std::promise<void> started;
+  sc.on_round_start = [&](std::uint64_t round, int) {
+    if (round == 1) started.set_value();
+  };
   server::server_node srv(sc);
   runner rs([&] { srv.run(); });
   const auto sp = port.get_future().get();
-  // Device 1 is slow (so it is surely mid-round when killed); device 2 is not.
+  // Device 1 is slow (30 steps take it seconds, so it is surely mid-round when killed).
   pid_t slow = spawn_agent(w, 1, sp, be, 200.0);
   const pid_t fast = spawn_agent(w, 2, sp, be, 1.0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  started.get_future().wait();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   {
     std::lock_guard lock(mu);
     REQUIRE(reports.empty());  // still in round 1

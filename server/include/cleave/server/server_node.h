@@ -57,6 +57,7 @@ struct server_config {
   core::optimizer_config opt;
   std::filesystem::path checkpoint;  // global model saved after every round ("" = none)
   std::function<void(const round_report&)> on_round;
+  std::function<void(std::uint64_t round, int n_participants)> on_round_start;
   std::function<void(std::uint16_t port)> on_listening;
 };
 
