@@ -124,6 +124,8 @@ class agent::impl {
   core::dataset_split data_;
   core::shard shard_;
   std::int64_t position_ = 0;  // samples drawn from this device's data stream
+  std::vector<std::int64_t> order_;
+  std::int64_t order_epoch_ = -1;
   std::unique_ptr<core::backend> be_;
   core::model_spec model_;
   std::string model_json_;
@@ -224,15 +226,13 @@ void agent::impl::timed_compute(const std::function<void()>& f) {
 void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
   const auto size = static_cast<std::int64_t>(shard_.size());
   const std::int64_t per = data_.train.item.numel();
-  std::vector<std::int64_t> order;
-  std::int64_t order_epoch = -1;
   for (std::int64_t i = 0; i < n; ++i, ++position_) {
     const std::int64_t epoch = position_ / size;
-    if (epoch != order_epoch) {
-      order = core::epoch_order(size, c_.order_seed, epoch);
-      order_epoch = epoch;
+    if (epoch != order_epoch_) {  // a new pass over the shard: its own shuffled order
+      order_ = core::epoch_order(size, c_.order_seed, epoch);
+      order_epoch_ = epoch;
     }
-    const std::int64_t idx = shard_[static_cast<std::size_t>(order[static_cast<std::size_t>(position_ % size)])];
+    const std::int64_t idx = shard_[static_cast<std::size_t>(order_[static_cast<std::size_t>(position_ % size)])];
     data_.train.gather(&idx, 1, x + i * per, y + i);
   }
 }
