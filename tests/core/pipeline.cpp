@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/backend_harness.h"
+#include "../support/error_of.h"
 #include "cleave/core/aggregate.h"
 #include "cleave/core/pipeline.h"
 #include "cleave/core/trainer.h"
@@ -156,4 +157,22 @@ TEST_CASE("block averages are weighted by samples and combine associatively") {
   part.mean_into(keep, none);
   CHECK(keep[0] == a[0]);
   CHECK(keep.back() == doctest::Approx(b.back()));
+}
+
+TEST_CASE("bad cuts are refused with the reason") {
+  using cleave::testing::error_of;
+  CHECK(error_of([] { core::parse_cuts("3;7"); }).find("cuts '3;7': expected comma-separated block indices") == 0);
+  CHECK(error_of([] { core::parse_cuts(""); }) == "cuts '': empty");
+  CHECK(error_of([] { core::make_route(false, true, {3}, 12); }) == "3-tier plan needs 2 cuts, got 1");
+  CHECK(error_of([] { core::make_route(false, false, {13}, 12); }).find("cut 13 out of order or outside [0, 12]") !=
+        std::string::npos);
+  CHECK(error_of([] { core::make_route(false, true, {7, 3}, 12); }).find("cut 3 out of order") != std::string::npos);
+  CHECK(error_of([] {
+          core::make_route(false, false, {0}, 12);
+        }).find("the device must hold at least the first block (raw inputs never leave it)") != std::string::npos);
+  CHECK(error_of([] {
+          core::make_route(true, false, {4, 12}, 12);
+        }).find("the device must hold at least the last block (labels never leave it)") != std::string::npos);
+  CHECK(core::make_route(true, true, {2, 6, 11, 11}, 12).str() ==
+        "device[0,2) edge[2,6) server[6,11) edge[11,11) device[11,12)");
 }
