@@ -98,6 +98,8 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
   prof.memory_budget_bytes = 2ull << 30;
   prof.blocks = blocks;
   prof.links = links;
+  prof.batch = 32;
+  prof.backend = "onednn";
   out.emplace_back("Profile", make_profile(prof));
 
   const tensor_source state[] = {{core::dtype::u8, {7}, m0.data(), "momentum"}};
@@ -108,7 +110,11 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
   mig.end_block = 4;
   mig.from_node = 1;
   mig.to_node = 0;
+  mig.device_id = 1;
+  mig.to_role = node_role::server;
+  mig.optimizer_steps = 17;
   out.emplace_back("Migrate", make_migrate(mig, weights, state));
+  out.emplace_back("Cutover", make_cutover(3, 5, 1240));
 
   out.emplace_back("Ping", make_ping(1, 123456789));
   out.emplace_back("Pong", make_pong(1, 123456789));

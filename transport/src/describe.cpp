@@ -149,10 +149,15 @@ std::string describe(const message& m) {
     add(s, "epoch", b->epoch());
     add(s, "step", b->step());
     s += " blocks=[" + std::to_string(b->first_block()) + "," + std::to_string(b->end_block()) + ")";
+    add(s, "device", b->device_id());
     add(s, "from", b->from_node());
     add(s, "to", b->to_node());
     add_tensors(s, "weights", b->weights());
     add_tensors(s, "optimizer_state", b->optimizer_state());
+  } else if (const auto* b = m.as<wire::Cutover>()) {
+    add(s, "device", b->device_id());
+    add(s, "epoch", b->epoch());
+    add(s, "step", b->step());
   } else if (const auto* b = m.as<wire::Ping>()) {
     add(s, "seq", b->sequence());
   } else if (const auto* b = m.as<wire::Pong>()) {

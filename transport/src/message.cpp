@@ -215,13 +215,16 @@ message_builder make_profile(const profile_info& info) {
   auto& f = b.fbb();
   std::vector<flatbuffers::Offset<wire::BlockProfile>> blocks;
   for (const auto& p : info.blocks)
-    blocks.push_back(wire::CreateBlockProfile(f, p.block, p.forward_us, p.backward_us, p.memory_bytes, p.output_bytes));
+    blocks.push_back(wire::CreateBlockProfile(f, p.block, p.forward_us, p.backward_us, p.memory_bytes, p.output_bytes,
+                                              p.state_bytes, p.saved_bytes));
   const auto bl = f.CreateVector(blocks);
   std::vector<flatbuffers::Offset<wire::LinkProfile>> links;
   for (const auto& l : info.links)
     links.push_back(wire::CreateLinkProfile(f, l.peer_id, l.rtt_us, l.bandwidth_bytes_per_s));
   const auto ll = f.CreateVector(links);
-  b.finish(wire::CreateProfile(f, info.node_id, info.epoch, info.step, info.memory_budget_bytes, bl, ll));
+  const auto be = f.CreateString(info.backend.data(), info.backend.size());
+  b.finish(
+      wire::CreateProfile(f, info.node_id, info.epoch, info.step, info.memory_budget_bytes, bl, ll, info.batch, be));
   return b;
 }
 
@@ -231,7 +234,14 @@ message_builder make_migrate(const migrate_info& info, std::span<const tensor_so
   const auto w = b.add_tensors(weights);
   const auto o = b.add_tensors(optimizer_state);
   b.finish(wire::CreateMigrate(b.fbb(), info.epoch, info.step, info.first_block, info.end_block, info.from_node,
-                               info.to_node, w, o));
+                               info.to_node, w, o, info.device_id, static_cast<wire::Role>(info.from_role),
+                               static_cast<wire::Role>(info.to_role), info.optimizer_steps));
+  return b;
+}
+
+message_builder make_cutover(std::uint32_t device_id, std::uint32_t epoch, std::uint64_t step) {
+  message_builder b(96);
+  b.finish(wire::CreateCutover(b.fbb(), device_id, epoch, step));
   return b;
 }
 

@@ -239,9 +239,12 @@ class checker {
 
   bool check(const wire::Migrate& m) {
     return range(m.first_block(), m.end_block(), lim_.max_blocks, "migrated") && node(m.from_node(), "from node") &&
-           node(m.to_node(), "to node") && tensors(m.weights(), "weights") &&
+           node(m.to_node(), "to node") && node(m.device_id(), "device id") && role(m.from_role(), "from") &&
+           role(m.to_role(), "to") && tensors(m.weights(), "weights") &&
            tensors(m.optimizer_state(), "optimizer state");
   }
+
+  bool check(const wire::Cutover& m) { return node(m.device_id(), "device id"); }
 
   bool check(const wire::Ping&) { return true; }
   bool check(const wire::Pong&) { return true; }
@@ -328,6 +331,9 @@ std::optional<std::string> check_message(const wire::Message& m, const frame_lim
       break;
     case wire::Body::Leave:
       ok = check_body<wire::Leave>(c, m, "Leave");
+      break;
+    case wire::Body::Cutover:
+      ok = check_body<wire::Cutover>(c, m, "Cutover");
       break;
     case wire::Body::NONE:
     default:

@@ -180,8 +180,10 @@ struct block_profile_desc {
   std::uint32_t block = 0;
   float forward_us = 0;
   float backward_us = 0;
-  std::uint64_t memory_bytes = 0;
-  std::uint64_t output_bytes = 0;
+  std::uint64_t memory_bytes = 0;  // parameters and buffers
+  std::uint64_t output_bytes = 0;  // per sample
+  std::uint64_t state_bytes = 0;   // optimizer state
+  std::uint64_t saved_bytes = 0;   // kept for backward, per sample
 };
 struct link_profile_desc {
   std::uint32_t peer_id = 0;
@@ -195,6 +197,8 @@ struct profile_info {
   std::uint64_t memory_budget_bytes = 0;
   std::span<const block_profile_desc> blocks;
   std::span<const link_profile_desc> links;
+  std::uint32_t batch = 0;  // samples per timed micro-batch
+  std::string_view backend;
 };
 message_builder make_profile(const profile_info& info);
 
@@ -205,9 +209,15 @@ struct migrate_info {
   std::uint32_t end_block = 0;
   std::uint32_t from_node = 0;
   std::uint32_t to_node = 0;
+  std::uint32_t device_id = 0;
+  node_role from_role = node_role::device;
+  node_role to_role = node_role::server;
+  std::uint64_t optimizer_steps = 0;
 };
 message_builder make_migrate(const migrate_info& info, std::span<const tensor_source> weights,
                              std::span<const tensor_source> optimizer_state);
+
+message_builder make_cutover(std::uint32_t device_id, std::uint32_t epoch, std::uint64_t step);
 
 message_builder make_ping(std::uint64_t sequence, std::uint64_t sent_ns);
 message_builder make_pong(std::uint64_t sequence, std::uint64_t sent_ns);
