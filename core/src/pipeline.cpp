@@ -1,6 +1,8 @@
 // Segments of device routes hosted by one node.
 #include "cleave/core/pipeline.h"
 
+#include <algorithm>
+
 #include "cleave/core/trainer.h"
 
 namespace cleave::core {
@@ -33,6 +35,189 @@ void segment_host::host(std::uint32_t device, const route& r, int segment, bool 
 
 void segment_host::drop_device(std::uint32_t device) {
   for (auto it = slots_.begin(); it != slots_.end();) it = it->first.first == device ? slots_.erase(it) : std::next(it);
+  arrivals_.erase(device);
+}
+
+namespace {
+
+// The tier running block i under route r.
+tier tier_of(const route& r, int i) {
+  for (int s = 0; s < r.n_segments(); ++s)
+    if (r.begin(s) <= i && i < r.end(s)) return r.path[static_cast<std::size_t>(s)];
+  throw error("block " + std::to_string(i) + " is outside the route " + r.str());
+}
+
+std::string blocks_str(int begin, int end) {
+  return "blocks [" + std::to_string(begin) + "," + std::to_string(end) + ")";
+}
+
+std::vector<float> download_all(backend& b, const tensor& t) {
+  std::vector<float> v(static_cast<std::size_t>(t.numel()));
+  if (!v.empty()) b.download(t, v.data());
+  return v;
+}
+
+}  // namespace
+
+std::vector<block_state> segment_host::rehost(std::uint32_t device, const route& from, const route& to, tier here) {
+  if (from.n_blocks != m_->n_blocks() || to.n_blocks != m_->n_blocks())
+    throw error("re-split of device " + std::to_string(device) + ": routes do not match the model's " +
+                std::to_string(m_->n_blocks()) + " blocks");
+  const auto lay = layout_of(*m_);
+  const auto n_params = static_cast<std::size_t>(lay.param_offset.back());
+  const auto n_buffers = static_cast<std::size_t>(lay.buffer_offset.back());
+  const std::size_t n_state =
+      opt_.kind == optimizer_kind::adamw ? 2 : (opt_.kind == optimizer_kind::sgd && opt_.momentum != 0.0f ? 1 : 0);
+  // Everything this node holds of the device, gathered into whole-model host vectors.
+  std::vector<float> params(n_params), buffers(n_buffers);
+  std::vector<std::vector<float>> state(n_state, std::vector<float>(n_params));
+  std::vector<bool> have(static_cast<std::size_t>(m_->n_blocks()), false);
+  std::int64_t steps = 0;
+  for (int seg : from.segments_on(here)) {
+    const auto it = slots_.find({device, seg});
+    if (it == slots_.end()) continue;
+    slot& sl = it->second;
+    if (!sl.pending.empty())
+      throw error("re-split of device " + std::to_string(device) + " with micro-batches still in flight");
+    for (const auto& [range, rep] : shared_)
+      if (rep == sl.rep) throw error("re-splitting needs one replica per device (splitfed mode)");
+    const stage& st = *sl.rep->st;
+    const auto p0 = static_cast<std::size_t>(lay.param_offset[static_cast<std::size_t>(st.begin())]);
+    const auto b0 = static_cast<std::size_t>(lay.buffer_offset[static_cast<std::size_t>(st.begin())]);
+    const auto p = download_all(*b_, st.params()), bu = download_all(*b_, st.buffers());
+    std::copy(p.begin(), p.end(), params.begin() + static_cast<std::ptrdiff_t>(p0));
+    std::copy(bu.begin(), bu.end(), buffers.begin() + static_cast<std::ptrdiff_t>(b0));
+    const auto& os = sl.rep->opt->state();
+    for (std::size_t k = 0; k < n_state && k < os.size(); ++k) {
+      const auto v = download_all(*b_, os[k]);
+      std::copy(v.begin(), v.end(), state[k].begin() + static_cast<std::ptrdiff_t>(p0));
+    }
+    steps = std::max(steps, sl.rep->opt->steps_taken());
+    for (int i = st.begin(); i < st.end(); ++i) have[static_cast<std::size_t>(i)] = true;
+  }
+  // Blocks leaving this tier, as maximal runs going to one tier.
+  std::vector<block_state> lost;
+  auto slice = [&](int b, int e) {
+    block_state s;
+    s.begin = b;
+    s.end = e;
+    const auto p0 = lay.param_offset[static_cast<std::size_t>(b)], p1 = lay.param_offset[static_cast<std::size_t>(e)];
+    const auto b0 = lay.buffer_offset[static_cast<std::size_t>(b)], b1 = lay.buffer_offset[static_cast<std::size_t>(e)];
+    s.params.assign(params.begin() + p0, params.begin() + p1);
+    s.buffers.assign(buffers.begin() + b0, buffers.begin() + b1);
+    for (const auto& v : state) s.optimizer_state.emplace_back(v.begin() + p0, v.begin() + p1);
+    s.optimizer_steps = steps;
+    return s;
+  };
+  for (int i = 0; i < m_->n_blocks();) {
+    if (!have[static_cast<std::size_t>(i)] || tier_of(to, i) == here) {
+      ++i;
+      continue;
+    }
+    int j = i + 1;
+    while (j < m_->n_blocks() && have[static_cast<std::size_t>(j)] && tier_of(to, j) == tier_of(to, i)) ++j;
+    lost.push_back(slice(i, j));
+    i = j;
+  }
+  // The new segments: kept blocks from the gathered state, arriving blocks marked missing.
+  for (auto it = slots_.begin(); it != slots_.end();) it = it->first.first == device ? slots_.erase(it) : std::next(it);
+  for (auto it = n_mb_.begin(); it != n_mb_.end();) it = it->first.first == device ? n_mb_.erase(it) : std::next(it);
+  arrival& arr = arrivals_[device];
+  arr.missing.clear();
+  for (int seg : to.segments_on(here)) {
+    host(device, to, seg);
+    replica& rep = *slots_.at({device, seg}).rep;
+    const stage& st = *rep.st;
+    for (int i = st.begin(); i < st.end(); ++i)
+      if (!have[static_cast<std::size_t>(i)]) arr.missing.insert(i);
+    const auto p0 = lay.param_offset[static_cast<std::size_t>(st.begin())];
+    const auto b0 = lay.buffer_offset[static_cast<std::size_t>(st.begin())];
+    auto np = download_all(*b_, st.params()), nb = download_all(*b_, st.buffers());
+    std::vector<std::vector<float>> ns;
+    for (const auto& t : rep.opt->state()) ns.push_back(download_all(*b_, t));
+    for (int i = st.begin(); i < st.end(); ++i) {
+      if (!have[static_cast<std::size_t>(i)]) continue;
+      const auto u = static_cast<std::size_t>(i);
+      for (auto k = lay.param_offset[u]; k < lay.param_offset[u + 1]; ++k) {
+        np[static_cast<std::size_t>(k - p0)] = params[static_cast<std::size_t>(k)];
+        for (std::size_t q = 0; q < ns.size() && q < state.size(); ++q)
+          ns[q][static_cast<std::size_t>(k - p0)] = state[q][static_cast<std::size_t>(k)];
+      }
+      for (auto k = lay.buffer_offset[u]; k < lay.buffer_offset[u + 1]; ++k)
+        nb[static_cast<std::size_t>(k - b0)] = buffers[static_cast<std::size_t>(k)];
+    }
+    if (!np.empty()) b_->upload(st.params(), np.data());
+    if (!nb.empty()) b_->upload(st.buffers(), nb.data());
+    for (std::size_t q = 0; q < ns.size(); ++q)
+      if (!ns[q].empty()) b_->upload(rep.opt->state()[q], ns[q].data());
+    rep.opt->set_steps_taken(steps);
+  }
+  std::vector<block_state> early = std::move(arr.early);
+  arr.early.clear();
+  for (auto& e : early) install_blocks(device, std::move(e));
+  return lost;
+}
+
+void segment_host::install_blocks(std::uint32_t device, block_state s) {
+  const auto lay = layout_of(*m_);
+  if (s.begin < 0 || s.begin >= s.end || s.end > m_->n_blocks())
+    throw error("migrated " + blocks_str(s.begin, s.end) + " of device " + std::to_string(device) +
+                " are outside the model's " + std::to_string(m_->n_blocks()) + " blocks");
+  const auto np =
+      lay.param_offset[static_cast<std::size_t>(s.end)] - lay.param_offset[static_cast<std::size_t>(s.begin)];
+  const auto nb =
+      lay.buffer_offset[static_cast<std::size_t>(s.end)] - lay.buffer_offset[static_cast<std::size_t>(s.begin)];
+  if (static_cast<std::int64_t>(s.params.size()) != np || static_cast<std::int64_t>(s.buffers.size()) != nb)
+    throw error("migrated " + blocks_str(s.begin, s.end) + " carry " + std::to_string(s.params.size()) +
+                " parameters and " + std::to_string(s.buffers.size()) + " buffer values; the model has " +
+                std::to_string(np) + " and " + std::to_string(nb));
+  for (const auto& v : s.optimizer_state)
+    if (static_cast<std::int64_t>(v.size()) != np)
+      throw error("migrated optimizer state of " + blocks_str(s.begin, s.end) + " has " + std::to_string(v.size()) +
+                  " values, not " + std::to_string(np));
+  arrival& arr = arrivals_[device];
+  bool expected = true;
+  for (int i = s.begin; i < s.end; ++i) expected = expected && arr.missing.count(i) > 0;
+  if (!expected) {
+    if (arr.early.size() >= 64) throw error("too many migrated block ranges for device " + std::to_string(device));
+    arr.early.push_back(std::move(s));  // before the re-host that expects it
+    return;
+  }
+  apply(device, s);
+  for (int i = s.begin; i < s.end; ++i) arr.missing.erase(i);
+}
+
+void segment_host::apply(std::uint32_t device, const block_state& s) {
+  const auto lay = layout_of(*m_);
+  for (auto& [key, sl] : slots_) {
+    if (key.first != device) continue;
+    replica& rep = *sl.rep;
+    const stage& st = *rep.st;
+    const int b = std::max(st.begin(), s.begin), e = std::min(st.end(), s.end);
+    if (b >= e) continue;
+    if (s.optimizer_state.size() != rep.opt->state().size())
+      throw error("migrated " + blocks_str(s.begin, s.end) + " carry " + std::to_string(s.optimizer_state.size()) +
+                  " optimizer state tensors; this node's optimizer has " + std::to_string(rep.opt->state().size()));
+    auto copy_in = [&](const tensor& t, const std::vector<float>& src, const std::vector<std::int64_t>& off) {
+      const auto dst0 = off[static_cast<std::size_t>(st.begin())];
+      const auto src0 = off[static_cast<std::size_t>(s.begin)];
+      const auto k0 = off[static_cast<std::size_t>(b)], k1 = off[static_cast<std::size_t>(e)];
+      if (k0 == k1) return;
+      auto v = download_all(*b_, t);
+      std::copy(src.begin() + (k0 - src0), src.begin() + (k1 - src0), v.begin() + (k0 - dst0));
+      b_->upload(t, v.data());
+    };
+    copy_in(st.params(), s.params, lay.param_offset);
+    copy_in(st.buffers(), s.buffers, lay.buffer_offset);
+    for (std::size_t q = 0; q < s.optimizer_state.size(); ++q)
+      copy_in(rep.opt->state()[q], s.optimizer_state[q], lay.param_offset);
+    rep.opt->set_steps_taken(s.optimizer_steps);
+  }
+}
+
+int segment_host::n_missing(std::uint32_t device) const {
+  const auto it = arrivals_.find(device);
+  return it == arrivals_.end() ? 0 : static_cast<int>(it->second.missing.size());
 }
 
 bool segment_host::hosts(std::uint32_t device, int segment) const {
@@ -68,6 +253,9 @@ segment_output segment_host::forward(std::uint32_t device, int segment, micro_ba
                                      std::uint32_t dropout_seed) {
   slot& s = at(device, segment);
   if (n_micro_batches == 0) throw error("a step needs at least one micro-batch");
+  if (n_missing(device) > 0)
+    throw error("device " + std::to_string(device) + ": " + std::to_string(n_missing(device)) +
+                " migrated blocks have not arrived yet");
   const shape& want = m_->blocks.empty() ? m_->input
                       : s.r.begin(segment) < m_->n_blocks()
                           ? m_->blocks[static_cast<std::size_t>(s.r.begin(segment))].in

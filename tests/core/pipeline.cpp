@@ -31,26 +31,94 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return worst;
 }
 
+// Data, the local oracle and the hosts of one device's route on three reference backends.
+struct split_rig {
+  core::model_spec m = core::zoo_model("lenet5", shape{1, 28, 28}, 10);
+  core::optimizer_config oc;
+  std::uint64_t seed = 11;
+  int steps = 20, n = 16;
+  std::vector<float> data = testing::random_vec(steps * n * 784, 2);
+  std::vector<std::int32_t> labels;
+  std::map<core::tier, std::unique_ptr<core::backend>> be;
+  std::map<core::tier, std::unique_ptr<core::segment_host>> hosts;
+
+  explicit split_rig(core::optimizer_config o = {}) : oc(o) {
+    labels.resize(static_cast<std::size_t>(steps * n));
+    for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>((i * 7) % 10);
+    for (auto t : {core::tier::device, core::tier::edge, core::tier::server}) {
+      be[t] = backend::make_backend("reference");
+      hosts[t] = std::make_unique<core::segment_host>(*be[t], m, oc, seed);
+    }
+  }
+
+  std::vector<float> local_params() {
+    auto ref = backend::make_backend("reference");
+    core::train_config tc;
+    tc.seed = seed;
+    tc.opt = oc;
+    core::trainer local(*ref, m, tc);
+    for (int s = 0; s < steps; ++s) local.step(data.data() + s * n * 784, labels.data() + s * n, n);
+    return testing::read(*ref, local.model_stage().params());
+  }
+
+  void host(const core::route& r) {
+    for (auto& [t, h] : hosts)
+      for (int seg : r.segments_on(t)) h->host(7, r, seg);
+  }
+
+  // One step of device 7 along route r: forward up the route, the loss at its end, backward down.
+  void step(const core::route& r, int s, int micro_batches) {
+    const int mb_size = n / micro_batches;
+    for (int mb = 0; mb < micro_batches; ++mb) {
+      const core::micro_batch_id id{static_cast<std::uint64_t>(s), static_cast<std::uint32_t>(mb)};
+      auto& dev = *be[core::tier::device];
+      tensor x = testing::make(dev, {mb_size, 1, 28, 28},
+                               std::vector<float>(data.begin() + (s * n + mb * mb_size) * 784,
+                                                  data.begin() + (s * n + (mb + 1) * mb_size) * 784));
+      tensor y = testing::make_typed(dev, {mb_size}, core::dtype::i32,
+                                     std::vector<std::int32_t>(labels.begin() + s * n + mb * mb_size,
+                                                               labels.begin() + s * n + (mb + 1) * mb_size));
+      tensor v = x;
+      core::backend* at = &dev;
+      int seg = 0;
+      core::segment_output out;
+      for (;; ++seg) {
+        const auto t = r.path[static_cast<std::size_t>(seg)];
+        tensor in = wire(*at, *be[t], v);
+        tensor lab = seg + 1 == r.n_segments() ? wire(dev, *be[t], y) : tensor{};
+        out = hosts[t]->forward(7, seg, id, in, lab, 1.0f / static_cast<float>(micro_batches),
+                                static_cast<std::uint32_t>(micro_batches), 0);
+        at = be[t].get();
+        v = out.value;
+        if (out.dir != core::segment_output::direction::up) break;
+      }
+      while (out.dir == core::segment_output::direction::down) {
+        --seg;
+        const auto t = r.path[static_cast<std::size_t>(seg)];
+        tensor g = wire(*at, *be[t], v);
+        out = hosts[t]->backward(7, seg, id, g);
+        at = be[t].get();
+        v = out.value;
+      }
+      CHECK(seg == 0);
+    }
+  }
+
+  // The whole model's parameters reassembled from the segments of route r.
+  std::vector<float> params(const core::route& r) {
+    std::vector<float> got;
+    for (int seg = 0; seg < r.n_segments(); ++seg) {
+      const auto t = r.path[static_cast<std::size_t>(seg)];
+      auto v = testing::read(*be[t], hosts[t]->stage_of(7, seg).params());
+      got.insert(got.end(), v.begin(), v.end());
+    }
+    return got;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("split training through segment hosts equals local training for every route shape") {
-  const auto m = core::zoo_model("lenet5", shape{1, 28, 28}, 10);
-  core::optimizer_config oc;  // SGD 0.05, momentum 0.9
-  const std::uint64_t seed = 11;
-  const int steps = 20, n = 16;
-  auto data = testing::random_vec(steps * n * 784, 2);
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(steps * n));
-  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>((i * 7) % 10);
-
-  auto ref = backend::make_backend("reference");
-  core::train_config tc;
-  tc.seed = seed;
-  tc.opt = oc;
-  core::trainer local(*ref, m, tc);
-  for (int s = 0; s < steps; ++s) local.step(data.data() + s * n * 784, labels.data() + s * n, n);
-  std::vector<float> want(static_cast<std::size_t>(local.model_stage().n_params()));
-  ref->download(local.model_stage().params(), want.data());
-
   struct shape_case {
     bool u, edge;
     std::vector<int> cuts;
@@ -59,66 +127,102 @@ TEST_CASE("split training through segment hosts equals local training for every 
   for (const auto& sc :
        {shape_case{false, false, {4}, 1}, shape_case{false, true, {3, 7}, 1}, shape_case{true, false, {6, 11}, 1},
         shape_case{true, true, {2, 6, 9, 11}, 1}, shape_case{false, true, {3, 7}, 4}}) {
-    const auto r = core::make_route(sc.u, sc.edge, sc.cuts, m.n_blocks());
+    split_rig rig;  // SGD 0.05, momentum 0.9
+    const auto want = rig.local_params();
+    const auto r = core::make_route(sc.u, sc.edge, sc.cuts, rig.m.n_blocks());
     CAPTURE(r.str());
     CAPTURE(sc.micro_batches);
-    std::map<core::tier, std::unique_ptr<core::backend>> be;
-    std::map<core::tier, std::unique_ptr<core::segment_host>> hosts;
-    for (auto t : {core::tier::device, core::tier::edge, core::tier::server}) {
-      be[t] = backend::make_backend("reference");
-      hosts[t] = std::make_unique<core::segment_host>(*be[t], m, oc, seed);
-      for (int seg : r.segments_on(t)) hosts[t]->host(7, r, seg);
-    }
-    const std::uint32_t dropout_seed = 0;
-    for (int s = 0; s < steps; ++s) {
-      const int mb_size = n / sc.micro_batches;
-      for (int mb = 0; mb < sc.micro_batches; ++mb) {
-        const core::micro_batch_id id{static_cast<std::uint64_t>(s), static_cast<std::uint32_t>(mb)};
-        auto& dev = *be[core::tier::device];
-        tensor x = testing::make(dev, {mb_size, 1, 28, 28},
-                                 std::vector<float>(data.begin() + (s * n + mb * mb_size) * 784,
-                                                    data.begin() + (s * n + (mb + 1) * mb_size) * 784));
-        tensor y = testing::make_typed(dev, {mb_size}, core::dtype::i32,
-                                       std::vector<std::int32_t>(labels.begin() + s * n + mb * mb_size,
-                                                                 labels.begin() + s * n + (mb + 1) * mb_size));
-        // Forward up the route, the loss at its end, then backward down.
-        tensor v = x;
-        core::backend* at = &dev;
-        int seg = 0;
-        core::segment_output out;
-        for (;; ++seg) {
-          const auto t = r.path[static_cast<std::size_t>(seg)];
-          tensor in = wire(*at, *be[t], v);
-          tensor lab = seg + 1 == r.n_segments() ? wire(dev, *be[t], y) : tensor{};
-          out = hosts[t]->forward(7, seg, id, in, lab, 1.0f / static_cast<float>(sc.micro_batches),
-                                  static_cast<std::uint32_t>(sc.micro_batches), dropout_seed);
-          at = be[t].get();
-          v = out.value;
-          if (out.dir != core::segment_output::direction::up) break;
-        }
-        while (out.dir == core::segment_output::direction::down) {
-          --seg;
-          const auto t = r.path[static_cast<std::size_t>(seg)];
-          tensor g = wire(*at, *be[t], v);
-          out = hosts[t]->backward(7, seg, id, g);
-          at = be[t].get();
-          v = out.value;
-        }
-        CHECK(seg == 0);
-      }
-    }
-    // Reassemble the whole model from the segments and compare.
-    std::vector<float> got;
-    for (int seg = 0; seg < r.n_segments(); ++seg) {
-      const auto t = r.path[static_cast<std::size_t>(seg)];
-      auto v = testing::read(*be[t], hosts[t]->stage_of(7, seg).params());
-      got.insert(got.end(), v.begin(), v.end());
-    }
+    rig.host(r);
+    for (int s = 0; s < rig.steps; ++s) rig.step(r, s, sc.micro_batches);
+    const auto got = rig.params(r);
     REQUIRE(got.size() == want.size());
     // Micro-batches change only the summation order of the gradients.
     CHECK(max_rel_diff(got, want) <= (sc.micro_batches == 1 ? 1e-6 : 1e-4));
-    CHECK(hosts[core::tier::server]->n_pending() == 0);
+    CHECK(rig.hosts[core::tier::server]->n_pending() == 0);
   }
+}
+
+TEST_CASE("moving cuts between steps with weights and optimizer state keeps training equal to local training") {
+  struct shape_case {
+    bool u, edge;
+    std::vector<std::vector<int>> cuts;  // one route per 3 steps, cycled
+    core::optimizer_kind opt;
+  };
+  for (const auto& sc :
+       {shape_case{false, false, {{4}, {9}, {1}, {12}, {6}}, core::optimizer_kind::sgd},
+        shape_case{false, true, {{3, 7}, {5, 5}, {1, 12}, {8, 10}, {2, 3}}, core::optimizer_kind::adamw},
+        shape_case{true, false, {{6, 11}, {1, 2}, {10, 11}, {3, 8}}, core::optimizer_kind::sgd},
+        shape_case{
+            true, true, {{2, 6, 9, 11}, {1, 1, 11, 11}, {4, 5, 6, 7}, {8, 9, 10, 10}}, core::optimizer_kind::adamw}}) {
+    core::optimizer_config oc;
+    oc.kind = sc.opt;
+    if (sc.opt == core::optimizer_kind::adamw) oc.lr = 0.002f;
+    split_rig rig(oc);
+    const auto want = rig.local_params();
+    auto r = core::make_route(sc.u, sc.edge, sc.cuts[0], rig.m.n_blocks());
+    rig.host(r);
+    int n_moves = 0;
+    for (int s = 0; s < rig.steps; ++s) {
+      if (s > 0 && s % 3 == 0) {
+        const auto next = core::make_route(sc.u, sc.edge, sc.cuts[(s / 3) % sc.cuts.size()], rig.m.n_blocks());
+        CAPTURE(r.str());
+        CAPTURE(next.str());
+        // Every tier hands over what it loses; the server's share arrives before it re-hosts
+        // (as a device's Migrate does before its Cutover), the others' after.
+        std::vector<std::pair<core::tier, core::block_state>> moving;
+        for (auto t : {core::tier::device, core::tier::edge}) {
+          for (auto& st : rig.hosts[t]->rehost(7, r, next, t)) {
+            core::tier to = next.path[0];
+            for (int seg = 0; seg < next.n_segments(); ++seg)
+              if (next.begin(seg) <= st.begin && st.begin < next.end(seg))
+                to = next.path[static_cast<std::size_t>(seg)];
+            CHECK(to != t);
+            moving.emplace_back(to, std::move(st));
+          }
+        }
+        for (auto& [to, st] : moving)
+          if (to == core::tier::server) rig.hosts[to]->install_blocks(7, st);
+        for (auto& st : rig.hosts[core::tier::server]->rehost(7, r, next, core::tier::server)) {
+          core::tier to = core::tier::device;
+          for (int seg = 0; seg < next.n_segments(); ++seg)
+            if (next.begin(seg) <= st.begin && st.begin < next.end(seg)) to = next.path[static_cast<std::size_t>(seg)];
+          moving.emplace_back(to, std::move(st));
+        }
+        for (auto& [to, st] : moving)
+          if (to != core::tier::server) rig.hosts[to]->install_blocks(7, st);
+        n_moves += static_cast<int>(moving.size());
+        for (auto& [t, h] : rig.hosts) CHECK(h->n_missing(7) == 0);
+        r = next;
+      }
+      rig.step(r, s, 1);
+    }
+    CHECK(n_moves >= 6);
+    const auto got = rig.params(r);
+    REQUIRE(got.size() == want.size());
+    CHECK(max_rel_diff(got, want) <= 1e-5);
+  }
+}
+
+TEST_CASE("migrated blocks that do not fit the model or the plan are refused") {
+  split_rig rig;
+  const auto r1 = core::make_route(false, false, {4}, rig.m.n_blocks());
+  const auto r2 = core::make_route(false, false, {8}, rig.m.n_blocks());
+  rig.host(r1);
+  auto lost = rig.hosts[core::tier::server]->rehost(7, r1, r2, core::tier::server);
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0].begin == 4);
+  CHECK(lost[0].end == 8);
+  auto& dev = *rig.hosts[core::tier::device];
+  dev.rehost(7, r1, r2, core::tier::device);
+  CHECK(dev.n_missing(7) == 4);
+  core::block_state bad = lost[0];
+  bad.params.pop_back();
+  CHECK(testing::error_of([&] { dev.install_blocks(7, bad); }).find("parameters") != std::string::npos);
+  bad = lost[0];
+  bad.end = 40;
+  CHECK(testing::error_of([&] { dev.install_blocks(7, bad); }).find("outside") != std::string::npos);
+  dev.install_blocks(7, lost[0]);
+  CHECK(dev.n_missing(7) == 0);
 }
 
 TEST_CASE("block averages are weighted by samples and combine associatively") {

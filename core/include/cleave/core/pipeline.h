@@ -9,7 +9,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <tuple>
+#include <vector>
 
 #include "cleave/core/optimizer.h"
 #include "cleave/core/plan.h"
@@ -32,6 +34,15 @@ struct segment_output {
   bool stepped = false;  // the segment's optimizer stepped (all micro-batches of the step are back)
 };
 
+// The state of blocks [begin, end) of one device's route, on the host: what moves when a cut
+// moves. Slices in the model's flat layout (see layout_of).
+struct block_state {
+  int begin = 0, end = 0;
+  std::vector<float> params, buffers;               // (P[begin,end)), (S[begin,end))
+  std::vector<std::vector<float>> optimizer_state;  // each (P[begin,end))
+  std::int64_t optimizer_steps = 0;
+};
+
 class segment_host {
  public:
   segment_host(backend& b, const model_spec& m, const optimizer_config& opt, std::uint64_t seed);
@@ -50,6 +61,16 @@ class segment_host {
                          float micro_batch_scale, std::uint32_t n_micro_batches, std::uint32_t dropout_seed = 0);
   // dy (B, out...) arriving for a segment that sent its activation up.
   segment_output backward(std::uint32_t device, int segment, micro_batch_id id, const tensor& dy);
+
+  // Moves `device` from route `from` to route `to` on tier `here`, at a step boundary (nothing of
+  // the device in flight). Blocks that stay on this tier keep their weights and optimizer state;
+  // the state of blocks that leave it is returned (maximal contiguous ranges); blocks that
+  // arrive stay missing until install_blocks() brings them (it may also come first).
+  std::vector<block_state> rehost(std::uint32_t device, const route& from, const route& to, tier here);
+  // Blocks of `device` arriving from another tier.
+  void install_blocks(std::uint32_t device, block_state s);
+  // Blocks of device's route expected here and not yet installed.
+  int n_missing(std::uint32_t device) const;
 
   // The stage (and optimizer) of a hosted segment.
   stage& stage_of(std::uint32_t device, int segment);
@@ -87,6 +108,12 @@ class segment_host {
   std::map<std::pair<std::uint32_t, int>, slot> slots_;
   std::map<std::pair<int, int>, std::shared_ptr<replica>> shared_;  // block range -> replica
   std::map<std::pair<std::uint32_t, int>, std::uint32_t> n_mb_;     // micro-batches per step
+  struct arrival {
+    std::set<int> missing;           // blocks still to come
+    std::vector<block_state> early;  // arrived before the re-host
+  };
+  std::map<std::uint32_t, arrival> arrivals_;
+  void apply(std::uint32_t device, const block_state& s);
 };
 
 }  // namespace cleave::core
