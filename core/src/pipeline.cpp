@@ -224,6 +224,11 @@ bool segment_host::hosts(std::uint32_t device, int segment) const {
   return slots_.count({device, segment}) > 0;
 }
 
+bool segment_host::hosts(std::uint32_t device, const route& r, int segment) const {
+  const auto it = slots_.find({device, segment});
+  return it != slots_.end() && it->second.r == r;
+}
+
 segment_host::slot& segment_host::at(std::uint32_t device, int segment) {
   const auto it = slots_.find({device, segment});
   if (it == slots_.end())

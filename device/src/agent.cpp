@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <thread>
 #include <variant>
 
@@ -106,6 +107,10 @@ class agent::impl {
   void run_round(const wire::RoundStart& r);
   // Waits for the step's micro-batches to come back; false when the round was abandoned.
   bool finish_step(std::uint64_t step, std::uint32_t n_micro_batches);
+  // Switches to the pending plan before `step`: hands over the blocks leaving this device, tells
+  // the route (Cutover), and waits for the blocks arriving; false when the round was abandoned.
+  bool cut_over(std::uint64_t step);
+  void on_migrate(const wire::Migrate& m);
   void upload_replicas(std::uint64_t round, std::uint64_t n_samples);
   void timed_compute(const std::function<void()>& f);
   void next_batch(std::int64_t n, float* x, std::int32_t* y);
@@ -133,6 +138,13 @@ class agent::impl {
   core::route route_;
   bool have_plan_ = false;
   std::uint32_t plan_epoch_ = 0;
+  std::uint32_t edge_id_ = 0;  // the edge on the route (0: none)
+  struct pending_plan {
+    core::route route;
+    std::uint32_t epoch = 0;
+    std::uint32_t edge_id = 0;
+  };
+  std::optional<pending_plan> pending_;  // a re-split waiting for the next step boundary
   std::uint32_t micro_batch_size_ = 0, n_micro_batches_ = 1;
   bool done_ = false;
   // In U-shape the labels of each micro-batch in flight wait here for the top segment.
@@ -249,6 +261,21 @@ void agent::impl::on_plan(const wire::Plan& p) {
   }
   const auto training = transport::training_of(p);
   const core::route r = transport::route_for(p, c_.id, model_.n_blocks());
+  std::uint32_t edge = 0;
+  for (const auto* dp : *p.devices())
+    if (dp->device_id() == c_.id && dp->stages())
+      for (const auto* st : *dp->stages())
+        if (st->role() == wire::Role::edge) edge = st->node_id();
+  if (p.resplit() && host_ && have_plan_) {
+    if (p.epoch() <= plan_epoch_)
+      throw core::error("re-split to plan " + std::to_string(p.epoch()) + ", not newer than " +
+                        std::to_string(plan_epoch_));
+    pending_ = pending_plan{r, p.epoch(), edge};
+    spdlog::debug("device {}: plan {} ({}) waits for the next step boundary", c_.id, p.epoch(), r.str());
+    return;
+  }
+  pending_.reset();
+  edge_id_ = edge;
   micro_batch_size_ = p.micro_batch_size();
   n_micro_batches_ = std::max(1u, p.n_micro_batches());
   if (!host_ || !have_plan_ || !(r == route_)) {
@@ -292,6 +319,9 @@ bool agent::impl::handle(event& e) {
     case wire::Body::GlobalWeights:
       on_global_weights(*m.as<wire::GlobalWeights>());
       return true;
+    case wire::Body::Migrate:
+      on_migrate(*m.as<wire::Migrate>());
+      return true;
     case wire::Body::RoundStart: {
       const auto& r = *m.as<wire::RoundStart>();
       if (r.device_id() == 0 || r.device_id() == c_.id) run_round(r);
@@ -334,6 +364,7 @@ void agent::impl::run_round(const wire::RoundStart& r) {
   std::uint64_t n_samples = 0;
   for (std::uint32_t i = 0; i < steps && !round_abandoned_ && !stop_.load(); ++i) {
     const std::uint64_t step = round_ * steps + i;
+    if (pending_ && !cut_over(step)) break;
     next_batch(mbs * n_mb, xb.data(), yb.data());
     for (std::uint32_t mb = 0; mb < n_mb; ++mb) {
       const core::micro_batch_id id{step, mb};
@@ -435,6 +466,61 @@ bool agent::impl::finish_step(std::uint64_t step, std::uint32_t n_micro_batches)
     }
   }
   return true;
+}
+
+bool agent::impl::cut_over(std::uint64_t step) {
+  const auto t0 = clock::now();
+  const pending_plan next = *pending_;
+  pending_.reset();
+  const core::route from = route_;
+  std::vector<core::block_state> lost;
+  timed_compute([&] { lost = host_->rehost(c_.id, from, next.route, core::tier::device); });
+  for (const auto& st : lost) {
+    transport::migrate_desc d;
+    d.epoch = next.epoch;
+    d.step = step;
+    d.device_id = c_.id;
+    d.from = core::tier::device;
+    d.to = transport::tier_of_block(next.route, st.begin);
+    d.from_node = c_.id;
+    d.to_node = d.to == core::tier::edge ? next.edge_id : 0;
+    send(transport::make_migrate(d, st));
+  }
+  send(transport::make_cutover(c_.id, next.epoch, step));
+  route_ = next.route;
+  plan_epoch_ = next.epoch;
+  edge_id_ = next.edge_id;
+  // The blocks coming down from the edge or the server.
+  while (host_->n_missing(c_.id) > 0) {
+    if (stop_.load()) return false;
+    auto e = next_event();
+    if (!e) continue;
+    if (std::holds_alternative<disconnected>(*e)) {
+      handle(*e);
+      round_abandoned_ = true;
+      return false;
+    }
+    if (!handle(*e)) {
+      round_abandoned_ = true;
+      return false;
+    }
+  }
+  spdlog::info("device {}: plan {} from step {}: {} -> {} ({} block range{} sent, {:.1f} ms)", c_.id, plan_epoch_, step,
+               from.str(), route_.str(), lost.size(), lost.size() == 1 ? "" : "s",
+               std::chrono::duration<double, std::milli>(clock::now() - t0).count());
+  return true;
+}
+
+void agent::impl::on_migrate(const wire::Migrate& m) {
+  if (m.device_id() != c_.id || transport::tier_of(m.to_role()) != core::tier::device)
+    throw core::error("Migrate for device " + std::to_string(m.device_id()) + " reached device " +
+                      std::to_string(c_.id));
+  if (m.epoch() != plan_epoch_) {
+    spdlog::debug("device {}: dropping blocks of plan {} (now {})", c_.id, m.epoch(), plan_epoch_);
+    return;
+  }
+  core::block_state st = transport::block_state_of(m, model_);
+  timed_compute([&] { host_->install_blocks(c_.id, std::move(st)); });
 }
 
 void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples) {

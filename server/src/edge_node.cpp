@@ -11,6 +11,7 @@
 #include <asio/steady_timer.hpp>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -58,6 +59,9 @@ class edge_node::impl {
   struct device_state {
     std::shared_ptr<device_peer> peer;
     core::route route;
+    std::uint32_t epoch = 0;
+    std::optional<core::route> next;  // a re-split waiting for the device's Cutover
+    std::uint32_t next_epoch = 0;
     bool planned = false;
     bool expected = false, done = false;
     std::uint64_t n_samples = 0;
@@ -69,6 +73,12 @@ class edge_node::impl {
   void on_upstream(transport::message m);
   void on_device_message(const std::shared_ptr<device_peer>& d, transport::message m);
   void step_message(std::uint32_t dev, transport::message m, bool is_activation, bool from_server);
+  void on_cutover(const std::shared_ptr<device_peer>& d, const wire::Cutover& c, const transport::message& m);
+  // Installs blocks that moved here (worker), then serves the steps that waited for them.
+  void install_migrated(std::uint32_t dev, core::block_state st);
+  // Worker: runs a step task of dev now, or after its migrated blocks have arrived.
+  void run_or_defer(std::uint32_t dev, std::function<void()> task);
+  void run_deferred(std::uint32_t dev);
   void drop_device(const std::shared_ptr<device_peer>& d, const std::string& why);
   void send_up(transport::message_builder&& m) {
     if (up_out_) up_out_->post(std::move(m));
@@ -98,8 +108,8 @@ class edge_node::impl {
   std::unique_ptr<core::backend> be_;
   core::model_spec model_;
   std::string model_json_;
-  std::unique_ptr<core::segment_host> host_;  // worker only
-  std::uint32_t plan_epoch_ = 0;
+  std::unique_ptr<core::segment_host> host_;                              // worker only
+  std::map<std::uint32_t, std::vector<std::function<void()>>> deferred_;  // worker only
   std::map<std::uint32_t, device_state> devices_;
   std::vector<std::shared_ptr<device_peer>> peers_;
 
@@ -198,19 +208,28 @@ void edge_node::impl::on_upstream(transport::message m) {
             std::make_unique<core::segment_host>(*be_, model_, training.opt, training.seed));
         asio::post(work_, [this, fresh] { host_ = std::move(*fresh); });
       }
-      plan_epoch_ = p.epoch();
       for (const auto* dp : *p.devices()) {
         const std::uint32_t id = dp->device_id();
         auto it = devices_.find(id);
         if (it == devices_.end() || !it->second.peer) continue;
         const core::route r = transport::route_for(p, id, model_.n_blocks());
-        it->second.route = r;
-        it->second.planned = true;
-        asio::post(work_, [this, id, r] {
-          host_->drop_device(id);
-          for (int seg : r.segments_on(core::tier::edge)) host_->host(id, r, seg);
-        });
-        it->second.peer->out->post(transport::copy_of(m));
+        auto& st = it->second;
+        if (p.resplit() && st.planned) {
+          if (p.epoch() <= st.epoch) throw core::error("re-split of device " + std::to_string(id) + " to an old plan");
+          st.next = r;
+          st.next_epoch = p.epoch();
+        } else {
+          st.route = r;
+          st.epoch = p.epoch();
+          st.next.reset();
+          st.planned = true;
+          asio::post(work_, [this, id, r] {
+            host_->drop_device(id);
+            deferred_.erase(id);
+            for (int seg : r.segments_on(core::tier::edge)) host_->host(id, r, seg);
+          });
+        }
+        st.peer->out->post(transport::copy_of(m));
       }
       return;
     }
@@ -234,6 +253,19 @@ void edge_node::impl::on_upstream(transport::message m) {
     case wire::Body::RoundStart:
       start_round(*m.as<wire::RoundStart>());
       return;
+    case wire::Body::Migrate: {
+      const auto& mg = *m.as<wire::Migrate>();
+      auto it = devices_.find(mg.device_id());
+      if (it == devices_.end() || !it->second.planned || !it->second.peer || !it->second.peer->alive) return;
+      const auto to = transport::tier_of(mg.to_role());
+      if (to == core::tier::edge)
+        install_migrated(mg.device_id(), transport::block_state_of(mg, model_));
+      else if (to == core::tier::device)
+        it->second.peer->out->post(transport::copy_of(m));
+      else
+        throw core::error("Migrate from the server addressed to the server");
+      return;
+    }
     case wire::Body::Activations:
       step_message(m.as<wire::Activations>()->device_id(), std::move(m), true, true);
       return;
@@ -400,7 +432,8 @@ void edge_node::impl::step_message(std::uint32_t dev, transport::message m, bool
     const auto at = static_cast<std::uint32_t>(is_activation ? r.begin(s) : r.end(s));
     if (nb == from && at == block) seg = s;
   }
-  if (seg < 0 || epoch != plan_epoch_) {
+  const std::uint32_t plan_epoch = it->second.epoch;
+  if (seg < 0 || epoch != plan_epoch) {
     const std::string why =
         "step message for block " + std::to_string(block) + " outside the plan of device " + std::to_string(dev);
     if (from_server) throw core::error(why);
@@ -410,7 +443,7 @@ void edge_node::impl::step_message(std::uint32_t dev, transport::message m, bool
   auto down = it->second.peer->out;
   auto up = up_out_;
   auto peer = it->second.peer;
-  asio::post(work_, [this, dev, r, seg, is_activation, down, up, peer, m = std::move(m)]() mutable {
+  auto task = [this, dev, r, seg, is_activation, down, up, peer, plan_epoch, m = std::move(m)]() mutable {
     const auto t0 = clock::now();
     try {
       core::segment_output o;
@@ -438,12 +471,12 @@ void edge_node::impl::step_message(std::uint32_t dev, transport::message m, bool
       be_->synchronize();
       // Where the next segment runs: up the route is toward path[seg + 1].
       if (o.dir == core::segment_output::direction::up) {
-        const transport::step_key key{plan_epoch_, step, mb, dev, static_cast<std::uint32_t>(r.end(seg))};
+        const transport::step_key key{plan_epoch, step, mb, dev, static_cast<std::uint32_t>(r.end(seg))};
         // Labels on their way to the loss above pass through unchanged.
         auto msg = transport::make_activations(key, bi, *be_, o.value, labels.defined() ? &labels : nullptr);
         (r.path[static_cast<std::size_t>(seg + 1)] == core::tier::server ? up : down)->post(std::move(msg));
       } else if (o.dir == core::segment_output::direction::down) {
-        const transport::step_key key{plan_epoch_, step, mb, dev, static_cast<std::uint32_t>(r.begin(seg))};
+        const transport::step_key key{plan_epoch, step, mb, dev, static_cast<std::uint32_t>(r.begin(seg))};
         auto msg = transport::make_gradients(key, *be_, o.value, o.loss, o.n_correct);
         (r.path[static_cast<std::size_t>(seg - 1)] == core::tier::server ? up : down)->post(std::move(msg));
       }
@@ -452,6 +485,79 @@ void edge_node::impl::step_message(std::uint32_t dev, transport::message m, bool
       asio::post(io_, [this, peer, why] { drop_device(peer, why); });
     }
     compute_s_.store(compute_s_.load() + std::chrono::duration<double>(clock::now() - t0).count());
+  };
+  auto shared_task = std::make_shared<decltype(task)>(std::move(task));
+  asio::post(work_, [this, dev, shared_task] { run_or_defer(dev, [shared_task] { (*shared_task)(); }); });
+}
+
+void edge_node::impl::run_or_defer(std::uint32_t dev, std::function<void()> task) {
+  if (host_->n_missing(dev) > 0 || !deferred_[dev].empty()) {
+    deferred_[dev].push_back(std::move(task));
+    return;
+  }
+  task();
+}
+
+void edge_node::impl::run_deferred(std::uint32_t dev) {
+  if (host_->n_missing(dev) > 0) return;
+  auto tasks = std::move(deferred_[dev]);
+  deferred_.erase(dev);
+  for (auto& t : tasks) t();
+}
+
+void edge_node::impl::install_migrated(std::uint32_t dev, core::block_state st) {
+  auto s = std::make_shared<core::block_state>(std::move(st));
+  auto it = devices_.find(dev);
+  auto peer = it != devices_.end() ? it->second.peer : nullptr;
+  asio::post(work_, [this, dev, s, peer] {
+    try {
+      host_->install_blocks(dev, std::move(*s));
+      run_deferred(dev);
+    } catch (const core::error& e) {
+      const std::string why = e.what();
+      if (peer) asio::post(io_, [this, peer, why] { drop_device(peer, why); });
+    }
+  });
+}
+
+void edge_node::impl::on_cutover(const std::shared_ptr<device_peer>& d, const wire::Cutover& c,
+                                 const transport::message& m) {
+  auto& st = devices_.at(d->id);
+  if (c.device_id() != d->id || !st.next || c.epoch() != st.next_epoch)
+    throw core::error("Cutover to plan " + std::to_string(c.epoch()) + ", which was not announced");
+  const core::route from = st.route, to = *st.next;
+  st.route = to;
+  st.epoch = st.next_epoch;
+  st.next.reset();
+  const std::uint32_t dev = d->id, epoch = st.epoch;
+  const std::uint64_t step = c.step();
+  auto down = d->out;
+  auto up = up_out_;
+  auto cutover = std::make_shared<transport::message_builder>(transport::copy_of(m));
+  asio::post(work_, [this, dev, from, to, epoch, step, down, up, d, cutover] {
+    try {
+      for (const auto& bs : host_->rehost(dev, from, to, core::tier::edge)) {
+        transport::migrate_desc md;
+        md.epoch = epoch;
+        md.step = step;
+        md.device_id = dev;
+        md.from = core::tier::edge;
+        md.to = transport::tier_of_block(to, bs.begin);
+        md.from_node = c_.id;
+        md.to_node = md.to == core::tier::device ? dev : 0;
+        auto msg = transport::make_migrate(md, bs);
+        if (md.to == core::tier::device)
+          down->post(std::move(msg));
+        else if (up)
+          up->post(std::move(msg));
+      }
+      // After this edge's own blocks, so the server has them when it re-hosts.
+      if (up) up->post(std::move(*cutover));
+      run_deferred(dev);
+    } catch (const core::error& e) {
+      const std::string why = e.what();
+      asio::post(io_, [this, d, why] { drop_device(d, why); });
+    }
   });
 }
 
@@ -487,6 +593,22 @@ void edge_node::impl::on_device_message(const std::shared_ptr<device_peer>& d, t
       maybe_flush(false);
       return;
     }
+    case wire::Body::Migrate: {
+      const auto& mg = *m.as<wire::Migrate>();
+      if (mg.device_id() != d->id || transport::tier_of(mg.from_role()) != core::tier::device)
+        throw core::error("Migrate for another device");
+      const auto to = transport::tier_of(mg.to_role());
+      if (to == core::tier::edge)
+        install_migrated(d->id, transport::block_state_of(mg, model_));
+      else if (to == core::tier::server)
+        send_up(transport::copy_of(m));
+      else
+        throw core::error("Migrate from a device addressed to a device");
+      return;
+    }
+    case wire::Body::Cutover:
+      on_cutover(d, *m.as<wire::Cutover>(), m);
+      return;
     case wire::Body::Ping:
     case wire::Body::Pong:
     case wire::Body::Profile:
@@ -507,6 +629,7 @@ void edge_node::impl::drop_device(const std::shared_ptr<device_peer>& d, const s
     const auto id = d->id;
     asio::post(work_, [this, id] {
       if (host_) host_->drop_device(id);
+      deferred_.erase(id);
     });
     if (d->announced) send_up(transport::make_leave({id, why}));
   }

@@ -79,6 +79,10 @@ class server_node::impl {
     std::shared_ptr<peer> via;
     bool behind_edge = false;
     core::route route;
+    std::uint32_t epoch = 0;
+    std::optional<core::route> next;  // announced, waiting for the device's Cutover
+    std::uint32_t next_epoch = 0;
+    std::uint64_t last_step = ~0ULL;  // the last step seen
     bool connected = false;
     bool participant = false;
     bool done = false;
@@ -97,15 +101,23 @@ class server_node::impl {
   void device_gone(std::uint32_t id, const std::string& reason);
   void on_step_message(const std::shared_ptr<peer>& p, transport::message m, bool is_activation);
   void on_replica(const std::shared_ptr<peer>& p, const wire::ReplicaUpload& r);
+  // Re-splits: announce a new route, switch at the device's Cutover, receive moved blocks.
+  void propose(std::uint32_t device, const core::route& r, const std::string& why);
+  void on_cutover(const std::shared_ptr<peer>& p, const wire::Cutover& c);
+  void on_migrate(const std::shared_ptr<peer>& p, const wire::Migrate& m);
+  // Worker: runs a step task of dev now, or after its migrated blocks have arrived.
+  void run_or_defer(std::uint32_t dev, std::function<void()> task);
+  void run_deferred(std::uint32_t dev);
   core::route route_for_device(bool behind_edge) const;
-  transport::message_builder plan_message(std::uint32_t device) const;
+  transport::message_builder plan_message(std::uint32_t device, bool resplit = false) const;
   void send_global(const std::shared_ptr<peer>& to, std::uint32_t device_id, double acc, double loss);
   void shutdown(const std::string& why);
   std::uint64_t channel_bytes() const;
 
   // Worker thread.
-  void compute_step(std::uint32_t device, const core::route& r, std::shared_ptr<transport::outbox> out,
-                    transport::message m, bool is_activation, std::shared_ptr<peer> p);
+  void compute_step(std::uint32_t device, const core::route& r, std::uint32_t epoch,
+                    std::shared_ptr<transport::outbox> out, transport::message m, bool is_activation,
+                    std::shared_ptr<peer> p);
   // Runs f on the worker thread and resumes on the I/O thread with its result.
   // f is a named object of the caller (alive across the co_await).
   template <class F>
@@ -129,8 +141,9 @@ class server_node::impl {
   std::unique_ptr<core::backend> be_;
   core::model_spec model_;
   core::dataset_split data_;
-  std::unique_ptr<core::segment_host> host_;  // worker only
-  std::unique_ptr<core::trainer> eval_;       // worker only
+  std::unique_ptr<core::segment_host> host_;                              // worker only
+  std::map<std::uint32_t, std::vector<std::function<void()>>> deferred_;  // worker only
+  std::unique_ptr<core::trainer> eval_;                                   // worker only
 
   std::vector<std::shared_ptr<peer>> peers_;
   std::map<std::uint32_t, device_state> devices_;
@@ -168,17 +181,18 @@ core::route server_node::impl::route_for_device(bool behind_edge) const {
   return core::make_route(c_.u_shape, behind_edge, cuts, model_.n_blocks());
 }
 
-transport::message_builder server_node::impl::plan_message(std::uint32_t device) const {
+transport::message_builder server_node::impl::plan_message(std::uint32_t device, bool resplit) const {
   const auto& d = devices_.at(device);
   transport::plan_desc p;
-  p.epoch = plan_epoch_;
+  p.epoch = resplit ? d.next_epoch : d.epoch;
+  p.resplit = resplit;
   p.model_json = model_.json;
   p.training = {c_.opt, c_.seed};
   p.micro_batch_size = static_cast<std::uint32_t>(c_.batch / c_.micro_batches);
   p.n_micro_batches = static_cast<std::uint32_t>(c_.micro_batches);
   p.device_id = device;
   p.edge_id = d.behind_edge ? d.via->id : 0;
-  p.route = d.route;
+  p.route = resplit ? *d.next : d.route;
   return transport::make_plan(p);
 }
 
@@ -202,7 +216,15 @@ void server_node::impl::register_device(const std::shared_ptr<peer>& via, const 
   d.via = via;
   d.behind_edge = behind_edge;
   d.route = route_for_device(behind_edge);
+  d.epoch = plan_epoch_;
+  d.next.reset();
+  d.last_step = ~0ULL;
   d.connected = true;
+  // A fresh start: whatever the worker still holds of this device goes.
+  asio::post(work_, [this, id] {
+    host_->drop_device(id);
+    deferred_.erase(id);
+  });
   d.participant = d.done = false;
   if (behind_edge) via->devices.insert(id);
   spdlog::info("server: device {} joined{} ({} samples): {}", id,
@@ -223,7 +245,11 @@ void server_node::impl::device_gone(std::uint32_t id, const std::string& reason)
   if (it->second.via) it->second.via->devices.erase(id);
   spdlog::warn("server: device {} left{}: {}", id,
                it->second.participant && round_open_ ? " during round " + std::to_string(round_) : "", reason);
-  asio::post(work_, [this, id] { host_->discard_pending(id); });
+  it->second.next.reset();
+  asio::post(work_, [this, id] {
+    host_->discard_pending(id);
+    deferred_.erase(id);
+  });
   notify();
 }
 
@@ -342,6 +368,12 @@ void server_node::impl::on_message(const std::shared_ptr<peer>& p, transport::me
         device_gone(l->node_id(), l->reason() ? l->reason()->str() : "left");
       }
       return;
+    case wire::Body::Cutover:
+      on_cutover(p, *m.as<wire::Cutover>());
+      return;
+    case wire::Body::Migrate:
+      on_migrate(p, *m.as<wire::Migrate>());
+      return;
     case wire::Body::Profile:
     case wire::Body::Pong:
     case wire::Body::Ping:
@@ -367,10 +399,11 @@ void server_node::impl::on_step_message(const std::shared_ptr<peer>& p, transpor
                       p->identity);
   if (p->role == transport::node_role::device && dev != p->id)
     throw core::error("device " + std::to_string(p->id) + " sent a step message for device " + std::to_string(dev));
-  if (epoch != plan_epoch_) {
-    p->out->post(
-        transport::make_error(wire::ErrorCode::stale_epoch,
-                              "plan epoch " + std::to_string(epoch) + " is over; now " + std::to_string(plan_epoch_)));
+  auto& d = it->second;
+  if (epoch != d.epoch) {
+    p->out->post(transport::make_error(wire::ErrorCode::stale_epoch, "plan epoch " + std::to_string(epoch) +
+                                                                         " of device " + std::to_string(dev) +
+                                                                         " is over; now " + std::to_string(d.epoch)));
     return;
   }
   if (!round_open_ || !it->second.participant || it->second.done ||
@@ -378,14 +411,113 @@ void server_node::impl::on_step_message(const std::shared_ptr<peer>& p, transpor
     spdlog::debug("server: dropping a step message of device {} outside its round", dev);
     return;
   }
+  if (is_activation && step != d.last_step) {
+    d.last_step = step;
+    if (c_.force_route && !d.next && c_.mode == training_mode::splitfed)
+      if (auto r = c_.force_route(dev, step, d.route); r && !(*r == d.route)) propose(dev, *r, "forced");
+  }
   auto out = p->out;
-  asio::post(work_, [this, dev, out, p, r = it->second.route, m = std::move(m), is_activation]() mutable {
-    compute_step(dev, r, out, std::move(m), is_activation, p);
+  auto task = std::make_shared<transport::message>(std::move(m));
+  asio::post(work_, [this, dev, out, p, r = d.route, epoch, task, is_activation] {
+    run_or_defer(dev, [this, dev, out, p, r, epoch, task, is_activation] {
+      compute_step(dev, r, epoch, out, std::move(*task), is_activation, p);
+    });
   });
 }
 
-void server_node::impl::compute_step(std::uint32_t dev, const core::route& r, std::shared_ptr<transport::outbox> out,
-                                     transport::message m, bool is_activation, std::shared_ptr<peer> p) {
+void server_node::impl::run_or_defer(std::uint32_t dev, std::function<void()> task) {
+  if (host_->n_missing(dev) > 0 || !deferred_[dev].empty()) {
+    deferred_[dev].push_back(std::move(task));
+    return;
+  }
+  task();
+}
+
+void server_node::impl::run_deferred(std::uint32_t dev) {
+  if (host_->n_missing(dev) > 0) return;
+  auto tasks = std::move(deferred_[dev]);
+  deferred_.erase(dev);
+  for (auto& t : tasks) t();
+}
+
+void server_node::impl::propose(std::uint32_t device, const core::route& r, const std::string& why) {
+  auto& d = devices_.at(device);
+  if (d.next || !d.connected) return;
+  d.next = r;
+  d.next_epoch = ++plan_epoch_;
+  spdlog::info("server: re-split device {} ({}): {} -> {} (plan {})", device, why, d.route.str(), r.str(),
+               d.next_epoch);
+  d.via->out->post(plan_message(device, true));
+}
+
+void server_node::impl::on_cutover(const std::shared_ptr<peer>& p, const wire::Cutover& c) {
+  const std::uint32_t dev = c.device_id();
+  const auto it = devices_.find(dev);
+  if (it == devices_.end() || it->second.via != p || !it->second.connected)
+    throw core::error("Cutover for device " + std::to_string(dev) + ", which is not attached through " + p->identity);
+  auto& d = it->second;
+  if (!d.next || c.epoch() != d.next_epoch)
+    throw core::error("Cutover of device " + std::to_string(dev) + " to plan " + std::to_string(c.epoch()) +
+                      ", which was not announced");
+  const core::route from = d.route, to = *d.next;
+  d.route = to;
+  d.epoch = d.next_epoch;
+  d.next.reset();
+  const std::uint32_t epoch = d.epoch;
+  const std::uint64_t step = c.step();
+  const std::uint32_t edge = d.behind_edge ? d.via->id : 0;
+  auto out = p->out;
+  asio::post(work_, [this, dev, from, to, epoch, step, edge, out, p] {
+    try {
+      for (const auto& bs : host_->rehost(dev, from, to, core::tier::server)) {
+        transport::migrate_desc md;
+        md.epoch = epoch;
+        md.step = step;
+        md.device_id = dev;
+        md.from = core::tier::server;
+        md.to = transport::tier_of_block(to, bs.begin);
+        md.to_node = md.to == core::tier::edge ? edge : dev;
+        out->post(transport::make_migrate(md, bs));
+      }
+      run_deferred(dev);
+    } catch (const core::error& e) {
+      const std::string why = e.what();
+      asio::post(io_, [this, p, dev, why] {
+        if (p->role == transport::node_role::device)
+          drop_peer(p, why);
+        else
+          device_gone(dev, why);
+      });
+    }
+  });
+}
+
+void server_node::impl::on_migrate(const std::shared_ptr<peer>& p, const wire::Migrate& m) {
+  const std::uint32_t dev = m.device_id();
+  const auto it = devices_.find(dev);
+  if (it == devices_.end() || it->second.via != p || !it->second.connected)
+    throw core::error("Migrate for device " + std::to_string(dev) + ", which is not attached through " + p->identity);
+  if (transport::tier_of(m.to_role()) != core::tier::server) throw core::error("Migrate not addressed to the server");
+  auto st = std::make_shared<core::block_state>(transport::block_state_of(m, model_));
+  asio::post(work_, [this, dev, st, p] {
+    try {
+      host_->install_blocks(dev, std::move(*st));
+      run_deferred(dev);
+    } catch (const core::error& e) {
+      const std::string why = e.what();
+      asio::post(io_, [this, p, dev, why] {
+        if (p->role == transport::node_role::device)
+          drop_peer(p, why);
+        else
+          device_gone(dev, why);
+      });
+    }
+  });
+}
+
+void server_node::impl::compute_step(std::uint32_t dev, const core::route& r, std::uint32_t epoch,
+                                     std::shared_ptr<transport::outbox> out, transport::message m, bool is_activation,
+                                     std::shared_ptr<peer> p) {
   const auto t0 = clock::now();
   try {
     const int seg = r.segments_on(core::tier::server).at(0);
@@ -419,11 +551,11 @@ void server_node::impl::compute_step(std::uint32_t dev, const core::route& r, st
     }
     be_->synchronize();
     if (o.dir == core::segment_output::direction::up) {
-      const transport::step_key key{plan_epoch_, step, mb, dev, static_cast<std::uint32_t>(r.end(seg))};
+      const transport::step_key key{epoch, step, mb, dev, static_cast<std::uint32_t>(r.end(seg))};
       const auto& a = *m.as<wire::Activations>();
       out->post(transport::make_activations(key, transport::batch_of(a), *be_, o.value, nullptr));
     } else if (o.dir == core::segment_output::direction::down) {
-      const transport::step_key key{plan_epoch_, step, mb, dev, static_cast<std::uint32_t>(r.begin(seg))};
+      const transport::step_key key{epoch, step, mb, dev, static_cast<std::uint32_t>(r.begin(seg))};
       out->post(transport::make_gradients(key, *be_, o.value, o.loss, o.n_correct));
       if (is_activation) {
         const double n = static_cast<double>(o.value.shape()[0]);
@@ -552,7 +684,7 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     auto install_task = [this, routes, p = global_p_, b = global_b_] {
       for (const auto& [id, route] : routes)
         for (int seg : route.segments_on(core::tier::server)) {
-          if (!host_->hosts(id, seg)) host_->host(id, route, seg, c_.mode == training_mode::sequential);
+          if (!host_->hosts(id, route, seg)) host_->host(id, route, seg, c_.mode == training_mode::sequential);
           transport::install(host_->stage_of(id, seg), p, b);
         }
       return 0;
@@ -607,6 +739,8 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
       core::eval_report eval;
     };
     std::set<std::uint32_t> in(included.begin(), included.end());
+    // Routes may have changed during the round (re-splits).
+    for (auto& [id, route] : routes) route = devices_.at(id).route;
     auto average_task = [this, routes, in, avg = avg_.get(), p = global_p_, b = global_b_]() mutable {
       std::set<std::pair<int, int>> shared_done;
       const bool shared = c_.mode == training_mode::sequential;

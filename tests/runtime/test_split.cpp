@@ -6,10 +6,13 @@
 #include <cmath>
 #include <cstring>
 #include <future>
+#include <mutex>
+#include <optional>
 #include <set>
 
 #include "cleave/transport/message.h"
 
+#include "cleave/core/random.h"
 #include "cleave/core/trainer.h"
 #include "federation.h"
 
@@ -125,6 +128,78 @@ TEST_CASE("split training with one device equals local training in 2-tier, 3-tie
       CHECK(diff <= 1e-5);
     }
   }
+}
+
+// Valid cuts of a route shape over n blocks, drawn from r.
+std::vector<int> random_cuts(core::rng& r, bool u_shape, bool edge, int n) {
+  const std::size_t k = (edge ? 2 : 1) * (u_shape ? 2 : 1);
+  for (;;) {
+    std::vector<int> c(k);
+    for (auto& v : c) v = static_cast<int>(r.below(static_cast<std::uint64_t>(n + 1)));
+    std::sort(c.begin(), c.end());
+    if (c.front() >= 1 && (!u_shape || c.back() <= n - 1)) return c;
+  }
+}
+
+TEST_CASE("forced re-splits every few steps end with the same parameters as a fixed plan") {
+  const std::string be = test_backend();
+  for (const plan_shape& ps : {plan_shape{"2-tier", false, false}, plan_shape{"3-tier", true, false},
+                               plan_shape{"U-shaped 2-tier", false, true}, plan_shape{"U-shaped 3-tier", true, true}}) {
+    SUBCASE(ps.name) {
+      workspace w(std::string("resplit-") + (ps.edge ? "e" : "") + (ps.u_shape ? "u" : ""), 1);
+      auto sc = server_cfg(w, be);
+      sc.rounds = 2;
+      sc.local_steps = 25;
+      sc.u_shape = ps.u_shape;
+      if (ps.edge) {  // AdamW: two state tensors and a step count move with the blocks
+        sc.opt.kind = core::optimizer_kind::adamw;
+        sc.opt.lr = 0.002f;
+      }
+      std::mutex mu;
+      core::rng draw(5);
+      std::optional<core::route> seen;
+      int n_switches = 0;
+      sc.force_route = [&](std::uint32_t, std::uint64_t step,
+                           const core::route& current) -> std::optional<core::route> {
+        std::lock_guard lock(mu);
+        if (seen && !(*seen == current)) ++n_switches;
+        seen = current;
+        if (step % 4 != 0) return std::nullopt;
+        return core::make_route(ps.u_shape, ps.edge, random_cuts(draw, ps.u_shape, ps.edge, 12), 12);
+      };
+      const auto got = run_federation(w, be, sc, 1, ps.edge, {});
+      const auto want = local_training(w, be, sc.opt, sc.seed, 1, 50, sc.batch);
+      const double diff = max_rel_diff(got, want);
+      INFO(ps.name << ": " << n_switches << " re-splits, max relative difference " << diff);
+      CHECK(n_switches >= 6);
+      CHECK(diff <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("three devices re-split independently in one SplitFed round and still average exactly") {
+  const std::string be = test_backend();
+  workspace w("resplit3", 3);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 1;
+  sc.local_steps = 12;
+  sc.min_devices = 3;
+  std::mutex mu;
+  core::rng draw(9);
+  sc.force_route = [&](std::uint32_t dev, std::uint64_t step, const core::route&) -> std::optional<core::route> {
+    std::lock_guard lock(mu);
+    if ((step + dev) % 3 != 0) return std::nullopt;
+    return core::make_route(false, true, random_cuts(draw, false, true, 12), 12);
+  };
+  const auto got = run_federation(w, be, sc, 3, true, {});
+  std::vector<double> mean(got.size(), 0.0);
+  for (std::uint32_t d = 1; d <= 3; ++d) {
+    const auto p = local_training(w, be, sc.opt, sc.seed, d, 12, sc.batch);
+    for (std::size_t i = 0; i < p.size(); ++i) mean[i] += p[i] / 3.0;
+  }
+  const double diff = max_rel_diff(got, std::vector<float>(mean.begin(), mean.end()));
+  INFO("max relative difference " << diff);
+  CHECK(diff <= 1e-5);
 }
 
 TEST_CASE("a SplitFed-v1 round of four devices equals four local trainings averaged") {

@@ -56,8 +56,77 @@ message_builder make_plan(const plan_desc& p) {
   const auto training = f.CreateString(core::to_json(p.training.opt));
   const auto devices = f.CreateVector(&dp, 1);
   b.finish(wire::CreatePlan(f, p.epoch, static_cast<std::uint32_t>(p.route.n_blocks), p.route.u_shape(), model,
-                            p.micro_batch_size, p.n_micro_batches, devices, training, p.training.seed));
+                            p.micro_batch_size, p.n_micro_batches, devices, training, p.training.seed, p.resplit));
   return b;
+}
+
+message_builder make_migrate(const migrate_desc& d, const core::block_state& s) {
+  std::vector<tensor_source> weights = {
+      {core::dtype::f32, core::shape{static_cast<std::int64_t>(s.params.size())}, s.params.data(), "params"},
+      {core::dtype::f32, core::shape{static_cast<std::int64_t>(s.buffers.size())}, s.buffers.data(), "buffers"}};
+  std::vector<tensor_source> state;
+  for (const auto& v : s.optimizer_state)
+    state.push_back({core::dtype::f32, core::shape{static_cast<std::int64_t>(v.size())}, v.data(), "state"});
+  migrate_info info;
+  info.epoch = d.epoch;
+  info.step = d.step;
+  info.first_block = static_cast<std::uint32_t>(s.begin);
+  info.end_block = static_cast<std::uint32_t>(s.end);
+  info.from_node = d.from_node;
+  info.to_node = d.to_node;
+  info.device_id = d.device_id;
+  info.from_role = static_cast<node_role>(role_of(d.from));
+  info.to_role = static_cast<node_role>(role_of(d.to));
+  info.optimizer_steps = static_cast<std::uint64_t>(s.optimizer_steps);
+  return make_migrate(info, weights, state);
+}
+
+core::block_state block_state_of(const wire::Migrate& m, const core::model_spec& model) {
+  const auto n = static_cast<std::uint32_t>(model.n_blocks());
+  if (m.first_block() >= m.end_block() || m.end_block() > n)
+    throw core::error("Migrate of blocks [" + std::to_string(m.first_block()) + "," + std::to_string(m.end_block()) +
+                      ") outside the model's " + std::to_string(n));
+  if (m.optimizer_steps() > (1ULL << 40)) throw core::error("Migrate: optimizer step count out of range");
+  const auto lay = core::layout_of(model);
+  const auto np = lay.param_offset[m.end_block()] - lay.param_offset[m.first_block()];
+  const auto nb = lay.buffer_offset[m.end_block()] - lay.buffer_offset[m.first_block()];
+  core::block_state s;
+  s.begin = static_cast<int>(m.first_block());
+  s.end = static_cast<int>(m.end_block());
+  const auto p = f32_tensor(m.weights(), "params", np, "Migrate");
+  const auto b = f32_tensor(m.weights(), "buffers", nb, "Migrate");
+  s.params.assign(p.begin(), p.end());
+  s.buffers.assign(b.begin(), b.end());
+  if (m.optimizer_state()) {
+    if (m.optimizer_state()->size() > 2) throw core::error("Migrate: more than two optimizer state tensors");
+    for (const auto* t : *m.optimizer_state()) {
+      const tensor_view v = view_of(*t);
+      if (v.dtype != core::dtype::f32 || v.numel() != np)
+        throw core::error("Migrate: optimizer state holds " + std::to_string(v.numel()) + " " +
+                          std::string(core::dtype_name(v.dtype)) + " values, expected " + std::to_string(np) + " f32");
+      const auto vals = v.values<float>();
+      s.optimizer_state.emplace_back(vals.begin(), vals.end());
+    }
+  }
+  s.optimizer_steps = static_cast<std::int64_t>(m.optimizer_steps());
+  return s;
+}
+
+core::tier tier_of(wire::Role r) {
+  switch (r) {
+    case wire::Role::device:
+      return core::tier::device;
+    case wire::Role::edge:
+      return core::tier::edge;
+    default:
+      return core::tier::server;
+  }
+}
+
+core::tier tier_of_block(const core::route& r, int block) {
+  for (int s = 0; s < r.n_segments(); ++s)
+    if (r.begin(s) <= block && block < r.end(s)) return r.path[static_cast<std::size_t>(s)];
+  throw core::error("block " + std::to_string(block) + " is outside the route " + r.str());
 }
 
 training_settings training_of(const wire::Plan& p) {

@@ -53,6 +53,8 @@ class segment_host {
   void host(std::uint32_t device, const route& r, int segment, bool shared = false);
   void drop_device(std::uint32_t device);
   bool hosts(std::uint32_t device, int segment) const;
+  // Hosts that segment under route r (not another route's).
+  bool hosts(std::uint32_t device, const route& r, int segment) const;
 
   // x (B, in...) arriving for (device, segment). labels (B) i32 are needed where the loss is
   // computed here. micro_batch_scale is this micro-batch's share of the step's batch (the

@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cleave/core/optimizer.h"
+#include "cleave/core/plan.h"
 
 namespace cleave::server {
 
@@ -25,8 +27,8 @@ struct round_report {
   int n_devices = 0;        // in the average
   int n_participants = 0;   // asked to train
   double seconds = 0;
-  double train_seconds = 0;    // from the round's start until every replica was in (no averaging)
-  double train_loss = 0;  // mean over the round's samples
+  double train_seconds = 0;  // from the round's start until every replica was in (no averaging)
+  double train_loss = 0;     // mean over the round's samples
   double train_accuracy = 0;
   double test_loss = 0, test_accuracy = 0;
   double device_compute_s = 0, edge_compute_s = 0, server_compute_s = 0;  // summed over nodes
@@ -59,6 +61,10 @@ struct server_config {
   std::function<void(const round_report&)> on_round;
   std::function<void(std::uint64_t round, int n_participants)> on_round_start;
   std::function<void(std::uint16_t port)> on_listening;
+  // Plans forced from outside (tests, benchmarks): asked at each new step of a device; a route
+  // different from the current one is announced as a re-split (splitfed mode only).
+  std::function<std::optional<core::route>(std::uint32_t device, std::uint64_t step, const core::route& current)>
+      force_route;
 };
 
 class server_node {

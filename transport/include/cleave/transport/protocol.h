@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cleave/core/optimizer.h"
+#include "cleave/core/pipeline.h"
 #include "cleave/core/plan.h"
 #include "cleave/core/stage.h"
 #include "cleave/transport/message.h"
@@ -30,12 +31,29 @@ struct plan_desc {
   std::uint32_t device_id = 0;
   std::uint32_t edge_id = 0;  // the edge on the route (if any)
   core::route route;
+  bool resplit = false;  // applies at the device's next step boundary (see wire::Plan)
 };
 // A plan for one device.
 message_builder make_plan(const plan_desc& p);
 training_settings training_of(const wire::Plan& p);
 // The route of `device` in plan p, checked against the model's block count.
 core::route route_for(const wire::Plan& p, std::uint32_t device, int n_blocks);
+
+// ---- re-splits ----
+struct migrate_desc {
+  std::uint32_t epoch = 0;  // the plan epoch the blocks belong to
+  std::uint64_t step = 0;   // the first step of that epoch
+  std::uint32_t device_id = 0;
+  core::tier from = core::tier::device, to = core::tier::server;
+  std::uint32_t from_node = 0, to_node = 0;
+};
+// Blocks of a device's route with their weights and optimizer state.
+message_builder make_migrate(const migrate_desc& d, const core::block_state& s);
+// The state in a Migrate, checked against the model's layout (core::error naming the problem).
+core::block_state block_state_of(const wire::Migrate& m, const core::model_spec& model);
+core::tier tier_of(wire::Role r);
+// The tier that runs block i under route r.
+core::tier tier_of_block(const core::route& r, int block);
 
 // ---- step messages ----
 struct batch_info {
