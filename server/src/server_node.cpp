@@ -30,6 +30,10 @@
 #include "cleave/transport/outbox.h"
 #include "cleave/transport/protocol.h"
 #include "cleave/transport/tensor_io.h"
+#include "adaptive.h"
+#include "cleave/core/profiler.h"
+#include "cleave/core/splitter.h"
+#include "cleave/transport/emulation.h"
 #include "default_cuts.h"
 
 namespace cleave::server {
@@ -108,6 +112,13 @@ class server_node::impl {
   // Worker: runs a step task of dev now, or after its migrated blocks have arrived.
   void run_or_defer(std::uint32_t dev, std::function<void()> task);
   void run_deferred(std::uint32_t dev);
+  // The adaptive splitter: profiles in, plans out.
+  void on_profile(const std::shared_ptr<peer>& p, const wire::Profile& m);
+  void maybe_replan(const std::string& why);
+  std::vector<profile_book::device_entry> planned_devices() const;
+  double predicted_step();
+  void apply_schedule(std::uint64_t round);
+  void apply_caps(const std::shared_ptr<peer>& p);
   core::route route_for_device(bool behind_edge) const;
   transport::message_builder plan_message(std::uint32_t device, bool resplit = false) const;
   void send_global(const std::shared_ptr<peer>& to, std::uint32_t device_id, double acc, double loss);
@@ -143,6 +154,16 @@ class server_node::impl {
   core::dataset_split data_;
   std::unique_ptr<core::segment_host> host_;                              // worker only
   std::map<std::uint32_t, std::vector<std::function<void()>>> deferred_;  // worker only
+  core::live_profile live_;                                                // worker only
+  std::map<std::uint32_t, double> step_compute_;                           // worker: this step's compute per device
+  int n_observed_ = 0;                                                     // worker
+  std::uint32_t profile_batch_ = 0;
+  std::uint64_t memory_budget_ = 0;
+  std::unique_ptr<profile_book> book_;  // I/O thread
+  transport::emulation_schedule schedule_;
+  std::vector<transport::emulation_event> link_events_;  // links of this node changed by the schedule
+  double predicted_ = 0;
+  int n_resplits_ = 0;
   std::unique_ptr<core::trainer> eval_;                                   // worker only
 
   std::vector<std::shared_ptr<peer>> peers_;
@@ -235,6 +256,7 @@ void server_node::impl::register_device(const std::shared_ptr<peer>& via, const 
   via->out->post(transport::make_welcome(w));
   via->out->post(plan_message(id));
   send_global(via, id, last_.test_accuracy, last_.test_loss);
+  if (!behind_edge) apply_caps(via);
   notify();
 }
 
@@ -250,6 +272,7 @@ void server_node::impl::device_gone(std::uint32_t id, const std::string& reason)
     host_->discard_pending(id);
     deferred_.erase(id);
   });
+  maybe_replan("device " + std::to_string(id) + " left");
   notify();
 }
 
@@ -307,6 +330,7 @@ asio::awaitable<void> server_node::impl::serve(std::shared_ptr<peer> p) {
       register_device(p, *h);
     } else if (p->role == transport::node_role::edge) {
       spdlog::info("server: edge {} ({}) connected", p->id, p->identity);
+      apply_caps(p);
       transport::welcome_info w;
       w.node_id = p->id;
       w.plan_epoch = plan_epoch_;
@@ -375,6 +399,8 @@ void server_node::impl::on_message(const std::shared_ptr<peer>& p, transport::me
       on_migrate(p, *m.as<wire::Migrate>());
       return;
     case wire::Body::Profile:
+      on_profile(p, *m.as<wire::Profile>());
+      return;
     case wire::Body::Pong:
     case wire::Body::Ping:
       return;
@@ -463,6 +489,7 @@ void server_node::impl::on_cutover(const std::shared_ptr<peer>& p, const wire::C
   d.route = to;
   d.epoch = d.next_epoch;
   d.next.reset();
+  if (round_open_) ++n_resplits_;
   const std::uint32_t epoch = d.epoch;
   const std::uint64_t step = c.step();
   const std::uint32_t edge = d.behind_edge ? d.via->id : 0;
@@ -550,6 +577,23 @@ void server_node::impl::compute_step(std::uint32_t dev, const core::route& r, st
       o = host_->backward(dev, seg, {step, mb}, transport::to_backend(*be_, transport::view_of(*g.gradient())));
     }
     be_->synchronize();
+    if (o.stepped) {
+      // One whole step of this segment: the live profile learns what it really costs here.
+      const double took = step_compute_[dev] + std::chrono::duration<double>(clock::now() - t0).count() -
+                          (is_activation ? 0.0 : 0.0);
+      step_compute_[dev] = -std::chrono::duration<double>(clock::now() - t0).count();
+      const double per_profile_batch = took * static_cast<double>(profile_batch_) /
+                                       (static_cast<double>(c_.batch) / static_cast<double>(c_.micro_batches));
+      if (r.begin(seg) < r.end(seg)) {
+        live_.observe(r.begin(seg), r.end(seg), per_profile_batch, c_.micro_batches);
+        if (++n_observed_ % 8 == 0) {
+          auto snap = transport::current_profile(live_, 0, profile_batch_, be_->name(), memory_budget_);
+          asio::post(io_, [this, snap = std::move(snap)]() mutable {
+            book_->set_profile({transport::node_role::server, 0}, std::move(snap));
+          });
+        }
+      }
+    }
     if (o.dir == core::segment_output::direction::up) {
       const transport::step_key key{epoch, step, mb, dev, static_cast<std::uint32_t>(r.end(seg))};
       const auto& a = *m.as<wire::Activations>();
@@ -580,6 +624,7 @@ void server_node::impl::compute_step(std::uint32_t dev, const core::route& r, st
   }
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
   server_compute_.store(server_compute_.load() + secs);
+  step_compute_[dev] += secs;
 }
 
 void server_node::impl::on_replica(const std::shared_ptr<peer>& p, const wire::ReplicaUpload& r) {
