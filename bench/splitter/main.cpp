@@ -1,0 +1,100 @@
+// Times the splitter's planner on random problems the size of a fleet (100 blocks, 64 devices) and
+// against exhaustive search on a small one; prints plain lines of figures.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "cleave/core/random.h"
+#include "cleave/core/splitter.h"
+
+using namespace cleave;
+
+namespace {
+
+// n blocks; every device behind one of n_edges edges (none when 0); measured-looking figures:
+// boards 1-10 ms a block, edges 4x and the server 20x faster, Wi-Fi-like device links, fast edge links.
+core::split_problem random_problem(std::uint64_t seed, int n, int n_edges, int n_devices, bool u_shape) {
+  core::rng r(seed);
+  auto uni = [&](double a, double b) { return a + (b - a) * static_cast<double>(r.uniform()); };
+  core::split_problem p;
+  p.n_blocks = n;
+  p.u_shape = u_shape;
+  p.n_micro_batches = 4;
+  const auto un = static_cast<std::size_t>(n);
+  for (std::size_t c = 0; c <= un; ++c) p.cut_bytes.push_back(uni(1e4, 2e6));
+  for (std::size_t i = 0; i < un; ++i) {
+    p.fixed_bytes.push_back(uni(1e5, 8e6));
+    p.saved_bytes.push_back(uni(1e5, 4e6));
+  }
+  std::vector<double> base(un);
+  for (auto& b : base) b = uni(1e-3, 1e-2);
+  auto scaled = [&](double f) {
+    std::vector<double> v(un);
+    for (std::size_t i = 0; i < un; ++i) v[i] = base[i] * f * uni(0.8, 1.25);
+    return v;
+  };
+  p.server = {scaled(1.0 / 20), 80e9};
+  for (int e = 0; e < n_edges; ++e) {
+    p.edges.push_back({scaled(1.0 / 4), 8e9});
+    p.edge_links.push_back({uni(5e8, 1.25e9), uni(2e-4, 1e-3)});
+  }
+  for (int d = 0; d < n_devices; ++d) {
+    core::device_costs dev;
+    dev.board = {scaled(uni(0.5, 2.0)), uni(1.5e8, 4e8)};
+    dev.edge = n_edges > 0 ? static_cast<int>(r.below(static_cast<std::uint64_t>(n_edges))) : -1;
+    dev.link = {uni(5e6, 5e7), uni(2e-3, 2e-2)};
+    p.devices.push_back(dev);
+  }
+  return p;
+}
+
+double seconds_of(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Median of `runs` timed calls after `warmups` untimed ones.
+double median_seconds(const std::function<void()>& f, int warmups, int runs) {
+  for (int i = 0; i < warmups; ++i) f();
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) t.push_back(seconds_of(f));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double time_plan_best(const core::split_problem& p) {
+  return median_seconds([&] { core::plan_best(p); }, 3, 20);
+}
+
+}  // namespace
+
+int main() {
+  const auto big = random_problem(1, 100, 4, 64, false);
+  const double t_big = time_plan_best(big);
+  const auto plan = core::plan_best(big);
+  std::printf("plan_best 100 blocks, D E S (4 edges), 64 devices: %.3f ms (target 10 ms), predicted step %.1f ms\n",
+              t_big * 1e3, plan.cost.step_seconds * 1e3);
+
+  const auto two = random_problem(2, 100, 0, 64, false);
+  std::printf("plan_best 100 blocks, D S, 64 devices: %.3f ms\n", time_plan_best(two) * 1e3);
+
+  const auto u3 = random_problem(3, 50, 4, 64, true);
+  std::printf("plan_best 50 blocks, D E S E D (4 edges), 64 devices: %.3f ms\n", time_plan_best(u3) * 1e3);
+
+  const auto u2 = random_problem(4, 50, 0, 64, true);
+  std::printf("plan_best 50 blocks, D S D, 64 devices: %.3f ms\n", time_plan_best(u2) * 1e3);
+
+  for (const bool u : {false, true}) {
+    const int n = u ? 12 : 20;
+    const auto small = random_problem(5, n, 2, 8, u);
+    const double t_all = median_seconds([&] { core::plan_exhaustive(small); }, 1, 5);
+    const double t_best = median_seconds([&] { core::plan_best(small); }, 3, 20);
+    const bool same = core::plan_best(small).routes == core::plan_exhaustive(small).routes;
+    std::printf("%d blocks, %s, 8 devices: plan_exhaustive %.3f ms, plan_best %.3f ms, ratio %.0fx, same routes: %s\n",
+                n, u ? "D E S E D" : "D E S", t_all * 1e3, t_best * 1e3, t_all / t_best, same ? "yes" : "NO");
+  }
+  return 0;
+}
