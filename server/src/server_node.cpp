@@ -519,6 +519,117 @@ void server_node::impl::on_cutover(const std::shared_ptr<peer>& p, const wire::C
   });
 }
 
+void server_node::impl::on_profile(const std::shared_ptr<peer>& p, const wire::Profile& m) {
+  auto prof = transport::profile_of(m, model_.n_blocks());
+  const std::uint32_t node = m.node_id();
+  const node_key server{transport::node_role::server, 0};
+  std::string about;
+  if (p->role == transport::node_role::device || node != p->id) {
+    // A device's own profile, directly or relayed by its edge.
+    const auto it = devices_.find(node);
+    if (it == devices_.end() || it->second.via != p)
+      throw core::error("profile of device " + std::to_string(node) + ", which is not attached through " + p->identity);
+    const node_key dk{transport::node_role::device, node};
+    const node_key up = it->second.behind_edge ? node_key{transport::node_role::edge, p->id} : server;
+    for (const auto& l : prof.links) book_->report_link(dk, up, l.rtt_us * 1e-6, l.bandwidth_bytes_per_s);
+    about = "device " + std::to_string(node);
+    book_->set_profile(dk, std::move(prof));
+  } else {
+    const node_key ek{transport::node_role::edge, node};
+    for (const auto& l : prof.links) {
+      const node_key peer_key = l.peer_id == 0 ? server : node_key{transport::node_role::device, l.peer_id};
+      book_->report_link(ek, peer_key, l.rtt_us * 1e-6, l.bandwidth_bytes_per_s);
+    }
+    about = "edge " + std::to_string(node);
+    book_->set_profile(ek, std::move(prof));
+  }
+  maybe_replan("profile of " + about);
+}
+
+std::vector<profile_book::device_entry> server_node::impl::planned_devices() const {
+  std::vector<profile_book::device_entry> out;
+  for (const auto& [id, d] : devices_)
+    if (d.connected) out.push_back({id, d.behind_edge ? d.via->id : 0, d.behind_edge});
+  return out;
+}
+
+double server_node::impl::predicted_step() {
+  const auto devs = planned_devices();
+  std::string missing;
+  const auto prob = book_->problem(devs, missing);
+  if (!prob || devs.empty()) return 0;
+  std::vector<core::route> routes;
+  for (const auto& e : devs) routes.push_back(devices_.at(e.id).route);
+  try {
+    return core::evaluate_plan(*prob, routes).step_seconds;
+  } catch (const core::error&) {
+    return 0;
+  }
+}
+
+void server_node::impl::maybe_replan(const std::string& why) {
+  if (!c_.adaptive || c_.mode != training_mode::splitfed || stopping_ || !book_) return;
+  const auto devs = planned_devices();
+  if (devs.empty()) return;
+  for (const auto& e : devs)
+    if (devices_.at(e.id).next) return;  // one re-split at a time
+  // This side's view of its links.
+  for (const auto& p : peers_) {
+    if (!p->alive) continue;
+    const auto st = p->ch.stats();
+    book_->report_link({transport::node_role::server, 0}, {p->role, p->id}, st.rtt_us * 1e-6,
+                       st.send_bytes_per_second);
+  }
+  std::string missing;
+  const auto prob = book_->problem(devs, missing);
+  if (!prob) {
+    spdlog::debug("server: no plan yet ({}): waiting for the profile of {}", why, missing);
+    return;
+  }
+  std::vector<core::route> current;
+  for (const auto& e : devs) current.push_back(devices_.at(e.id).route);
+  core::split_plan best;
+  try {
+    best = core::plan_best(*prob);
+  } catch (const core::error& e) {
+    spdlog::warn("server: no plan fits ({}): {}", why, e.what());
+    return;
+  }
+  core::resplit_policy policy;
+  policy.min_gain = c_.min_gain;
+  policy.repay_rounds = c_.repay_rounds;
+  policy.steps_per_round = c_.local_steps;
+  const auto d = core::decide_resplit(*prob, current, best, policy);
+  predicted_ = d.change ? d.proposed_seconds : d.current_seconds;
+  if (!d.change) {
+    spdlog::debug("server: plan kept ({}): {}", why, d.reason);
+    return;
+  }
+  spdlog::info("server: re-plan ({}): {}", why, d.reason);
+  for (std::size_t i = 0; i < devs.size(); ++i)
+    if (!(best.routes[i] == current[i]))
+      propose(devs[i].id, best.routes[i],
+              fmt::format("its step {:.1f} -> {:.1f} ms",
+                          core::evaluate_route(*prob, static_cast<int>(i), current[i]).seconds * 1e3,
+                          best.cost.devices[i].seconds * 1e3));
+}
+
+void server_node::impl::apply_caps(const std::shared_ptr<peer>& p) {
+  for (const auto& ev : link_events_)
+    if (transport::name_matches(ev.b, p->identity)) p->ch.emulator().set(ev.caps);
+}
+
+void server_node::impl::apply_schedule(std::uint64_t round) {
+  if (schedule_.empty()) return;
+  for (const auto& ev : schedule_.at(static_cast<int>(round), c_.name)) {
+    if (ev.what != transport::emulation_event::kind::link) continue;
+    spdlog::info("server: {}", ev.str());
+    link_events_.push_back(ev);
+    for (const auto& p : peers_)
+      if (p->alive && transport::name_matches(ev.b, p->identity)) p->ch.emulator().set(ev.caps);
+  }
+}
+
 void server_node::impl::on_migrate(const std::shared_ptr<peer>& p, const wire::Migrate& m) {
   const std::uint32_t dev = m.device_id();
   const auto it = devices_.find(dev);
@@ -546,6 +657,7 @@ void server_node::impl::compute_step(std::uint32_t dev, const core::route& r, st
                                      std::shared_ptr<transport::outbox> out, transport::message m, bool is_activation,
                                      std::shared_ptr<peer> p) {
   const auto t0 = clock::now();
+  std::pair<int, int> observed{-1, -1};  // the segment whose step completed here
   try {
     const int seg = r.segments_on(core::tier::server).at(0);
     core::segment_output o;
@@ -577,23 +689,7 @@ void server_node::impl::compute_step(std::uint32_t dev, const core::route& r, st
       o = host_->backward(dev, seg, {step, mb}, transport::to_backend(*be_, transport::view_of(*g.gradient())));
     }
     be_->synchronize();
-    if (o.stepped) {
-      // One whole step of this segment: the live profile learns what it really costs here.
-      const double took = step_compute_[dev] + std::chrono::duration<double>(clock::now() - t0).count() -
-                          (is_activation ? 0.0 : 0.0);
-      step_compute_[dev] = -std::chrono::duration<double>(clock::now() - t0).count();
-      const double per_profile_batch = took * static_cast<double>(profile_batch_) /
-                                       (static_cast<double>(c_.batch) / static_cast<double>(c_.micro_batches));
-      if (r.begin(seg) < r.end(seg)) {
-        live_.observe(r.begin(seg), r.end(seg), per_profile_batch, c_.micro_batches);
-        if (++n_observed_ % 8 == 0) {
-          auto snap = transport::current_profile(live_, 0, profile_batch_, be_->name(), memory_budget_);
-          asio::post(io_, [this, snap = std::move(snap)]() mutable {
-            book_->set_profile({transport::node_role::server, 0}, std::move(snap));
-          });
-        }
-      }
-    }
+    if (o.stepped) observed = {r.begin(seg), r.end(seg)};
     if (o.dir == core::segment_output::direction::up) {
       const transport::step_key key{epoch, step, mb, dev, static_cast<std::uint32_t>(r.end(seg))};
       const auto& a = *m.as<wire::Activations>();
@@ -625,6 +721,19 @@ void server_node::impl::compute_step(std::uint32_t dev, const core::route& r, st
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
   server_compute_.store(server_compute_.load() + secs);
   step_compute_[dev] += secs;
+  if (observed.first < observed.second) {
+    // One whole step of this segment is done: the live profile learns what it costs here,
+    // in micro-batches of the profiled size.
+    const double per_mb = static_cast<double>(c_.batch) / c_.micro_batches;
+    live_.observe(observed.first, observed.second, step_compute_[dev] * profile_batch_ / per_mb, c_.micro_batches);
+    if (++n_observed_ % 8 == 0) {
+      auto snap = transport::current_profile(live_, 0, profile_batch_, be_->name(), memory_budget_);
+      asio::post(io_, [this, snap = std::move(snap)]() mutable {
+        book_->set_profile({transport::node_role::server, 0}, std::move(snap));
+      });
+    }
+  }
+  if (observed.first >= 0) step_compute_[dev] = 0;
 }
 
 void server_node::impl::on_replica(const std::shared_ptr<peer>& p, const wire::ReplicaUpload& r) {
@@ -705,6 +814,9 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
   for (int r = 1; r <= c_.rounds && !stopping_; ++r) {
     const auto t0 = clock::now();
     round_ = static_cast<std::uint64_t>(r);
+    apply_schedule(round_);
+    maybe_replan("round " + std::to_string(r));
+    n_resplits_ = 0;
     avg_ = std::make_unique<core::model_average>(model_);
     loss_sum_ = device_compute_ = edge_compute_ = 0;
     n_loss_ = n_correct_ = edge_bytes_ = 0;
@@ -827,6 +939,11 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     rep.edge_compute_s = edge_compute_;
     rep.server_compute_s = server_compute_.load();
     rep.bytes_moved = channel_bytes() - bytes0 + edge_bytes_;
+    rep.step_seconds = train_seconds / c_.local_steps;
+    rep.predicted_step_seconds = predicted_step();
+    rep.n_resplits = n_resplits_;
+    for (auto id : participants)
+      if (devices_.at(id).connected) rep.routes.emplace_back(id, devices_.at(id).route.str());
     last_ = rep;
     spdlog::info(
         "round {}/{}: {}/{} devices, train loss {:.4f} acc {:.4f}, test loss {:.4f} acc {:.4f}; compute device {:.1f} "
@@ -835,6 +952,12 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
         r, c_.rounds, rep.n_devices, rep.n_participants, rep.train_loss, rep.train_accuracy, rep.test_loss,
         rep.test_accuracy, rep.device_compute_s, rep.edge_compute_s, rep.server_compute_s, rep.bytes_moved / 1e6,
         rep.seconds);
+    if (rep.predicted_step_seconds > 0)
+      spdlog::info("round {}: step {:.1f} ms, predicted {:.1f} ms ({:+.0f}%), {} re-split{}", r, rep.step_seconds * 1e3,
+                   rep.predicted_step_seconds * 1e3,
+                   (rep.predicted_step_seconds / rep.step_seconds - 1.0) * 100.0, rep.n_resplits,
+                   rep.n_resplits == 1 ? "" : "s");
+    for (const auto& [id, route] : rep.routes) spdlog::info("round {}: device {}: {}", r, id, route);
     if (c_.on_round) c_.on_round(rep);
     for (const auto& p : peers_)
       if (p->alive && (p->role == transport::node_role::edge || devices_.count(p->id)))
@@ -894,6 +1017,25 @@ round_report server_node::impl::run() {
   tc.seed = c_.seed;
   tc.opt = c_.opt;
   host_ = std::make_unique<core::segment_host>(*be_, model_, c_.opt, c_.seed);
+  schedule_ = transport::parse_schedule(c_.schedule);
+  {
+    // The server's own blocks, profiled before anyone joins: the first plan is informed.
+    const auto t0 = clock::now();
+    core::profile_options po;
+    po.batch = std::max(1, c_.batch / c_.micro_batches);
+    po.seed = c_.seed;
+    profile_batch_ = static_cast<std::uint32_t>(po.batch);
+    memory_budget_ = c_.memory_budget ? c_.memory_budget : core::default_memory_budget();
+    auto base = core::profile_blocks(*be_, model_, c_.opt, po);
+    double total = 0;
+    for (const auto& b : base) total += b.forward_seconds + b.backward_seconds;
+    live_ = core::live_profile(base);
+    book_ = std::make_unique<profile_book>(model_, po.batch, c_.micro_batches, c_.u_shape);
+    book_->set_profile({transport::node_role::server, 0},
+                       transport::current_profile(live_, 0, profile_batch_, be_->name(), memory_budget_));
+    spdlog::info("server: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", model_.n_blocks(),
+                 be_->name(), std::chrono::duration<double>(clock::now() - t0).count(), total * 1e3, po.batch);
+  }
   eval_ = std::make_unique<core::trainer>(*be_, model_, tc);
   core::initial_values(model_, 0, model_.n_blocks(), c_.seed, global_p_, global_b_);
   transport::listener_options lo;
