@@ -1,6 +1,7 @@
 // Training-protocol values in messages.
 #include "cleave/transport/protocol.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "cleave/transport/tensor_io.h"
@@ -300,6 +301,68 @@ message_builder make_leave(const leave_desc& l) {
 
 message_builder copy_of(const message& m) {
   return message_builder::from_frame(m.frame());
+}
+
+message_builder make_profile(const node_profile& p, std::uint32_t epoch, std::uint64_t step) {
+  std::vector<block_profile_desc> blocks;
+  blocks.reserve(p.blocks.size());
+  for (std::size_t i = 0; i < p.blocks.size(); ++i) {
+    const core::block_profile& b = p.blocks[i];
+    blocks.push_back({static_cast<std::uint32_t>(i), static_cast<float>(b.forward_seconds * 1e6),
+                      static_cast<float>(b.backward_seconds * 1e6), b.param_bytes, b.output_bytes, b.state_bytes,
+                      b.saved_bytes});
+  }
+  profile_info info;
+  info.node_id = p.node_id;
+  info.epoch = epoch;
+  info.step = step;
+  info.memory_budget_bytes = p.memory_budget_bytes;
+  info.blocks = blocks;
+  info.links = p.links;
+  info.batch = p.batch;
+  info.backend = p.backend;
+  return make_profile(info);
+}
+
+node_profile profile_of(const wire::Profile& p, int n_blocks) {
+  const std::string what = "profile from node " + std::to_string(p.node_id());
+  const auto n = p.blocks() ? static_cast<int>(p.blocks()->size()) : 0;
+  if (n != n_blocks)
+    throw core::error(what + ": " + std::to_string(n) + " block profiles for a model of " + std::to_string(n_blocks) +
+                      " blocks");
+  node_profile out;
+  out.node_id = p.node_id();
+  out.batch = p.batch();
+  out.backend = p.backend() ? p.backend()->str() : std::string();
+  out.memory_budget_bytes = p.memory_budget_bytes();
+  out.blocks.reserve(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const wire::BlockProfile& b = *p.blocks()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    if (b.block() != static_cast<std::uint32_t>(i))
+      throw core::error(what + ": entry " + std::to_string(i) + " profiles block " + std::to_string(b.block()) +
+                        " (expected blocks in order from 0)");
+    for (const auto& [t, name] : {std::pair{b.forward_us(), "forward"}, std::pair{b.backward_us(), "backward"}})
+      if (!std::isfinite(t) || t < 0)
+        throw core::error(what + ": block " + std::to_string(i) + ": " + name + " time " + std::to_string(t) +
+                          " us is not a finite, non-negative value");
+    core::block_profile bp;
+    bp.forward_seconds = static_cast<double>(b.forward_us()) * 1e-6;
+    bp.backward_seconds = static_cast<double>(b.backward_us()) * 1e-6;
+    bp.param_bytes = b.memory_bytes();
+    bp.state_bytes = b.state_bytes();
+    bp.saved_bytes = b.saved_bytes();
+    bp.output_bytes = b.output_bytes();
+    out.blocks.push_back(bp);
+  }
+  if (p.links())
+    for (const auto* l : *p.links()) {
+      if (!std::isfinite(l->rtt_us()) || l->rtt_us() < 0 || !std::isfinite(l->bandwidth_bytes_per_s()) ||
+          l->bandwidth_bytes_per_s() < 0)
+        throw core::error(what + ": link to node " + std::to_string(l->peer_id()) +
+                          ": round-trip time or bandwidth is not a finite, non-negative value");
+      out.links.push_back({l->peer_id(), l->rtt_us(), l->bandwidth_bytes_per_s()});
+    }
+  return out;
 }
 
 }  // namespace cleave::transport

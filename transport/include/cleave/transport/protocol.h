@@ -11,6 +11,7 @@
 #include "cleave/core/optimizer.h"
 #include "cleave/core/pipeline.h"
 #include "cleave/core/plan.h"
+#include "cleave/core/profiler.h"
 #include "cleave/core/stage.h"
 #include "cleave/transport/message.h"
 
@@ -132,5 +133,20 @@ message_builder make_leave(const leave_desc& l);
 
 // A copy of a received message, to pass it on unchanged.
 message_builder copy_of(const message& m);
+
+// ---- profiles ----
+struct node_profile {
+  std::uint32_t node_id = 0;
+  std::uint32_t batch = 0;  // samples of the timed micro-batch
+  std::string backend;
+  std::uint64_t memory_budget_bytes = 0;
+  std::vector<core::block_profile> blocks;  // index = block
+  std::vector<link_profile_desc> links;
+};
+// Times travel as microseconds (float); block_profile::state_bytes as the wire's state_bytes.
+message_builder make_profile(const node_profile& p, std::uint32_t epoch, std::uint64_t step);
+// Checked against the model: one profile per block of [0, n_blocks) in order, times finite and
+// non-negative; throws core::error naming the node and the problem.
+node_profile profile_of(const wire::Profile& p, int n_blocks);
 
 }  // namespace cleave::transport

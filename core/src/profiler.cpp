@@ -1,0 +1,174 @@
+// Per-block profiling on one backend, and the live rescaling of those profiles by measured
+// segment times.
+#include "cleave/core/profiler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "cleave/core/random.h"
+#include "cleave/core/stage.h"
+
+namespace cleave::core {
+
+namespace {
+
+std::uint64_t saved_bytes_of(const layer_ctx& c) {
+  std::uint64_t n = 0;
+  for (const auto& t : c.saved)
+    if (t.defined()) n += t.bytes();
+  for (const auto& child : c.children) n += saved_bytes_of(child);
+  return n;
+}
+
+// t (any shape, f32) = uniform(-1, 1) from a seeded stream.
+void fill_random(backend& b, const tensor& t, std::uint64_t stream) {
+  std::vector<float> host(static_cast<std::size_t>(t.numel()));
+  rng r(stream);
+  for (auto& v : host) v = r.uniform(-1.0f, 1.0f);
+  b.upload(t, host.data());
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::vector<block_profile> profile_blocks(backend& b, const model_spec& m, const optimizer_config& opt,
+                                          const profile_options& o) {
+  if (o.batch < 1 || o.reps < 1 || o.warmup < 0)
+    throw error("profile options: batch " + std::to_string(o.batch) + ", reps " + std::to_string(o.reps) + ", warmup " +
+                std::to_string(o.warmup) + " (batch and reps must be at least 1, warmup at least 0)");
+  std::vector<block_profile> out;
+  out.reserve(static_cast<std::size_t>(m.n_blocks()));
+  for (int i = 0; i < m.n_blocks(); ++i) {
+    const block_info& bi = m.blocks[static_cast<std::size_t>(i)];
+    stage s(b, m, i, i + 1, o.seed);
+    block_profile p;
+    p.param_bytes = static_cast<std::uint64_t>(s.n_params() + s.n_buffers()) * 4;
+    // Gradients, then what the optimizer keeps per parameter (counted by the optimizer itself).
+    std::uint64_t per_param_tensors = 1;
+    if (s.n_params() > 0) per_param_tensors += optimizer(b, opt, s.n_params()).state().size();
+    p.state_bytes = static_cast<std::uint64_t>(s.n_params()) * 4 * per_param_tensors;
+    p.output_bytes = static_cast<std::uint64_t>(bi.out.numel()) * 4;
+
+    const std::uint64_t stream = mix64(o.seed ^ mix64(static_cast<std::uint64_t>(i)));
+    const tensor x = b.empty(bi.in.batched(o.batch));
+    const tensor dy = b.empty(bi.out.batched(o.batch));
+    fill_random(b, x, stream);
+    fill_random(b, dy, stream + 1);
+    const bool need_dx = i > 0;
+
+    std::vector<double> fwd, bwd;
+    for (int r = 0; r < o.warmup + o.reps; ++r) {
+      stage::context ctx;
+      b.synchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      const tensor y = s.forward(x, ctx, mode::train, static_cast<std::uint32_t>(r));
+      b.synchronize();
+      const double tf = seconds_since(t0);
+      CLEAVE_ASSERT(y.shape() == bi.out.batched(o.batch), "block output shape differs from the model spec");
+      if (r == 0) {
+        std::uint64_t saved = 0;
+        for (const auto& l : ctx.layers) saved += saved_bytes_of(l);
+        p.saved_bytes = saved / static_cast<std::uint64_t>(o.batch);
+      }
+      t0 = std::chrono::steady_clock::now();
+      s.backward(dy, ctx, need_dx);
+      b.synchronize();
+      const double tb = seconds_since(t0);
+      if (r >= o.warmup) {
+        fwd.push_back(tf);
+        bwd.push_back(tb);
+      }
+    }
+    p.forward_seconds = median(std::move(fwd));
+    p.backward_seconds = median(std::move(bwd));
+    out.push_back(p);
+  }
+  return out;
+}
+
+ewma::ewma(double alpha, int warmup) : alpha_(alpha), warmup_(warmup) {
+  if (!(alpha > 0.0 && alpha <= 1.0) || warmup < 0)
+    throw error("moving average: alpha " + std::to_string(alpha) + ", warmup " + std::to_string(warmup) +
+                " (need 0 < alpha <= 1 and warmup >= 0)");
+}
+
+void ewma::add(double x) {
+  ++n_;
+  if (n_ <= warmup_) return;
+  value_ = n_ == warmup_ + 1 ? x : alpha_ * x + (1.0 - alpha_) * value_;
+}
+
+void ewma::reset() {
+  n_ = 0;
+  value_ = 0;
+}
+
+live_profile::live_profile(std::vector<block_profile> base, double alpha, int warmup)
+    : base_(std::move(base)), alpha_(alpha), warmup_(warmup) {
+  static_cast<void>(ewma(alpha, warmup));  // refuses bad settings now, not at the first observation
+}
+
+void live_profile::observe(int begin, int end, double seconds, int n_micro_batches) {
+  if (begin < 0 || end < begin || end > n_blocks())
+    throw error("live profile: segment [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") is outside the model's " + std::to_string(n_blocks()) + " blocks");
+  if (n_micro_batches < 1)
+    throw error("live profile: " + std::to_string(n_micro_batches) + " micro-batches (need at least 1)");
+  if (!std::isfinite(seconds) || seconds < 0)
+    throw error("live profile: measured time " + std::to_string(seconds) + " s is not a finite, non-negative value");
+  if (begin == end) return;
+  auto it = std::find_if(segments_.begin(), segments_.end(),
+                         [&](const segment& s) { return s.begin == begin && s.end == end; });
+  if (it == segments_.end()) {
+    segment s{begin, end, ewma(alpha_, warmup_), 0.0, 0};
+    for (int i = begin; i < end; ++i) {
+      const auto& p = base_[static_cast<std::size_t>(i)];
+      s.base_seconds += p.forward_seconds + p.backward_seconds;
+    }
+    segments_.push_back(std::move(s));
+    it = segments_.end() - 1;
+  }
+  it->per_micro_batch.add(seconds / n_micro_batches);
+  it->last_seen = ++n_observed_;
+}
+
+double live_profile::scale_of(int block) const {
+  CLEAVE_ASSERT(block >= 0 && block < n_blocks(), "block out of range");
+  const segment* best = nullptr;
+  int best_distance = std::numeric_limits<int>::max();
+  for (const auto& s : segments_) {
+    // Segments without profiled time cannot give a ratio.
+    if (!s.per_micro_batch.ready() || !(s.base_seconds > 0)) continue;
+    const int d = block < s.begin ? s.begin - block : block >= s.end ? block - s.end + 1 : 0;
+    if (d < best_distance || (d == best_distance && s.last_seen > best->last_seen)) {
+      best = &s;
+      best_distance = d;
+    }
+  }
+  return best ? best->per_micro_batch.value() / best->base_seconds : 1.0;
+}
+
+std::vector<double> live_profile::step_seconds(int n_micro_batches) const {
+  if (n_micro_batches < 1)
+    throw error("live profile: " + std::to_string(n_micro_batches) + " micro-batches (need at least 1)");
+  std::vector<double> out(base_.size());
+  for (int i = 0; i < n_blocks(); ++i) {
+    const auto& p = base_[static_cast<std::size_t>(i)];
+    out[static_cast<std::size_t>(i)] = (p.forward_seconds + p.backward_seconds) * n_micro_batches * scale_of(i);
+  }
+  return out;
+}
+
+}  // namespace cleave::core

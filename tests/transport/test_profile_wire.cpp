@@ -1,0 +1,113 @@
+// Node profiles in Profile messages: per-block times and sizes survive the trip, and a profile
+// that does not fit the model is refused with the reason.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "../support/error_of.h"
+#include "cleave/transport/protocol.h"
+
+using namespace cleave;
+using namespace cleave::transport;
+
+namespace {
+
+aligned_bytes aligned_copy(std::span<const std::byte> bytes) {
+  aligned_bytes b = aligned_bytes::allocate(bytes.size());
+  REQUIRE(!b.empty());
+  std::memcpy(b.data(), bytes.data(), bytes.size());
+  return b;
+}
+
+node_profile sample_profile(int n_blocks) {
+  node_profile p;
+  p.node_id = 7;
+  p.batch = 32;
+  p.backend = "onednn";
+  p.memory_budget_bytes = 3ull << 30;
+  for (int i = 0; i < n_blocks; ++i) {
+    core::block_profile b;
+    b.forward_seconds = 0.00025 * (i + 1);
+    b.backward_seconds = 0.0005 * (i + 1);
+    b.param_bytes = 1000u * static_cast<std::uint64_t>(i);
+    b.state_bytes = 2000u * static_cast<std::uint64_t>(i);
+    b.saved_bytes = 300u + static_cast<std::uint64_t>(i);
+    b.output_bytes = 400u + static_cast<std::uint64_t>(i);
+    p.blocks.push_back(b);
+  }
+  p.links.push_back({1, 850.f, 1.25e6f});
+  p.links.push_back({4, 120.f, 1.0e9f});
+  return p;
+}
+
+// The Profile body of a builder's frame, read without the inbound checks (for profile_of's own).
+const wire::Profile& raw_profile(const message_builder& b) {
+  const auto* root = flatbuffers::GetSizePrefixedRoot<wire::Message>(b.frame().data());
+  REQUIRE(root->body_as<wire::Profile>() != nullptr);
+  return *root->body_as<wire::Profile>();
+}
+
+}  // namespace
+
+TEST_CASE("a node profile survives a round trip through a Profile message") {
+  const node_profile sent = sample_profile(5);
+  auto b = make_profile(sent, 3, 1234);
+  auto decoded = decode_frame(aligned_copy(b.frame()), {});
+  REQUIRE_MESSAGE(decoded.ok(), (decoded.ok() ? std::string() : decoded.error().reason()));
+  const auto* m = decoded->as<wire::Profile>();
+  REQUIRE(m != nullptr);
+  CHECK(m->epoch() == 3);
+  CHECK(m->step() == 1234);
+  CHECK(m->blocks()->Get(2)->forward_us() == doctest::Approx(750.0));  // microseconds on the wire
+
+  const node_profile got = profile_of(*m, 5);
+  CHECK(got.node_id == 7);
+  CHECK(got.batch == 32);
+  CHECK(got.backend == "onednn");
+  CHECK(got.memory_budget_bytes == 3ull << 30);
+  REQUIRE(got.blocks.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) {
+    CAPTURE(i);
+    CHECK(got.blocks[i].forward_seconds == doctest::Approx(sent.blocks[i].forward_seconds).epsilon(1e-6));
+    CHECK(got.blocks[i].backward_seconds == doctest::Approx(sent.blocks[i].backward_seconds).epsilon(1e-6));
+    CHECK(got.blocks[i].param_bytes == sent.blocks[i].param_bytes);
+    CHECK(got.blocks[i].state_bytes == sent.blocks[i].state_bytes);
+    CHECK(got.blocks[i].saved_bytes == sent.blocks[i].saved_bytes);
+    CHECK(got.blocks[i].output_bytes == sent.blocks[i].output_bytes);
+  }
+  REQUIRE(got.links.size() == 2);
+  CHECK(got.links[1].peer_id == 4);
+  CHECK(got.links[1].rtt_us == 120.f);
+  CHECK(got.links[0].bandwidth_bytes_per_s == 1.25e6f);
+}
+
+TEST_CASE("a profile with another block count than the model is refused") {
+  auto b = make_profile(sample_profile(5), 1, 0);
+  auto decoded = decode_frame(aligned_copy(b.frame()), {});
+  REQUIRE(decoded.ok());
+  const std::string e = testing::error_of([&] { profile_of(*decoded->as<wire::Profile>(), 12); });
+  CHECK(e == "profile from node 7: 5 block profiles for a model of 12 blocks");
+}
+
+TEST_CASE("a profile whose blocks are out of order is refused") {
+  const block_profile_desc blocks[] = {{0, 1.f, 2.f, 0, 0}, {2, 1.f, 2.f, 0, 0}, {1, 1.f, 2.f, 0, 0}};
+  profile_info info;
+  info.node_id = 2;
+  info.blocks = blocks;
+  auto b = make_profile(info);
+  const std::string e = testing::error_of([&] { profile_of(raw_profile(b), 3); });
+  CHECK(e == "profile from node 2: entry 1 profiles block 2 (expected blocks in order from 0)");
+}
+
+TEST_CASE("a profile with a time that is not finite is refused") {
+  const block_profile_desc blocks[] = {{0, 1.f, 2.f, 0, 0}, {1, 1.f, std::numeric_limits<float>::infinity(), 0, 0}};
+  profile_info info;
+  info.node_id = 2;
+  info.blocks = blocks;
+  auto b = make_profile(info);
+  const std::string e = testing::error_of([&] { profile_of(raw_profile(b), 2); });
+  CHECK(e.find("profile from node 2: block 1: backward time") == 0);
+  CHECK(e.find("not a finite, non-negative value") != std::string::npos);
+}
