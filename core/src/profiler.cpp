@@ -2,6 +2,8 @@
 // segment times.
 #include "cleave/core/profiler.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,6 +14,12 @@
 #include "cleave/core/stage.h"
 
 namespace cleave::core {
+
+std::uint64_t default_memory_budget() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 0;  // unknown: unlimited
+  return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 2;
+}
 
 namespace {
 

@@ -365,4 +365,21 @@ node_profile profile_of(const wire::Profile& p, int n_blocks) {
   return out;
 }
 
+node_profile current_profile(const core::live_profile& lp, std::uint32_t node_id, std::uint32_t batch,
+                             std::string_view backend, std::uint64_t memory_budget) {
+  node_profile p;
+  p.node_id = node_id;
+  p.batch = batch;
+  p.backend = std::string(backend);
+  p.memory_budget_bytes = memory_budget;
+  p.blocks = lp.base();
+  for (int i = 0; i < lp.n_blocks(); ++i) {
+    const double k = lp.scale_of(i);
+    auto& b = p.blocks[static_cast<std::size_t>(i)];
+    b.forward_seconds *= k;
+    b.backward_seconds *= k;
+  }
+  return p;
+}
+
 }  // namespace cleave::transport

@@ -32,6 +32,9 @@ struct profile_options {
 std::vector<block_profile> profile_blocks(backend& b, const model_spec& m, const optimizer_config& opt,
                                           const profile_options& o = {});
 
+// The memory a node's blocks may use when no budget is given: half of the machine's RAM.
+std::uint64_t default_memory_budget();
+
 // Exponentially weighted moving average that drops its first `warmup` samples (the first steps
 // after a change pay for allocation and JIT).
 class ewma {

@@ -148,5 +148,8 @@ message_builder make_profile(const node_profile& p, std::uint32_t epoch, std::ui
 // Checked against the model: one profile per block of [0, n_blocks) in order, times finite and
 // non-negative; throws core::error naming the node and the problem.
 node_profile profile_of(const wire::Profile& p, int n_blocks);
+// A node's profile now: its profiled blocks with times rescaled by what its segments measured.
+node_profile current_profile(const core::live_profile& lp, std::uint32_t node_id, std::uint32_t batch,
+                             std::string_view backend, std::uint64_t memory_budget);
 
 }  // namespace cleave::transport
