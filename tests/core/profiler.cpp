@@ -145,7 +145,7 @@ TEST_CASE("the moving average converges to a new steady value") {
   CHECK(e.value() == doctest::Approx(10.0).epsilon(1e-4));
 }
 
-TEST_CASE("the moving average refuses a weight outside (0, 1] or a negative warm-up") {
+TEST_CASE("the moving average refuses a weight outside 0 to 1 or a negative warm-up") {
   CHECK(testing::error_of([] { core::ewma(0.0, 2); }).find("alpha") != std::string::npos);
   CHECK(testing::error_of([] { core::ewma(1.5, 2); }).find("alpha") != std::string::npos);
   CHECK(testing::error_of([] { core::ewma(0.3, -1); }).find("warmup -1") != std::string::npos);
