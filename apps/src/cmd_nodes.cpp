@@ -59,19 +59,47 @@ void stop_on_signals(Node& node) {
   }).detach();
 }
 
+// "512M", "2G", "1048576" -> bytes; names the option in errors.
+std::uint64_t parse_bytes(const std::string& s, const char* option) {
+  std::size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(s, &used);
+  } catch (...) {
+    v = -1;
+  }
+  const std::string unit = s.substr(used);
+  double k = 0;
+  if (unit.empty() || unit == "B")
+    k = 1;
+  else if (unit == "K" || unit == "KiB")
+    k = 1024.0;
+  else if (unit == "M" || unit == "MiB")
+    k = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    k = 1024.0 * 1024 * 1024;
+  if (!(v >= 0) || k == 0)
+    throw core::error(std::string(option) + " '" + s + "': expected a size such as 512M or 2G");
+  return static_cast<std::uint64_t>(v * k);
+}
+
 struct server_options {
   server::server_config c;
+  std::string memory_budget;
+  bool no_adapt = false;
   std::string listen = "127.0.0.1:7000";
   std::string mode = "splitfed", optimizer = "sgd";
 };
 
 struct edge_options {
   server::edge_config c;
+  std::string memory_budget;
   std::string listen = "127.0.0.1:7100", upstream = "127.0.0.1:7000";
 };
 
 struct agent_options {
   device::agent_config c;
+  std::string memory_budget;
   std::string connect = "127.0.0.1:7000", shard = "0/1";
 };
 
@@ -80,7 +108,10 @@ struct demo_options {
   int devices = 4, rounds = 8, local_steps = 150;
   std::string partition = "dirichlet:0.5", backend = "auto", mode = "splitfed", model = "lenet5";
   std::string data = "fashion-mnist";
-  bool u_shape = false, keep = false;
+  bool u_shape = false, keep = false, no_adapt = false;
+  std::string schedule;
+  int slow = 0;
+  double slowdown = 1.0;
   float lr = 0.05f;
   std::uint64_t seed = 1;
 };
@@ -91,6 +122,8 @@ void run_server(server_options& o) {
   o.c.port = port;
   o.c.mode = server::parse_mode(o.mode);
   o.c.opt.kind = core::parse_optimizer_kind(o.optimizer);
+  if (!o.memory_budget.empty()) o.c.memory_budget = parse_bytes(o.memory_budget, "--memory-budget");
+  o.c.adaptive = !o.no_adapt;
   server::server_node node(o.c);
   stop_on_signals(node);
   node.run();
@@ -103,6 +136,7 @@ void run_edge(edge_options& o) {
   o.c.port = port;
   o.c.upstream_host = uh;
   o.c.upstream_port = up;
+  if (!o.memory_budget.empty()) o.c.memory_budget = parse_bytes(o.memory_budget, "--memory-budget");
   server::edge_node node(o.c);
   stop_on_signals(node);
   node.run();
@@ -121,6 +155,7 @@ void run_agent(agent_options& o) {
     throw core::error("--shard '" + o.shard + "': expected K/N, e.g. 2/4");
   }
   if (o.c.name.empty()) o.c.name = "device-" + std::to_string(o.c.id);
+  if (!o.memory_budget.empty()) o.c.memory_budget = parse_bytes(o.memory_budget, "--memory-budget");
   device::agent node(o.c);
   stop_on_signals(node);
   node.run();
@@ -206,14 +241,23 @@ void run_demo(const demo_options& o) {
                                  "--seed",        std::to_string(o.seed),
                                  "--checkpoint",  (work / "global.ckpt").string()};
   if (o.u_shape) sargs.push_back("--u-shape");
+  if (o.no_adapt) sargs.push_back("--no-adapt");
+  if (!o.schedule.empty()) {
+    sargs.push_back("--schedule");
+    sargs.push_back(o.schedule);
+  }
   // The server's log (one line per round) goes to this terminal; the others to files.
   const pid_t server = spawn(sargs, {});
   std::vector<pid_t> others;
-  others.push_back(spawn({"cleave", "--log-level", level, "edge", "--certs", certs.string(), "--name", "edge-1",
-                          "--listen", ep, "--server", sp, "--backend", backend},
-                         work / "edge-1.log"));
-  for (int i = 1; i <= o.devices; ++i)
-    others.push_back(spawn({"cleave",
+  std::vector<std::string> eargs{"cleave", "--log-level", level, "edge", "--certs", certs.string(), "--name",
+                                 "edge-1", "--listen", ep, "--server", sp, "--backend", backend};
+  if (!o.schedule.empty()) eargs.insert(eargs.end(), {"--schedule", o.schedule});
+  others.push_back(spawn(eargs, work / "edge-1.log"));
+  for (int i = 1; i <= o.devices; ++i) {
+    std::vector<std::string> extra;
+    if (!o.schedule.empty()) extra = {"--schedule", o.schedule};
+    if (i <= o.slow) extra.insert(extra.end(), {"--slowdown", std::to_string(o.slowdown)});
+    std::vector<std::string> aargs{"cleave",
                             "--log-level",
                             level,
                             "agent",
@@ -232,8 +276,10 @@ void run_demo(const demo_options& o) {
                             "--partition",
                             o.partition,
                             "--backend",
-                            o.backend},
-                           work / ("device-" + std::to_string(i) + ".log")));
+                            backend};
+    aargs.insert(aargs.end(), extra.begin(), extra.end());
+    others.push_back(spawn(aargs, work / ("device-" + std::to_string(i) + ".log")));
+  }
   spdlog::info("demo: started server (pid {}), edge-1 and {} device agents; their logs: {}/*.log", server, o.devices,
                work.string());
   static std::vector<pid_t>* children = nullptr;
@@ -313,6 +359,15 @@ void register_node_commands(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   s->add_option("--checkpoint", so.c.checkpoint, "save the global model here after every round");
+  s->add_flag("--no-adapt", so.no_adapt, "keep the initial cuts (no adaptive re-splitting)");
+  s->add_option("--min-gain", so.c.min_gain, "re-split only for at least this relative step-time gain")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  s->add_option("--repay-rounds", so.c.repay_rounds, "a re-split must repay its migration within these rounds")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  s->add_option("--memory-budget", so.memory_budget, "memory the server's blocks may use, e.g. 8G (default: half the RAM)");
+  s->add_option("--schedule", so.c.schedule, "emulated link changes by round (text or file), e.g. 'at 3 link server * 10Mbit/s 20ms'");
   s->callback([] { run_server(so); });
 
   auto* e = app.add_subcommand("edge", "run an edge relay: devices below, the server above");
@@ -324,6 +379,11 @@ void register_node_commands(CLI::App& app) {
   e->add_option("--server", eo.upstream, "HOST:PORT of the server")->capture_default_str();
   e->add_option("--server-name", eo.c.upstream_name, "the server's certificate name")->capture_default_str();
   e->add_option("--backend", eo.c.backend, "compute backend")->capture_default_str();
+  e->add_option("--memory-budget", eo.memory_budget, "memory its blocks may use, e.g. 2G (default: half the RAM)");
+  e->add_option("--schedule", eo.c.schedule, "emulated link changes by round (text or file)");
+  e->add_option("--profile-every", eo.c.profile_every, "device steps between profiles sent upstream")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
   e->callback([] { run_edge(eo); });
 
   auto* a = app.add_subcommand("agent", "run a device agent: its data shard and its segments of the model");
@@ -341,6 +401,13 @@ void register_node_commands(CLI::App& app) {
   a->add_option("--slowdown", ao.c.slowdown, "make compute this many times slower (emulated weak board)")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 1000.0));
+  a->add_option("--memory-budget", ao.memory_budget, "memory its blocks may use, e.g. 512M (default: half the RAM)");
+  a->add_option("--schedule", ao.c.schedule,
+                "emulated changes by round (text or file), e.g. 'at 3 link device-2 edge-1 10Mbit/s 40ms; at 2 "
+                "slowdown device-2 4'");
+  a->add_option("--profile-every", ao.c.profile_every, "steps between profiles sent upstream")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
   a->callback([] { run_agent(ao); });
 
   auto* d = app.add_subcommand("demo", "a federation on loopback: 1 server, 1 edge, N devices as processes");
@@ -356,6 +423,10 @@ void register_node_commands(CLI::App& app) {
   d->add_option("--lr", dm.lr, "learning rate")->capture_default_str();
   d->add_option("--seed", dm.seed, "seed")->capture_default_str();
   d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");
+  d->add_flag("--no-adapt", dm.no_adapt, "keep the initial cuts");
+  d->add_option("--schedule", dm.schedule, "emulated heterogeneity by round, given to every node (text or file)");
+  d->add_option("--slow", dm.slow, "devices 1..N run --slowdown times slower")->check(CLI::Range(0, 64));
+  d->add_option("--slowdown", dm.slowdown, "slowdown of the --slow devices")->check(CLI::Range(1.0, 1000.0));
   d->callback([] { run_demo(dm); });
 }
 

@@ -19,8 +19,10 @@
 #include "cleave/core/dataset.h"
 #include "cleave/core/partition.h"
 #include "cleave/core/pipeline.h"
+#include "cleave/core/profiler.h"
 #include "cleave/core/random.h"
 #include "cleave/transport/connect.h"
+#include "cleave/transport/emulation.h"
 #include "cleave/transport/outbox.h"
 #include "cleave/transport/protocol.h"
 #include "cleave/transport/tensor_io.h"
@@ -112,7 +114,12 @@ class agent::impl {
   bool cut_over(std::uint64_t step);
   void on_migrate(const wire::Migrate& m);
   void upload_replicas(std::uint64_t round, std::uint64_t n_samples);
-  void timed_compute(const std::function<void()>& f);
+  // Runs f, timing it (and stretching it by the slowdown); seg >= 0 adds the time to that
+  // segment's share of the current step.
+  void timed_compute(const std::function<void()>& f, int seg = -1);
+  // Sends this device's current profile (with its link's measurements) upstream.
+  void send_profile(std::uint64_t step);
+  void apply_schedule(std::uint64_t round);
   void next_batch(std::int64_t n, float* x, std::int32_t* y);
 
   agent_config c_;
@@ -151,6 +158,16 @@ class agent::impl {
   std::map<core::micro_batch_id, core::tensor> labels_;
   std::uint64_t round_ = 0;
   bool round_abandoned_ = false;
+  // Profiles: the blocks timed at start, rescaled by the steps as they run.
+  core::live_profile live_;
+  std::uint32_t profile_batch_ = 32;
+  std::uint64_t memory_budget_ = 0;
+  std::map<int, double> seg_seconds_;  // this step's compute per device segment
+  int steps_since_profile_ = 0;
+  std::mutex profile_mu_;
+  std::optional<transport::node_profile> latest_profile_;  // sent again after a reconnect
+  transport::emulation_schedule schedule_;
+  std::optional<transport::link_caps> caps_;  // I/O thread: the emulated upstream link
   // Round statistics.
   double compute_s_ = 0;
   double loss_sum_ = 0;
@@ -194,6 +211,11 @@ asio::awaitable<void> agent::impl::connect_loop() {
     h.name = c_.name;
     h.n_samples = static_cast<std::uint64_t>(shard_.size());
     send(transport::make_hello(h));
+    if (caps_) ch_.emulator().set(*caps_);
+    {
+      std::lock_guard lock(profile_mu_);
+      if (latest_profile_) send(transport::make_profile(*latest_profile_, plan_epoch_, 0));
+    }
     events_.push(connected{});
     for (;;) {
       auto m = co_await ch_.receive();
@@ -222,16 +244,50 @@ std::optional<event> agent::impl::next_event(std::chrono::milliseconds timeout) 
   return events_.pop(timeout);
 }
 
-void agent::impl::timed_compute(const std::function<void()>& f) {
+void agent::impl::timed_compute(const std::function<void()>& f, int seg) {
   const auto t0 = clock::now();
   f();
   be_->synchronize();
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
   compute_s_ += secs;
+  if (seg >= 0) seg_seconds_[seg] += secs * c_.slowdown;
   if (c_.slowdown > 1.0) {
     // Emulates a board this many times slower: wait for the extra time it would have taken.
     std::this_thread::sleep_for(std::chrono::duration<double>(secs * (c_.slowdown - 1.0)));
     compute_s_ += secs * (c_.slowdown - 1.0);
+  }
+}
+
+void agent::impl::send_profile(std::uint64_t step) {
+  auto prof = transport::current_profile(live_, c_.id, profile_batch_, be_->name(), memory_budget_);
+  {
+    std::lock_guard lock(profile_mu_);
+    latest_profile_ = prof;
+  }
+  steps_since_profile_ = 0;
+  // The link's figures live on the I/O thread.
+  asio::post(io_, [this, prof = std::move(prof), epoch = plan_epoch_, step, up = edge_id_]() mutable {
+    if (!ch_) return;
+    const auto st = ch_.stats();
+    prof.links.push_back({up, static_cast<float>(st.rtt_us), static_cast<float>(st.send_bytes_per_second)});
+    send(transport::make_profile(prof, epoch, step));
+  });
+}
+
+void agent::impl::apply_schedule(std::uint64_t round) {
+  for (const auto& ev : schedule_.at(static_cast<int>(round), c_.name)) {
+    if (ev.what == transport::emulation_event::kind::slowdown) {
+      c_.slowdown = ev.slowdown;
+      spdlog::info("device {}: {}", c_.id, ev.str());
+      continue;
+    }
+    const std::string up = c_.upstream_name.empty() ? "*" : c_.upstream_name;
+    if (!transport::name_matches(ev.b, up) && ev.b != "*") continue;
+    spdlog::info("device {}: {}", c_.id, ev.str());
+    asio::post(io_, [this, caps = ev.caps] {
+      caps_ = caps;
+      if (ch_) ch_.emulator().set(caps);
+    });
   }
 }
 
@@ -276,8 +332,30 @@ void agent::impl::on_plan(const wire::Plan& p) {
   }
   pending_.reset();
   edge_id_ = edge;
+  const bool new_shape = p.micro_batch_size() != micro_batch_size_ || !live_.n_blocks();
   micro_batch_size_ = p.micro_batch_size();
   n_micro_batches_ = std::max(1u, p.n_micro_batches());
+  if (new_shape || live_.n_blocks() != model_.n_blocks()) {
+    // Every block timed on this board before training (stretched by the emulated slowdown), so
+    // the server's plan is informed from the first round.
+    const auto t0 = clock::now();
+    core::profile_options po;
+    po.batch = static_cast<int>(std::max(1u, micro_batch_size_));
+    po.seed = training.seed;
+    auto base = core::profile_blocks(*be_, model_, training.opt, po);
+    double total = 0;
+    for (auto& b : base) {
+      b.forward_seconds *= c_.slowdown;
+      b.backward_seconds *= c_.slowdown;
+      total += b.forward_seconds + b.backward_seconds;
+    }
+    live_ = core::live_profile(std::move(base));
+    profile_batch_ = static_cast<std::uint32_t>(po.batch);
+    spdlog::info("device {}: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", c_.id,
+                 model_.n_blocks(), be_->name(), std::chrono::duration<double>(clock::now() - t0).count(),
+                 total * 1e3, po.batch);
+    send_profile(0);
+  }
   if (!host_ || !have_plan_ || !(r == route_)) {
     // New or changed segments start from the plan's seed; the global weights follow.
     host_ = std::make_unique<core::segment_host>(*be_, model_, training.opt, training.seed);
@@ -351,6 +429,7 @@ void agent::impl::run_round(const wire::RoundStart& r) {
   }
   round_ = r.round();
   round_abandoned_ = false;
+  apply_schedule(round_);
   compute_s_ = 0;
   loss_sum_ = 0;
   n_loss_ = n_correct_ = 0;
@@ -374,16 +453,24 @@ void agent::impl::run_round(const wire::RoundStart& r) {
       be_->upload(x, xb.data() + mb * mbs * per);
       be_->upload(y, yb.data() + mb * mbs);
       core::segment_output out;
-      timed_compute([&] {
-        out = host_->forward(c_.id, 0, id, x, y, 1.0f / static_cast<float>(n_mb), n_mb,
-                             core::hash32(static_cast<std::uint32_t>(step), mb));
-      });
+      timed_compute(
+          [&] {
+            out = host_->forward(c_.id, 0, id, x, y, 1.0f / static_cast<float>(n_mb), n_mb,
+                                 core::hash32(static_cast<std::uint32_t>(step), mb));
+          },
+          0);
       if (route_.u_shape()) labels_[id] = y;
       const transport::step_key key{plan_epoch_, step, mb, c_.id, static_cast<std::uint32_t>(route_.end(0))};
       send(transport::make_activations(key, {mbs * n_mb, n_mb}, *be_, out.value, route_.u_shape() ? nullptr : &y));
     }
     if (!finish_step(step, n_mb)) break;
     n_samples += mbs * n_mb;
+    // What this step's device segments took, in micro-batches of the profiled size.
+    for (const auto& [seg, secs] : seg_seconds_)
+      if (route_.begin(seg) < route_.end(seg))
+        live_.observe(route_.begin(seg), route_.end(seg), secs * profile_batch_ / mbs, static_cast<int>(n_mb));
+    seg_seconds_.clear();
+    if (++steps_since_profile_ >= c_.profile_every) send_profile(step);
   }
   labels_.clear();
   if (round_abandoned_ || stop_.load()) {
@@ -394,6 +481,7 @@ void agent::impl::run_round(const wire::RoundStart& r) {
   spdlog::info("device {}: round {}: {} steps in {:.1f} s (compute {:.1f} s), loss {:.4f}", c_.id, round_, steps, secs,
                compute_s_, n_loss_ ? loss_sum_ / static_cast<double>(n_loss_) : 0.0);
   upload_replicas(round_, n_samples);
+  send_profile(round_ * steps + steps);
 }
 
 bool agent::impl::finish_step(std::uint64_t step, std::uint32_t n_micro_batches) {
@@ -420,7 +508,7 @@ bool agent::impl::finish_step(std::uint64_t step, std::uint32_t n_micro_batches)
       }
       const core::micro_batch_id id{step, g->micro_batch()};
       core::tensor dy = transport::to_backend(*be_, transport::view_of(*g->gradient()));
-      timed_compute([&] { host_->backward(c_.id, 0, id, dy); });
+      timed_compute([&] { host_->backward(c_.id, 0, id, dy); }, 0);
       if (!route_.u_shape()) {
         loss_sum_ += static_cast<double>(g->loss()) * dy.shape()[0];
         n_loss_ += static_cast<std::uint64_t>(dy.shape()[0]);
@@ -439,10 +527,12 @@ bool agent::impl::finish_step(std::uint64_t step, std::uint32_t n_micro_batches)
       }
       core::tensor x = transport::to_backend(*be_, transport::view_of(*a->activation()));
       core::segment_output out;
-      timed_compute([&] {
-        out = host_->forward(c_.id, top, id, x, lab->second, 1.0f / static_cast<float>(n_micro_batches),
-                             n_micro_batches, core::hash32(static_cast<std::uint32_t>(step), id.micro_batch));
-      });
+      timed_compute(
+          [&] {
+            out = host_->forward(c_.id, top, id, x, lab->second, 1.0f / static_cast<float>(n_micro_batches),
+                                 n_micro_batches, core::hash32(static_cast<std::uint32_t>(step), id.micro_batch));
+          },
+          top);
       loss_sum_ += static_cast<double>(out.loss) * x.shape()[0];
       n_loss_ += static_cast<std::uint64_t>(x.shape()[0]);
       n_correct_ += out.n_correct;
@@ -554,6 +644,8 @@ int agent::impl::run() {
   be_ = backend::make_backend(c_.backend);
   data_ = core::load_dataset(c_.data);
   shard_ = pick_shard(c_, data_.train);
+  schedule_ = transport::parse_schedule(c_.schedule);
+  memory_budget_ = c_.memory_budget ? c_.memory_budget : core::default_memory_budget();
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_.size(),
                c_.data, c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());
   asio::co_spawn(io_, connect_loop(), [](std::exception_ptr e) {

@@ -19,8 +19,10 @@
 #include "cleave/backend/registry.h"
 #include "cleave/core/aggregate.h"
 #include "cleave/core/pipeline.h"
+#include "cleave/core/profiler.h"
 #include "cleave/core/random.h"
 #include "cleave/transport/connect.h"
+#include "cleave/transport/emulation.h"
 #include "cleave/transport/listener.h"
 #include "cleave/transport/outbox.h"
 #include "cleave/transport/protocol.h"
@@ -79,6 +81,12 @@ class edge_node::impl {
   // Worker: runs a step task of dev now, or after its migrated blocks have arrived.
   void run_or_defer(std::uint32_t dev, std::function<void()> task);
   void run_deferred(std::uint32_t dev);
+  // Profiles: this edge's blocks (timed when the first plan tells the step's shape), rescaled by
+  // what its segments take; sent upstream with its links' measurements.
+  void profile_blocks(const wire::Plan& p);
+  void send_profile(transport::node_profile prof);
+  void apply_schedule(std::uint64_t round);
+  void apply_caps(const std::shared_ptr<device_peer>& d);
   void drop_device(const std::shared_ptr<device_peer>& d, const std::string& why);
   void send_up(transport::message_builder&& m) {
     if (up_out_) up_out_->post(std::move(m));
@@ -110,6 +118,16 @@ class edge_node::impl {
   std::string model_json_;
   std::unique_ptr<core::segment_host> host_;                              // worker only
   std::map<std::uint32_t, std::vector<std::function<void()>>> deferred_;  // worker only
+  core::live_profile live_;                                                // worker only
+  std::map<std::uint32_t, double> step_compute_;                           // worker: per device
+  std::map<std::uint32_t, std::uint32_t> n_micro_batches_;                 // worker: per device
+  int n_observed_ = 0;                                                     // worker
+  std::uint32_t profile_batch_ = 0;
+  std::uint64_t memory_budget_ = 0;
+  std::optional<transport::node_profile> latest_profile_;  // I/O thread
+  transport::emulation_schedule schedule_;
+  std::vector<transport::emulation_event> link_events_;  // I/O thread
+  std::uint64_t schedule_round_ = 0;
   std::map<std::uint32_t, device_state> devices_;
   std::vector<std::shared_ptr<device_peer>> peers_;
 
@@ -160,6 +178,9 @@ asio::awaitable<void> edge_node::impl::upstream_loop() {
     h.node_id = c_.id;
     h.name = c_.name;
     send_up(transport::make_hello(h));
+    if (latest_profile_) send_profile(*latest_profile_);
+    for (const auto& ev : link_events_)
+      if (transport::name_matches(ev.b, c_.upstream_name)) up_.emulator().set(ev.caps);
     // Devices already here are announced again (the server may have restarted).
     for (auto& [id, d] : devices_)
       if (d.peer && d.peer->alive && !d.peer->hello.empty())
@@ -207,6 +228,7 @@ void edge_node::impl::on_upstream(transport::message m) {
         auto fresh = std::make_shared<std::unique_ptr<core::segment_host>>(
             std::make_unique<core::segment_host>(*be_, model_, training.opt, training.seed));
         asio::post(work_, [this, fresh] { host_ = std::move(*fresh); });
+        profile_blocks(p);
       }
       for (const auto* dp : *p.devices()) {
         const std::uint32_t id = dp->device_id();
@@ -251,6 +273,7 @@ void edge_node::impl::on_upstream(transport::message m) {
       return;
     }
     case wire::Body::RoundStart:
+      apply_schedule(m.as<wire::RoundStart>()->round());
       start_round(*m.as<wire::RoundStart>());
       return;
     case wire::Body::Migrate: {
@@ -456,6 +479,7 @@ void edge_node::impl::step_message(std::uint32_t dev, transport::message m, bool
         step = a.step();
         mb = a.micro_batch();
         bi = transport::batch_of(a);
+        n_micro_batches_[dev] = bi.n_micro_batches;
         // Labels travel with activations up to the loss, unless the route is U-shaped.
         if (r.u_shape() != (a.labels() == nullptr)) throw core::error("labels do not match the plan");
         core::tensor x = transport::to_backend(*be_, transport::view_of(*a.activation()));
@@ -469,6 +493,22 @@ void edge_node::impl::step_message(std::uint32_t dev, transport::message m, bool
         o = host_->backward(dev, seg, {step, mb}, transport::to_backend(*be_, transport::view_of(*g.gradient())));
       }
       be_->synchronize();
+      step_compute_[dev] += std::chrono::duration<double>(clock::now() - t0).count();
+      if (o.stepped) {
+        // One whole step of this segment: the live profile learns what it costs here, in
+        // micro-batches of the profiled size.
+        const double mb_size = static_cast<double>(o.value.defined() && o.value.shape().rank() > 0
+                                                       ? o.value.shape()[0]
+                                                       : static_cast<std::int64_t>(profile_batch_));
+        if (r.begin(seg) < r.end(seg) && live_.n_blocks() == model_.n_blocks() && mb_size > 0)
+          live_.observe(r.begin(seg), r.end(seg), step_compute_[dev] * profile_batch_ / mb_size,
+                        static_cast<int>(std::max(1u, n_micro_batches_[dev])));
+        step_compute_[dev] = 0;
+        if (live_.n_blocks() && ++n_observed_ % std::max(1, c_.profile_every) == 0) {
+          auto snap = transport::current_profile(live_, c_.id, profile_batch_, be_->name(), memory_budget_);
+          asio::post(io_, [this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
+        }
+      }
       // Where the next segment runs: up the route is toward path[seg + 1].
       if (o.dir == core::segment_output::direction::up) {
         const transport::step_key key{plan_epoch, step, mb, dev, static_cast<std::uint32_t>(r.end(seg))};
@@ -488,6 +528,60 @@ void edge_node::impl::step_message(std::uint32_t dev, transport::message m, bool
   };
   auto shared_task = std::make_shared<decltype(task)>(std::move(task));
   asio::post(work_, [this, dev, shared_task] { run_or_defer(dev, [shared_task] { (*shared_task)(); }); });
+}
+
+void edge_node::impl::profile_blocks(const wire::Plan& p) {
+  core::profile_options po;
+  po.batch = static_cast<int>(std::max(1u, p.micro_batch_size()));
+  const auto training = transport::training_of(p);
+  po.seed = training.seed;
+  profile_batch_ = static_cast<std::uint32_t>(po.batch);
+  // On the worker (it owns the backend's compute); the result comes back here.
+  asio::post(work_, [this, po, opt = training.opt] {
+    const auto t0 = clock::now();
+    auto base = core::profile_blocks(*be_, model_, opt, po);
+    double total = 0;
+    for (const auto& b : base) total += b.forward_seconds + b.backward_seconds;
+    live_ = core::live_profile(base);
+    n_observed_ = 0;
+    spdlog::info("edge {}: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", c_.id,
+                 model_.n_blocks(), be_->name(), std::chrono::duration<double>(clock::now() - t0).count(),
+                 total * 1e3, po.batch);
+    auto snap = transport::current_profile(live_, c_.id, profile_batch_, be_->name(), memory_budget_);
+    asio::post(io_, [this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
+  });
+}
+
+void edge_node::impl::send_profile(transport::node_profile prof) {
+  latest_profile_ = prof;
+  for (const auto& [id, d] : devices_)
+    if (d.peer && d.peer->alive) {
+      const auto st = d.peer->ch.stats();
+      prof.links.push_back({id, static_cast<float>(st.rtt_us), static_cast<float>(st.send_bytes_per_second)});
+    }
+  if (up_) {
+    const auto st = up_.stats();
+    prof.links.push_back({0, static_cast<float>(st.rtt_us), static_cast<float>(st.send_bytes_per_second)});
+  }
+  send_up(transport::make_profile(prof, 0, 0));
+}
+
+void edge_node::impl::apply_caps(const std::shared_ptr<device_peer>& d) {
+  for (const auto& ev : link_events_)
+    if (transport::name_matches(ev.b, d->ch.peer_identity())) d->ch.emulator().set(ev.caps);
+}
+
+void edge_node::impl::apply_schedule(std::uint64_t round) {
+  if (schedule_.empty() || round <= schedule_round_) return;
+  schedule_round_ = round;
+  for (const auto& ev : schedule_.at(static_cast<int>(round), c_.name)) {
+    if (ev.what != transport::emulation_event::kind::link) continue;
+    spdlog::info("edge {}: {}", c_.id, ev.str());
+    link_events_.push_back(ev);
+    for (const auto& d : peers_)
+      if (d->alive && transport::name_matches(ev.b, d->ch.peer_identity())) d->ch.emulator().set(ev.caps);
+    if (up_ && transport::name_matches(ev.b, c_.upstream_name)) up_.emulator().set(ev.caps);
+  }
 }
 
 void edge_node::impl::run_or_defer(std::uint32_t dev, std::function<void()> task) {
@@ -609,9 +703,12 @@ void edge_node::impl::on_device_message(const std::shared_ptr<device_peer>& d, t
     case wire::Body::Cutover:
       on_cutover(d, *m.as<wire::Cutover>(), m);
       return;
+    case wire::Body::Profile:
+      if (m.as<wire::Profile>()->node_id() != d->id) throw core::error("profile of another node");
+      send_up(transport::copy_of(m));
+      return;
     case wire::Body::Ping:
     case wire::Body::Pong:
-    case wire::Body::Profile:
       return;
     default:
       throw core::error("unexpected " + std::string(transport::body_name(m.type())) + " from a device");
@@ -660,6 +757,7 @@ asio::awaitable<void> edge_node::impl::serve_device(std::shared_ptr<device_peer>
   st.planned = false;
   d->announced = true;
   spdlog::info("edge {}: device {} ({}) connected", c_.id, d->id, d->ch.peer_identity());
+  apply_caps(d);
   d->hello.assign(first->frame().begin(), first->frame().end());
   send_up(transport::copy_of(*first));
   for (;;) {
@@ -714,6 +812,8 @@ void edge_node::impl::finish(const std::string& why) {
 int edge_node::impl::run() {
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
+  schedule_ = transport::parse_schedule(c_.schedule);
+  memory_budget_ = c_.memory_budget ? c_.memory_budget : core::default_memory_budget();
   transport::listener_options lo;
   lo.allowed_identities = c_.allowed;
   listener_.emplace(io_.get_executor(), *tls_, asio::ip::tcp::endpoint(asio::ip::make_address(c_.listen_host), c_.port),

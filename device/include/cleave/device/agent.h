@@ -35,6 +35,11 @@ struct agent_config {
   // to emulate a weaker board.
   double slowdown = 1.0;
   double reconnect_max_s = 5.0;  // backoff cap between reconnection attempts
+  // Emulated heterogeneity by round (see transport/emulation.h): this device's slowdown and its
+  // link to the upstream node. Text or a file.
+  std::string schedule;
+  std::uint64_t memory_budget = 0;  // bytes its blocks may use (0: from the machine)
+  int profile_every = 20;           // steps between the profiles sent upstream
   // Sees every frame this device sends (tests of what leaves the device).
   std::function<void(std::span<const std::byte> frame)> on_send;
 };

@@ -23,6 +23,9 @@ struct edge_config {
   std::string upstream_name = "server";
   std::string backend = "auto";
   double reconnect_max_s = 5.0;
+  std::string schedule;             // emulated heterogeneity of its links (transport/emulation.h)
+  std::uint64_t memory_budget = 0;  // bytes its blocks may use (0: from the machine)
+  int profile_every = 20;           // device steps between the profiles it sends upstream
 };
 
 class edge_node {
