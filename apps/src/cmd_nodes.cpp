@@ -78,8 +78,7 @@ std::uint64_t parse_bytes(const std::string& s, const char* option) {
     k = 1024.0 * 1024;
   else if (unit == "G" || unit == "GiB")
     k = 1024.0 * 1024 * 1024;
-  if (!(v >= 0) || k == 0)
-    throw core::error(std::string(option) + " '" + s + "': expected a size such as 512M or 2G");
+  if (!(v >= 0) || k == 0) throw core::error(std::string(option) + " '" + s + "': expected a size such as 512M or 2G");
   return static_cast<std::uint64_t>(v * k);
 }
 
@@ -249,8 +248,8 @@ void run_demo(const demo_options& o) {
   // The server's log (one line per round) goes to this terminal; the others to files.
   const pid_t server = spawn(sargs, {});
   std::vector<pid_t> others;
-  std::vector<std::string> eargs{"cleave", "--log-level", level, "edge", "--certs", certs.string(), "--name",
-                                 "edge-1", "--listen", ep, "--server", sp, "--backend", backend};
+  std::vector<std::string> eargs{"cleave", "--log-level", level, "edge",     "--certs", certs.string(), "--name",
+                                 "edge-1", "--listen",    ep,    "--server", sp,        "--backend",    backend};
   if (!o.schedule.empty()) eargs.insert(eargs.end(), {"--schedule", o.schedule});
   others.push_back(spawn(eargs, work / "edge-1.log"));
   for (int i = 1; i <= o.devices; ++i) {
@@ -258,25 +257,25 @@ void run_demo(const demo_options& o) {
     if (!o.schedule.empty()) extra = {"--schedule", o.schedule};
     if (i <= o.slow) extra.insert(extra.end(), {"--slowdown", std::to_string(o.slowdown)});
     std::vector<std::string> aargs{"cleave",
-                            "--log-level",
-                            level,
-                            "agent",
-                            "--certs",
-                            certs.string(),
-                            "--id",
-                            std::to_string(i),
-                            "--connect",
-                            ep,
-                            "--upstream-name",
-                            "edge-1",
-                            "--data",
-                            o.data,
-                            "--shard",
-                            std::to_string(i - 1) + "/" + std::to_string(o.devices),
-                            "--partition",
-                            o.partition,
-                            "--backend",
-                            backend};
+                                   "--log-level",
+                                   level,
+                                   "agent",
+                                   "--certs",
+                                   certs.string(),
+                                   "--id",
+                                   std::to_string(i),
+                                   "--connect",
+                                   ep,
+                                   "--upstream-name",
+                                   "edge-1",
+                                   "--data",
+                                   o.data,
+                                   "--shard",
+                                   std::to_string(i - 1) + "/" + std::to_string(o.devices),
+                                   "--partition",
+                                   o.partition,
+                                   "--backend",
+                                   backend};
     aargs.insert(aargs.end(), extra.begin(), extra.end());
     others.push_back(spawn(aargs, work / ("device-" + std::to_string(i) + ".log")));
   }
@@ -366,8 +365,10 @@ void register_node_commands(CLI::App& app) {
   s->add_option("--repay-rounds", so.c.repay_rounds, "a re-split must repay its migration within these rounds")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  s->add_option("--memory-budget", so.memory_budget, "memory the server's blocks may use, e.g. 8G (default: half the RAM)");
-  s->add_option("--schedule", so.c.schedule, "emulated link changes by round (text or file), e.g. 'at 3 link server * 10Mbit/s 20ms'");
+  s->add_option("--memory-budget", so.memory_budget,
+                "memory the server's blocks may use, e.g. 8G (default: half the RAM)");
+  s->add_option("--schedule", so.c.schedule,
+                "emulated link changes by round (text or file), e.g. 'at 3 link server * 10Mbit/s 20ms'");
   s->callback([] { run_server(so); });
 
   auto* e = app.add_subcommand("edge", "run an edge relay: devices below, the server above");

@@ -352,8 +352,8 @@ void agent::impl::on_plan(const wire::Plan& p) {
     live_ = core::live_profile(std::move(base));
     profile_batch_ = static_cast<std::uint32_t>(po.batch);
     spdlog::info("device {}: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", c_.id,
-                 model_.n_blocks(), be_->name(), std::chrono::duration<double>(clock::now() - t0).count(),
-                 total * 1e3, po.batch);
+                 model_.n_blocks(), be_->name(), std::chrono::duration<double>(clock::now() - t0).count(), total * 1e3,
+                 po.batch);
     send_profile(0);
   }
   if (!host_ || !have_plan_ || !(r == route_)) {

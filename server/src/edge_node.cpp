@@ -118,10 +118,10 @@ class edge_node::impl {
   std::string model_json_;
   std::unique_ptr<core::segment_host> host_;                              // worker only
   std::map<std::uint32_t, std::vector<std::function<void()>>> deferred_;  // worker only
-  core::live_profile live_;                                                // worker only
-  std::map<std::uint32_t, double> step_compute_;                           // worker: per device
-  std::map<std::uint32_t, std::uint32_t> n_micro_batches_;                 // worker: per device
-  int n_observed_ = 0;                                                     // worker
+  core::live_profile live_;                                               // worker only
+  std::map<std::uint32_t, double> step_compute_;                          // worker: per device
+  std::map<std::uint32_t, std::uint32_t> n_micro_batches_;                // worker: per device
+  int n_observed_ = 0;                                                    // worker
   std::uint32_t profile_batch_ = 0;
   std::uint64_t memory_budget_ = 0;
   std::optional<transport::node_profile> latest_profile_;  // I/O thread
@@ -545,8 +545,8 @@ void edge_node::impl::profile_blocks(const wire::Plan& p) {
     live_ = core::live_profile(base);
     n_observed_ = 0;
     spdlog::info("edge {}: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", c_.id,
-                 model_.n_blocks(), be_->name(), std::chrono::duration<double>(clock::now() - t0).count(),
-                 total * 1e3, po.batch);
+                 model_.n_blocks(), be_->name(), std::chrono::duration<double>(clock::now() - t0).count(), total * 1e3,
+                 po.batch);
     auto snap = transport::current_profile(live_, c_.id, profile_batch_, be_->name(), memory_budget_);
     asio::post(io_, [this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
   });

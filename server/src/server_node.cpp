@@ -20,20 +20,20 @@
 #include <set>
 #include <thread>
 
+#include "adaptive.h"
 #include "cleave/backend/registry.h"
 #include "cleave/core/aggregate.h"
 #include "cleave/core/checkpoint.h"
 #include "cleave/core/pipeline.h"
+#include "cleave/core/profiler.h"
 #include "cleave/core/random.h"
+#include "cleave/core/splitter.h"
 #include "cleave/core/trainer.h"
+#include "cleave/transport/emulation.h"
 #include "cleave/transport/listener.h"
 #include "cleave/transport/outbox.h"
 #include "cleave/transport/protocol.h"
 #include "cleave/transport/tensor_io.h"
-#include "adaptive.h"
-#include "cleave/core/profiler.h"
-#include "cleave/core/splitter.h"
-#include "cleave/transport/emulation.h"
 #include "default_cuts.h"
 
 namespace cleave::server {
@@ -87,6 +87,7 @@ class server_node::impl {
     std::optional<core::route> next;  // announced, waiting for the device's Cutover
     std::uint32_t next_epoch = 0;
     std::uint64_t last_step = ~0ULL;  // the last step seen
+    bool measured = true;             // has reported a profile since its last re-split
     bool connected = false;
     bool participant = false;
     bool done = false;
@@ -154,9 +155,9 @@ class server_node::impl {
   core::dataset_split data_;
   std::unique_ptr<core::segment_host> host_;                              // worker only
   std::map<std::uint32_t, std::vector<std::function<void()>>> deferred_;  // worker only
-  core::live_profile live_;                                                // worker only
-  std::map<std::uint32_t, double> step_compute_;                           // worker: this step's compute per device
-  int n_observed_ = 0;                                                     // worker
+  core::live_profile live_;                                               // worker only
+  std::map<std::uint32_t, double> step_compute_;                          // worker: this step's compute per device
+  int n_observed_ = 0;                                                    // worker
   std::uint32_t profile_batch_ = 0;
   std::uint64_t memory_budget_ = 0;
   std::unique_ptr<profile_book> book_;  // I/O thread
@@ -164,7 +165,7 @@ class server_node::impl {
   std::vector<transport::emulation_event> link_events_;  // links of this node changed by the schedule
   double predicted_ = 0;
   int n_resplits_ = 0;
-  std::unique_ptr<core::trainer> eval_;                                   // worker only
+  std::unique_ptr<core::trainer> eval_;  // worker only
 
   std::vector<std::shared_ptr<peer>> peers_;
   std::map<std::uint32_t, device_state> devices_;
@@ -490,6 +491,7 @@ void server_node::impl::on_cutover(const std::shared_ptr<peer>& p, const wire::C
   d.epoch = d.next_epoch;
   d.next.reset();
   if (round_open_) ++n_resplits_;
+  d.measured = false;
   const std::uint32_t epoch = d.epoch;
   const std::uint64_t step = c.step();
   const std::uint32_t edge = d.behind_edge ? d.via->id : 0;
@@ -534,6 +536,7 @@ void server_node::impl::on_profile(const std::shared_ptr<peer>& p, const wire::P
     for (const auto& l : prof.links) book_->report_link(dk, up, l.rtt_us * 1e-6, l.bandwidth_bytes_per_s);
     about = "device " + std::to_string(node);
     book_->set_profile(dk, std::move(prof));
+    it->second.measured = true;
   } else {
     const node_key ek{transport::node_role::edge, node};
     for (const auto& l : prof.links) {
@@ -571,14 +574,14 @@ void server_node::impl::maybe_replan(const std::string& why) {
   if (!c_.adaptive || c_.mode != training_mode::splitfed || stopping_ || !book_) return;
   const auto devs = planned_devices();
   if (devs.empty()) return;
+  // One re-split at a time, and the next only once every device has been measured under it.
   for (const auto& e : devs)
-    if (devices_.at(e.id).next) return;  // one re-split at a time
+    if (devices_.at(e.id).next || !devices_.at(e.id).measured) return;
   // This side's view of its links.
   for (const auto& p : peers_) {
     if (!p->alive) continue;
     const auto st = p->ch.stats();
-    book_->report_link({transport::node_role::server, 0}, {p->role, p->id}, st.rtt_us * 1e-6,
-                       st.send_bytes_per_second);
+    book_->report_link({transport::node_role::server, 0}, {p->role, p->id}, st.rtt_us * 1e-6, st.send_bytes_per_second);
   }
   std::string missing;
   const auto prob = book_->problem(devs, missing);
@@ -954,9 +957,8 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
         rep.seconds);
     if (rep.predicted_step_seconds > 0)
       spdlog::info("round {}: step {:.1f} ms, predicted {:.1f} ms ({:+.0f}%), {} re-split{}", r, rep.step_seconds * 1e3,
-                   rep.predicted_step_seconds * 1e3,
-                   (rep.predicted_step_seconds / rep.step_seconds - 1.0) * 100.0, rep.n_resplits,
-                   rep.n_resplits == 1 ? "" : "s");
+                   rep.predicted_step_seconds * 1e3, (rep.predicted_step_seconds / rep.step_seconds - 1.0) * 100.0,
+                   rep.n_resplits, rep.n_resplits == 1 ? "" : "s");
     for (const auto& [id, route] : rep.routes) spdlog::info("round {}: device {}: {}", r, id, route);
     if (c_.on_round) c_.on_round(rep);
     for (const auto& p : peers_)

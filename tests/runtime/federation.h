@@ -91,14 +91,15 @@ struct workspace {
 class runner {
  public:
   template <class F>
-  explicit runner(F f) : t_([f = std::move(f), this]() mutable {
-      try {
-        f();
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mu_);
-        error_ = e.what();
-      }
-    }) {}
+  explicit runner(F f)
+      : t_([f = std::move(f), this]() mutable {
+          try {
+            f();
+          } catch (const std::exception& e) {
+            std::lock_guard lock(mu_);
+            error_ = e.what();
+          }
+        }) {}
   ~runner() { join(); }
   void join() {
     if (t_.joinable()) t_.join();
@@ -124,6 +125,7 @@ inline server::server_config server_cfg(const workspace& w, const std::string& b
   c.data = w.data.string();
   c.join_timeout_s = 60;
   c.round_deadline_s = 60;
+  c.adaptive = false;  // plans move only where a test asks for it
   return c;
 }
 

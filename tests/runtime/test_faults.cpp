@@ -7,6 +7,7 @@
 #include <asio/use_future.hpp>
 #include <chrono>
 #include <future>
+#include <optional>
 
 #include "cleave/transport/connect.h"
 #include "cleave/transport/protocol.h"
@@ -37,6 +38,15 @@ pid_t spawn_agent(const workspace& w, int id, std::uint16_t port, const std::str
     ::_exit(127);
   }
   return pid;
+}
+
+// Device 1's activation of two zero samples (with labels) entering `block`.
+transport::message_builder activation_of(core::backend& b, std::uint32_t epoch, std::uint64_t step, std::uint32_t block,
+                                         const core::shape& in) {
+  core::tensor x = b.zeros(in.batched(2));
+  core::tensor y = b.zeros({2}, core::dtype::i32);
+  const transport::step_key key{epoch, step, 0, 1, block};
+  return transport::make_activations(key, {2, 1}, b, x, &y);
 }
 
 }  // namespace
@@ -153,4 +163,80 @@ TEST_CASE("a device sending an out-of-plan or malformed message is disconnected 
   CHECK(reports[0].n_devices == 1);
   CHECK(reports[1].n_devices == 1);
   CHECK(reports[1].test_accuracy > 0.0);
+}
+
+TEST_CASE("after a re-split, step messages of the old plan epoch are refused and the channel stays open") {
+  const std::string be = test_backend();
+  workspace w("stale", 1);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 1;
+  sc.local_steps = 2;
+  sc.round_deadline_s = 5;
+  sc.cuts = "3";
+  const auto moved = core::make_route(false, false, {5}, 12);
+  sc.force_route = [&](std::uint32_t, std::uint64_t, const core::route& current) -> std::optional<core::route> {
+    return current == moved ? std::nullopt : std::optional<core::route>(moved);
+  };
+  std::promise<std::uint16_t> port;
+  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+
+  asio::io_context io;
+  const transport::tls_context tls(transport::tls_files_in(w.certs, "device-1"));
+  auto device = [&]() -> asio::awaitable<std::string> {
+    auto ch = co_await transport::connect(tls, "127.0.0.1", sp);
+    if (!ch) co_return "connect failed: " + ch.error().reason();
+    transport::hello_info h;
+    h.role = transport::node_role::device;
+    h.node_id = 1;
+    co_await ch->send(transport::make_hello(h));
+    auto b = backend::make_backend("reference");
+    const core::shape pool1{6, 14, 14}, conv2{16, 10, 10};
+    std::uint32_t epoch = 0, new_epoch = 0;
+    std::uint64_t step = 0;
+    bool migrated = false;
+    for (;;) {
+      auto m = co_await ch->receive();
+      if (!m) co_return "closed: " + m.error().reason();
+      if (const auto* p = m->as<cleave::wire::Plan>()) {
+        if (!p->resplit()) {
+          epoch = p->epoch();
+          continue;
+        }
+        // The re-split: switch at the next step boundary.
+        new_epoch = p->epoch();
+        co_await ch->send(transport::make_cutover(1, new_epoch, step + 1));
+      } else if (const auto* r = m->as<cleave::wire::RoundStart>()) {
+        step = r->round() * r->local_steps();
+        co_await ch->send(activation_of(*b, epoch, step, 3, pool1));
+      } else if (const auto* mg = m->as<cleave::wire::Migrate>()) {
+        if (mg->first_block() != 3 || mg->end_block() != 5) co_return std::string("unexpected blocks moved");
+        migrated = true;
+        // A late message of the old plan.
+        co_await ch->send(activation_of(*b, epoch, step + 1, 3, pool1));
+      } else if (const auto* e = m->as<cleave::wire::Error>()) {
+        const std::string text = e->message() ? e->message()->str() : "";
+        if (e->code() != cleave::wire::ErrorCode::stale_epoch) co_return "error: " + text;
+        // Still served: the current epoch's message goes through.
+        if (!ch->is_open()) co_return std::string("closed after the refusal");
+        co_await ch->send(activation_of(*b, new_epoch, step + 1, 5, conv2));
+        auto g = co_await ch->receive();
+        while (g && !g->as<cleave::wire::Gradients>()) g = co_await ch->receive();
+        if (!g) co_return "closed: " + g.error().reason();
+        co_return std::string(migrated ? "migrated, " : "") + "refused: " + text + "; served epoch " +
+            std::to_string(g->as<cleave::wire::Gradients>()->epoch());
+      }
+    }
+  };
+  auto f = asio::co_spawn(io, device(), asio::use_future);
+  std::thread io_thread([&] { io.run(); });
+  const std::string got = f.get();
+  io_thread.join();
+  INFO(got);
+  CHECK(got.rfind("migrated, refused: plan epoch", 0) == 0);
+  CHECK(got.find("served epoch 2") != std::string::npos);
+  srv.stop();
+  rs.join();
 }

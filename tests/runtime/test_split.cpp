@@ -202,6 +202,34 @@ TEST_CASE("three devices re-split independently in one SplitFed round and still 
   CHECK(diff <= 1e-5);
 }
 
+TEST_CASE("the adaptive splitter moves a slowed device's blocks to the server") {
+  const std::string be = test_backend();
+  workspace w("adapt", 2);
+  auto sc = server_cfg(w, be);
+  sc.adaptive = true;
+  sc.rounds = 3;
+  sc.local_steps = 16;
+  sc.min_devices = 2;
+  sc.cuts = "6";
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+  run_federation(w, be, sc, 2, false, [](device::agent_config& a) {
+    a.profile_every = 4;
+    if (a.id == 2) a.slowdown = 8;  // a board eight times slower than the server
+  });
+  REQUIRE(reports.size() == 3);
+  int n_resplits = 0;
+  for (const auto& r : reports) n_resplits += r.n_resplits;
+  CHECK(n_resplits >= 1);
+  CHECK(reports.back().predicted_step_seconds > 0);
+  REQUIRE(reports.back().routes.size() == 2);
+  // device[0,c) server[c,12): the slow device keeps fewer blocks than the fast one.
+  auto cut_of = [](const std::string& route) { return std::stoi(route.substr(route.find(',') + 1)); };
+  const int fast = cut_of(reports.back().routes[0].second), slow = cut_of(reports.back().routes[1].second);
+  INFO("fast device: " << reports.back().routes[0].second << ", slow device: " << reports.back().routes[1].second);
+  CHECK(slow < fast);
+}
+
 TEST_CASE("a SplitFed-v1 round of four devices equals four local trainings averaged") {
   const std::string be = test_backend();
   workspace w("avg4", 4);
