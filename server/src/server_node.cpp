@@ -165,6 +165,7 @@ class server_node::impl {
   std::vector<transport::emulation_event> link_events_;  // links of this node changed by the schedule
   double predicted_ = 0;
   int n_resplits_ = 0;
+  double planner_s_ = 0;
   std::unique_ptr<core::trainer> eval_;  // worker only
 
   std::vector<std::shared_ptr<peer>> peers_;
@@ -593,7 +594,9 @@ void server_node::impl::maybe_replan(const std::string& why) {
   for (const auto& e : devs) current.push_back(devices_.at(e.id).route);
   core::split_plan best;
   try {
+    const auto t0 = clock::now();
     best = core::plan_best(*prob);
+    planner_s_ = std::max(planner_s_, std::chrono::duration<double>(clock::now() - t0).count());
   } catch (const core::error& e) {
     spdlog::warn("server: no plan fits ({}): {}", why, e.what());
     return;
@@ -818,8 +821,9 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     const auto t0 = clock::now();
     round_ = static_cast<std::uint64_t>(r);
     apply_schedule(round_);
-    maybe_replan("round " + std::to_string(r));
     n_resplits_ = 0;
+    planner_s_ = 0;
+    maybe_replan("round " + std::to_string(r));
     avg_ = std::make_unique<core::model_average>(model_);
     loss_sum_ = device_compute_ = edge_compute_ = 0;
     n_loss_ = n_correct_ = edge_bytes_ = 0;
@@ -945,6 +949,7 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     rep.step_seconds = train_seconds / c_.local_steps;
     rep.predicted_step_seconds = predicted_step();
     rep.n_resplits = n_resplits_;
+    rep.planner_seconds = planner_s_;
     for (auto id : participants)
       if (devices_.at(id).connected) rep.routes.emplace_back(id, devices_.at(id).route.str());
     last_ = rep;

@@ -37,6 +37,7 @@ struct round_report {
   double step_seconds = 0;            // measured: train_seconds / local steps
   double predicted_step_seconds = 0;  // the cost model's figure for the plan in force (0: no profiles yet)
   int n_resplits = 0;                 // devices that switched plans during the round
+  double planner_seconds = 0;         // the longest search for a plan during the round
   std::vector<std::pair<std::uint32_t, std::string>> routes;  // device -> its route at the round's end
 };
 
