@@ -1,12 +1,14 @@
 // The adaptive splitter's scenario, in one run: LeNet-5 on 3 tiers (server, edge-1, 4 devices
 // behind it, nodes on threads of this process over TLS on loopback with emulated links), devices
-// 3 and 4 four times slower, device links cut from 1 Gbit/s to 10 Mbit/s at a set round.
+// 3 and 4 four times slower than devices 1 and 2, device links cut from 1 Gbit/s to 10 Mbit/s at
+// a set round. Every node runs on this machine's CPU, so the devices are made boards `--board`
+// times slower than it (default 4, as an edge board against a server); 3 and 4 then 4x that.
 //   1. adaptive: the splitter re-plans as it measures; reported: the step time after the change
 //      (the last rounds), the plan it chose, the cost model's prediction error, the planner's time;
 //   2. static plans on the changed scenario, measured one after another in one federation by
 //      forcing each in turn: every plan with the same cuts on all devices (the oracle is the best
 //      of them), the initial plan (kept after the change) and the adaptive run's final plan.
-// Usage: bench_adaptive [--backend B] [--data D] [--rounds N] [--change R] [--steps S]
+// Usage: bench_adaptive [--backend B] [--data D] [--rounds N] [--change R] [--steps S] [--board F]
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -37,6 +39,7 @@ constexpr int n_devices = 4;
 struct scenario {
   std::string backend = "onednn:1", data = "fashion-mnist";
   int rounds = 6, change = 3, steps = 30;
+  double board = 4;  // devices 1, 2: this many times slower than the server's CPU; 3, 4: 4x more
   fs::path certs;
   // Links and slowdowns by round: `slow_from` is the round the links drop to 10 Mbit/s.
   std::string schedule(int slow_from) const {
@@ -122,7 +125,7 @@ federation_result run(const scenario& sc, server::server_config c, const std::st
     ac.data = sc.data;
     ac.n_shards = n_devices;
     ac.shard = d - 1;
-    ac.slowdown = d > 2 ? 4.0 : 1.0;
+    ac.slowdown = d > 2 ? 4.0 * sc.board : sc.board;
     ac.schedule = schedule;
     ac.profile_every = 5;
     agents.push_back(std::make_unique<device::agent>(ac));
@@ -160,6 +163,8 @@ int main(int argc, char** argv) {
       sc.change = std::stoi(v);
     else if (k == "--steps")
       sc.steps = std::stoi(v);
+    else if (k == "--board")
+      sc.board = std::stod(v);
     else {
       std::fprintf(stderr, "bench_adaptive: unknown option %s\n", k.c_str());
       return 2;
@@ -184,11 +189,17 @@ int main(int argc, char** argv) {
     const int n_blocks = 12;  // lenet5
 
     // 1. The adaptive run.
-    std::fprintf(stderr, "adaptive run: %d rounds x %d steps, links drop at round %d\n", sc.rounds, sc.steps, sc.change);
+    std::fprintf(stderr, "adaptive run: %d rounds x %d steps, links drop at round %d\n", sc.rounds, sc.steps,
+                 sc.change);
     server::server_config ac;
     ac.rounds = sc.rounds;
     ac.local_steps = sc.steps;
     ac.adaptive = true;
+    step_clock live;  // only watches: the steps are timed the same way as the static plans'
+    ac.force_route = [&](std::uint32_t dev, std::uint64_t step, const core::route&) -> std::optional<core::route> {
+      live.mark(dev, step);
+      return std::nullopt;
+    };
     const auto adaptive = run(sc, ac, sc.schedule(sc.change));
     const auto& before = adaptive.reports[static_cast<std::size_t>(sc.change - 2)];  // the plan in force at the change
     const auto& last = adaptive.reports.back();
@@ -198,7 +209,9 @@ int main(int argc, char** argv) {
     int n = 0;
     for (int r = from; r <= sc.rounds; ++r) {
       const auto& rep = adaptive.reports[static_cast<std::size_t>(r - 1)];
-      adaptive_step += rep.step_seconds;
+      // Within the round (a round's start and its averaging are not steps).
+      const auto s0 = static_cast<std::uint64_t>(r) * static_cast<std::uint64_t>(sc.steps);
+      adaptive_step += live.step_seconds(s0 + 1, s0 + static_cast<std::uint64_t>(sc.steps));
       predicted += rep.predicted_step_seconds;
       ++n;
     }
@@ -230,8 +243,7 @@ int main(int argc, char** argv) {
     scs.local_steps = static_cast<int>(plans.size() + 1) * window;
     scs.adaptive = false;
     const std::uint64_t first = static_cast<std::uint64_t>(scs.local_steps);  // round 1 starts here
-    scs.force_route = [&](std::uint32_t dev, std::uint64_t step,
-                          const core::route&) -> std::optional<core::route> {
+    scs.force_route = [&](std::uint32_t dev, std::uint64_t step, const core::route&) -> std::optional<core::route> {
       clk.mark(dev, step);
       const std::size_t k = std::min<std::size_t>((step - first) / window, plans.size() - 1);
       return plans[k].second[static_cast<std::size_t>(dev - 1)];
@@ -244,9 +256,10 @@ int main(int argc, char** argv) {
     for (std::size_t k = 0; k < initial_index; ++k)
       if (t[k] > 0 && (t[best] <= 0 || t[k] < t[best])) best = k;
 
-    std::printf("Adaptive splitter scenario: LeNet-5, batch 64, 3 tiers, %d devices (3 and 4 slowed 4x), device links "
-                "1 Gbit/s -> 10 Mbit/s at round %d, backend %s\n",
-                n_devices, sc.change, sc.backend.c_str());
+    std::printf(
+        "Adaptive splitter scenario: LeNet-5, batch 64, 3 tiers, %d devices (1, 2: boards %.0fx slower than the "
+        "server; 3, 4: slowed 4x more), device links 1 Gbit/s -> 10 Mbit/s at round %d, backend %s\n",
+        n_devices, sc.board, sc.change, sc.backend.c_str());
     std::printf("  adaptive, after the change (rounds %d-%d):  %8.1f ms/step\n", from, sc.rounds, adaptive_step * 1e3);
     std::printf("    its final plan:");
     for (const auto& [id, s] : last.routes) std::printf(" [d%u %s]", id, s.c_str());
