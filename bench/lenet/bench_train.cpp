@@ -17,15 +17,24 @@ int main(int argc, char** argv) {
   long long max_steps = -1, seed = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--backend") backend = v;
-    else if (k == "--model") model = v;
-    else if (k == "--data") data = v;
-    else if (k == "--epochs") epochs = std::stoi(v);
-    else if (k == "--batch") batch = std::stoi(v);
-    else if (k == "--lr") lr = std::stof(v);
-    else if (k == "--momentum") momentum = std::stof(v);
-    else if (k == "--max-steps") max_steps = std::stoll(v);
-    else if (k == "--seed") seed = std::stoll(v);
+    if (k == "--backend")
+      backend = v;
+    else if (k == "--model")
+      model = v;
+    else if (k == "--data")
+      data = v;
+    else if (k == "--epochs")
+      epochs = std::stoi(v);
+    else if (k == "--batch")
+      batch = std::stoi(v);
+    else if (k == "--lr")
+      lr = std::stof(v);
+    else if (k == "--momentum")
+      momentum = std::stof(v);
+    else if (k == "--max-steps")
+      max_steps = std::stoll(v);
+    else if (k == "--seed")
+      seed = std::stoll(v);
     else {
       std::fprintf(stderr, "bench_train: unknown option %s\n", k.c_str());
       return 2;

@@ -102,10 +102,14 @@ int main(int argc, char** argv) {
   int steps = 200, micro_batches = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--backend") be = v;
-    else if (k == "--steps") steps = std::stoi(v);
-    else if (k == "--data") data = v;
-    else if (k == "--micro-batches") micro_batches = std::stoi(v);
+    if (k == "--backend")
+      be = v;
+    else if (k == "--steps")
+      steps = std::stoi(v);
+    else if (k == "--data")
+      data = v;
+    else if (k == "--micro-batches")
+      micro_batches = std::stoi(v);
     else {
       std::fprintf(stderr, "bench_split: unknown option %s\n", k.c_str());
       return 2;
@@ -115,9 +119,9 @@ int main(int argc, char** argv) {
     spdlog::set_level(spdlog::level::warn);
     const fs::path certs = fs::temp_directory_path() / ("cleave-bench-split-" + std::to_string(::getpid()));
     transport::init_ca(certs);
-    for (auto [name, role] : {std::pair{"server", transport::node_role::server},
-                              std::pair{"edge-1", transport::node_role::edge},
-                              std::pair{"device-1", transport::node_role::device}}) {
+    for (auto [name, role] :
+         {std::pair{"server", transport::node_role::server}, std::pair{"edge-1", transport::node_role::edge},
+          std::pair{"device-1", transport::node_role::device}}) {
       transport::issue_options o;
       o.role = role;
       transport::issue_certificate(certs, name, o);

@@ -66,10 +66,10 @@ void validate(const split_problem& p);
 std::vector<tier> path_of(const split_problem& p, int device);
 
 struct route_cost {
-  double seconds = 0;        // T_d
+  double seconds = 0;  // T_d
   double compute_seconds = 0, transfer_seconds = 0;
-  bool feasible = true;      // within every memory share
-  std::string why;           // when not feasible: which node's memory is exceeded
+  bool feasible = true;  // within every memory share
+  std::string why;       // when not feasible: which node's memory is exceeded
 };
 // T_d of route r for device d, computed directly from the definition above (the oracle the
 // planner is tested against).
@@ -100,8 +100,8 @@ split_plan plan_exhaustive(const split_problem& p);
 double migration_seconds(const split_problem& p, int device, const route& from, const route& to);
 
 struct resplit_policy {
-  double min_gain = 0.05;        // relative step-time gain below which a plan is kept
-  double repay_rounds = 2;       // the gain must repay the migration within this many rounds
+  double min_gain = 0.05;   // relative step-time gain below which a plan is kept
+  double repay_rounds = 2;  // the gain must repay the migration within this many rounds
   std::int64_t steps_per_round = 50;
 };
 struct resplit_decision {

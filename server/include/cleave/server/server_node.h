@@ -34,7 +34,7 @@ struct round_report {
   double test_loss = 0, test_accuracy = 0;
   double device_compute_s = 0, edge_compute_s = 0, server_compute_s = 0;  // summed over nodes
   std::uint64_t bytes_moved = 0;                                          // all channels, both ways
-  double step_seconds = 0;            // measured: train_seconds / local steps
+  double step_seconds = 0;                                                // measured: train_seconds / local steps
   double predicted_step_seconds = 0;  // the cost model's figure for the plan in force (0: no profiles yet)
   int n_resplits = 0;                 // devices that switched plans during the round
   double planner_seconds = 0;         // the longest search for a plan during the round
@@ -66,10 +66,10 @@ struct server_config {
   std::filesystem::path checkpoint;  // global model saved after every round ("" = none)
   // Adaptive splitting (splitfed mode): profiles -> cost model -> plan -> live re-split.
   bool adaptive = true;
-  double min_gain = 0.05;     // relative step-time gain below which the plan is kept
-  double repay_rounds = 2;    // a re-split must repay its migration within this many rounds
+  double min_gain = 0.05;           // relative step-time gain below which the plan is kept
+  double repay_rounds = 2;          // a re-split must repay its migration within this many rounds
   std::uint64_t memory_budget = 0;  // bytes the server's blocks may use (0: from the machine)
-  std::string schedule;       // emulated heterogeneity (see transport/emulation.h): text or file
+  std::string schedule;             // emulated heterogeneity (see transport/emulation.h): text or file
   std::function<void(const round_report&)> on_round;
   std::function<void(std::uint64_t round, int n_participants)> on_round_start;
   std::function<void(std::uint16_t port)> on_listening;
