@@ -152,6 +152,10 @@ emulation_event parse_event(std::string_view text, const std::string& file) {
     e.b = rest[1];
     if (e.a == e.b && e.a != "*") fail("a link needs two different ends, not '" + e.a + "' twice");
     e.caps.bytes_per_second = parse_bandwidth(rest[2], fail);
+    // A link, not a shaper: bursts of at most about a millisecond at line rate (at least one
+    // Ethernet frame) pass unpaced; everything else pays its serialization time.
+    if (e.caps.bytes_per_second > 0)
+      e.caps.burst_bytes = static_cast<std::size_t>(std::clamp(e.caps.bytes_per_second * 1e-3, 1500.0, 65536.0));
     if (rest.size() == 4) e.caps.latency = parse_latency(rest[3], fail);
   } else if (what == "slowdown") {
     e.what = emulation_event::kind::slowdown;
