@@ -269,7 +269,8 @@ void agent::impl::send_profile(std::uint64_t step) {
   asio::post(io_, [this, prof = std::move(prof), epoch = plan_epoch_, step, up = edge_id_]() mutable {
     if (!ch_) return;
     const auto st = ch_.stats();
-    prof.links.push_back({up, static_cast<float>(st.rtt_us), static_cast<float>(st.send_bytes_per_second)});
+    prof.links.push_back(
+        {up, static_cast<float>(transport::link_rtt_us(st)), static_cast<float>(st.send_bytes_per_second)});
     send(transport::make_profile(prof, epoch, step));
   });
 }

@@ -557,11 +557,13 @@ void edge_node::impl::send_profile(transport::node_profile prof) {
   for (const auto& [id, d] : devices_)
     if (d.peer && d.peer->alive) {
       const auto st = d.peer->ch.stats();
-      prof.links.push_back({id, static_cast<float>(st.rtt_us), static_cast<float>(st.send_bytes_per_second)});
+      prof.links.push_back(
+          {id, static_cast<float>(transport::link_rtt_us(st)), static_cast<float>(st.send_bytes_per_second)});
     }
   if (up_) {
     const auto st = up_.stats();
-    prof.links.push_back({0, static_cast<float>(st.rtt_us), static_cast<float>(st.send_bytes_per_second)});
+    prof.links.push_back(
+        {0, static_cast<float>(transport::link_rtt_us(st)), static_cast<float>(st.send_bytes_per_second)});
   }
   send_up(transport::make_profile(prof, 0, 0));
 }

@@ -582,7 +582,8 @@ void server_node::impl::maybe_replan(const std::string& why) {
   for (const auto& p : peers_) {
     if (!p->alive) continue;
     const auto st = p->ch.stats();
-    book_->report_link({transport::node_role::server, 0}, {p->role, p->id}, st.rtt_us * 1e-6, st.send_bytes_per_second);
+    book_->report_link({transport::node_role::server, 0}, {p->role, p->id}, transport::link_rtt_us(st) * 1e-6,
+                       st.send_bytes_per_second);
   }
   std::string missing;
   const auto prob = book_->problem(devs, missing);

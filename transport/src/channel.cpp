@@ -215,6 +215,7 @@ channel_stats channel_impl::stats() const {
   s.bytes_in_flight = bytes_in_flight_.load();
   s.rtt_us = rtt_us_.load();
   s.last_rtt_us = last_rtt_us_.load();
+  s.base_rtt_us = base_rtt_us_.load();
   s.send_bytes_per_second = send_bps_.load();
   s.receive_bytes_per_second = receive_bps_.load();
   return s;
@@ -237,6 +238,9 @@ void channel_impl::handle_pong(const wire::Pong& p) {
   const double us = static_cast<double>(now_ns() - p.sent_ns()) / 1000.0;
   last_rtt_us_.store(us);
   ewma(rtt_us_, us);
+  rtt_window_[n_rtt_++ % rtt_window_.size()] = us;
+  const std::size_t n = std::min(n_rtt_, rtt_window_.size());
+  base_rtt_us_.store(*std::min_element(rtt_window_.begin(), rtt_window_.begin() + static_cast<std::ptrdiff_t>(n)));
 }
 
 asio::awaitable<void> channel_impl::reader(std::shared_ptr<channel_impl> self) {

@@ -140,6 +140,9 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   std::atomic<std::uint64_t> bytes_in_flight_{0};
   std::atomic<double> rtt_us_{0};
   std::atomic<double> last_rtt_us_{0};
+  std::atomic<double> base_rtt_us_{0};
+  std::array<double, 8> rtt_window_{};  // executor only
+  std::size_t n_rtt_ = 0;
   std::atomic<double> send_bps_{0};
   std::atomic<double> receive_bps_{0};
 };

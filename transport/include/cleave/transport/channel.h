@@ -43,9 +43,15 @@ struct channel_stats {
   std::uint64_t bytes_in_flight = 0;  // queued for sending now
   double rtt_us = 0;                  // EWMA; 0 until the first Pong
   double last_rtt_us = 0;
+  double base_rtt_us = 0;            // the smallest of the last 8: the link's own delay, without queueing
   double send_bytes_per_second = 0;  // 0 until measured
   double receive_bytes_per_second = 0;
 };
+
+// The round trip of the link itself (the base RTT, or the average until there is one).
+inline double link_rtt_us(const channel_stats& s) {
+  return s.base_rtt_us > 0 ? s.base_rtt_us : s.rtt_us;
+}
 
 namespace detail {
 class channel_impl;
