@@ -122,6 +122,10 @@ class edge_node::impl {
   std::map<std::uint32_t, double> step_compute_;                          // worker: per device
   std::map<std::uint32_t, std::uint32_t> n_micro_batches_;                // worker: per device
   int n_observed_ = 0;                                                    // worker
+  int n_observed_mark_ = 0;                                               // worker: at the last round start
+  int n_steps_ = 0;                                                       // worker: device steps seen
+  core::profile_options profile_opts_;                                    // worker
+  core::optimizer_config profile_opt_;                                    // worker
   std::uint32_t profile_batch_ = 0;
   std::uint64_t memory_budget_ = 0;
   std::optional<transport::node_profile> latest_profile_;  // I/O thread
@@ -328,6 +332,18 @@ void edge_node::impl::on_upstream(transport::message m) {
 
 void edge_node::impl::start_round(const wire::RoundStart& r) {
   if (r.round() != round_ || !collecting_) {
+    if (round_ > 0)
+      asio::post(work_, [this] {
+        if (!live_.n_blocks()) return;
+        if (n_observed_ != n_observed_mark_) {
+          n_observed_mark_ = n_observed_;
+          return;
+        }
+        // None of this edge's blocks ran last round: time them again (see the server's).
+        live_ = core::live_profile(core::profile_blocks(*be_, model_, profile_opt_, profile_opts_));
+        auto snap = transport::current_profile(live_, c_.id, profile_batch_, be_->name(), memory_budget_);
+        asio::post(io_, [this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
+      });
     round_ = r.round();
     collecting_ = true;
     flushing_ = false;
@@ -500,11 +516,14 @@ void edge_node::impl::step_message(std::uint32_t dev, transport::message m, bool
         const double mb_size = static_cast<double>(o.value.defined() && o.value.shape().rank() > 0
                                                        ? o.value.shape()[0]
                                                        : static_cast<std::int64_t>(profile_batch_));
-        if (r.begin(seg) < r.end(seg) && live_.n_blocks() == model_.n_blocks() && mb_size > 0)
+        if (r.begin(seg) < r.end(seg) && live_.n_blocks() == model_.n_blocks() && mb_size > 0) {
           live_.observe(r.begin(seg), r.end(seg), step_compute_[dev] * profile_batch_ / mb_size,
                         static_cast<int>(std::max(1u, n_micro_batches_[dev])));
+          ++n_observed_;
+        }
         step_compute_[dev] = 0;
-        if (live_.n_blocks() && ++n_observed_ % std::max(1, c_.profile_every) == 0) {
+        // Profiles go up at a steady pace, also when only relaying (their links' figures count).
+        if (live_.n_blocks() && ++n_steps_ % std::max(1, c_.profile_every) == 0) {
           auto snap = transport::current_profile(live_, c_.id, profile_batch_, be_->name(), memory_budget_);
           asio::post(io_, [this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
         }
@@ -539,11 +558,13 @@ void edge_node::impl::profile_blocks(const wire::Plan& p) {
   // On the worker (it owns the backend's compute); the result comes back here.
   asio::post(work_, [this, po, opt = training.opt] {
     const auto t0 = clock::now();
+    profile_opts_ = po;
+    profile_opt_ = opt;
     auto base = core::profile_blocks(*be_, model_, opt, po);
     double total = 0;
     for (const auto& b : base) total += b.forward_seconds + b.backward_seconds;
     live_ = core::live_profile(base);
-    n_observed_ = 0;
+    n_observed_ = n_observed_mark_ = 0;
     spdlog::info("edge {}: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", c_.id,
                  model_.n_blocks(), be_->name(), std::chrono::duration<double>(clock::now() - t0).count(), total * 1e3,
                  po.batch);

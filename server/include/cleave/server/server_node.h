@@ -66,7 +66,7 @@ struct server_config {
   std::filesystem::path checkpoint;  // global model saved after every round ("" = none)
   // Adaptive splitting (splitfed mode): profiles -> cost model -> plan -> live re-split.
   bool adaptive = true;
-  double min_gain = 0.05;           // relative step-time gain below which the plan is kept
+  double min_gain = 0.10;           // relative step-time gain below which the plan is kept
   double repay_rounds = 2;          // a re-split must repay its migration within this many rounds
   std::uint64_t memory_budget = 0;  // bytes the server's blocks may use (0: from the machine)
   std::string schedule;             // emulated heterogeneity (see transport/emulation.h): text or file
