@@ -270,7 +270,7 @@ void agent::impl::send_profile(std::uint64_t step) {
     if (!ch_) return;
     const auto st = ch_.stats();
     prof.links.push_back(
-        {up, static_cast<float>(transport::link_rtt_us(st)), static_cast<float>(st.send_bytes_per_second)});
+        {up, static_cast<float>(transport::link_rtt_us(st)), static_cast<float>(transport::link_bytes_per_second(st))});
     send(transport::make_profile(prof, epoch, step));
   });
 }

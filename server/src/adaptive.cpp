@@ -33,10 +33,10 @@ void profile_book::forget(node_key node) {
     it = it->first.first == node || it->first.second == node ? links_.erase(it) : std::next(it);
 }
 
-void profile_book::report_link(node_key from, node_key to, double rtt_seconds, double send_bytes_per_second) {
+void profile_book::report_link(node_key from, node_key to, double rtt_seconds, double bytes_per_second) {
   auto& m = links_[{from, to}];
   if (rtt_seconds > 0) m.rtt_seconds = rtt_seconds;
-  if (send_bytes_per_second > 0) m.send_bytes_per_second = send_bytes_per_second;
+  if (bytes_per_second > 0) m.bytes_per_second = bytes_per_second;
 }
 
 core::link_costs profile_book::link_of(node_key a, node_key b) const {
@@ -46,9 +46,9 @@ core::link_costs profile_book::link_of(node_key a, node_key b) const {
     const auto it = links_.find(key);
     if (it == links_.end()) continue;
     const auto& m = it->second;
-    if (m.send_bytes_per_second > 0)
+    if (m.bytes_per_second > 0)
       l.bytes_per_second =
-          l.bytes_per_second > 0 ? std::min(l.bytes_per_second, m.send_bytes_per_second) : m.send_bytes_per_second;
+          l.bytes_per_second > 0 ? std::min(l.bytes_per_second, m.bytes_per_second) : m.bytes_per_second;
     l.rtt_seconds = std::max(l.rtt_seconds, m.rtt_seconds);
   }
   return l;

@@ -31,9 +31,8 @@ class profile_book {
   void set_profile(node_key node, transport::node_profile p);
   bool has_profile(node_key node) const { return profiles_.count(node) > 0; }
   void forget(node_key node);
-  // One end's measurement of a link: round trip and its sending rate towards the other end
-  // (0: not measured yet).
-  void report_link(node_key from, node_key to, double rtt_seconds, double send_bytes_per_second);
+  // One end's measurement of a link: its round trip and bandwidth (0: not measured yet).
+  void report_link(node_key from, node_key to, double rtt_seconds, double bytes_per_second);
 
   struct device_entry {
     std::uint32_t id = 0;
@@ -53,7 +52,7 @@ class profile_book {
   bool u_shape_;
   std::map<node_key, transport::node_profile> profiles_;
   struct measurement {
-    double rtt_seconds = 0, send_bytes_per_second = 0;
+    double rtt_seconds = 0, bytes_per_second = 0;
   };
   std::map<std::pair<node_key, node_key>, measurement> links_;  // (from, to)
 };

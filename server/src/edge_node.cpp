@@ -578,13 +578,13 @@ void edge_node::impl::send_profile(transport::node_profile prof) {
   for (const auto& [id, d] : devices_)
     if (d.peer && d.peer->alive) {
       const auto st = d.peer->ch.stats();
-      prof.links.push_back(
-          {id, static_cast<float>(transport::link_rtt_us(st)), static_cast<float>(st.send_bytes_per_second)});
+      prof.links.push_back({id, static_cast<float>(transport::link_rtt_us(st)),
+                            static_cast<float>(transport::link_bytes_per_second(st))});
     }
   if (up_) {
     const auto st = up_.stats();
     prof.links.push_back(
-        {0, static_cast<float>(transport::link_rtt_us(st)), static_cast<float>(st.send_bytes_per_second)});
+        {0, static_cast<float>(transport::link_rtt_us(st)), static_cast<float>(transport::link_bytes_per_second(st))});
   }
   send_up(transport::make_profile(prof, 0, 0));
 }

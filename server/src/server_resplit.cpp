@@ -134,7 +134,7 @@ void server_node::impl::maybe_replan(const std::string& why) {
     if (!p->alive) continue;
     const auto st = p->ch.stats();
     book_->report_link({transport::node_role::server, 0}, {p->role, p->id}, transport::link_rtt_us(st) * 1e-6,
-                       st.send_bytes_per_second);
+                       transport::link_bytes_per_second(st));
   }
   std::string missing;
   const auto prob = book_->problem(devs, missing);

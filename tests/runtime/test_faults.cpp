@@ -49,13 +49,28 @@ transport::message_builder activation_of(core::backend& b, std::uint32_t epoch, 
   return transport::make_activations(key, {2, 1}, b, x, &y);
 }
 
+// Waits up to `seconds` for a child to exit; kills it if it does not (an agent that never got
+// in before the server finished keeps trying to reconnect). True when it exited by itself.
+bool exited_within(pid_t pid, double seconds, int& status) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > until) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("a device killed mid-round is left out of that round and rejoins a later one") {
   const std::string be = test_backend();
   workspace w("kill", 2);
   auto sc = server_cfg(w, be);
-  sc.rounds = 4;
+  sc.rounds = 6;
   sc.local_steps = 30;
   sc.min_devices = 2;
   sc.round_deadline_s = 30;
@@ -89,11 +104,11 @@ TEST_CASE("a device killed mid-round is left out of that round and rejoins a lat
   rs.join();
   CHECK(rs.error() == "");
   int status = 0;
-  ::waitpid(slow, &status, 0);
+  CHECK(exited_within(slow, 30, status));
   CHECK(WIFEXITED(status));
-  ::waitpid(fast, &status, 0);
+  CHECK(exited_within(fast, 30, status));
   CHECK(WIFEXITED(status));
-  REQUIRE(reports.size() == 4);
+  REQUIRE(reports.size() == 6);
   CHECK(reports[0].n_participants == 2);
   CHECK(reports[0].n_devices == 1);
   bool rejoined = false;

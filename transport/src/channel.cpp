@@ -72,7 +72,8 @@ channel_impl::channel_impl(std::unique_ptr<tls_stream> stream, const channel_opt
       state_wake_(ex_),
       writer_timer_(ex_),
       heartbeat_timer_(ex_),
-      last_rx_(clock::now()) {}
+      last_rx_(clock::now()),
+      last_big_send_(clock::now()) {}
 
 channel_impl::~channel_impl() = default;
 
@@ -169,11 +170,11 @@ void channel_impl::queue_control(message_builder&& m) {
   writer_wake_.notify();
 }
 
-void channel_impl::queue_ping() {
+void channel_impl::queue_ping(std::size_t padding) {
   const std::uint64_t seq = ++ping_sequence_;
   const std::uint64_t sent = now_ns();
   recent_pings_[seq % recent_pings_.size()] = {seq, sent};
-  queue_control(make_ping(seq, sent));
+  queue_control(make_ping(seq, sent, padding));
   ++pings_queued_;
 }
 
@@ -354,7 +355,8 @@ asio::awaitable<status> channel_impl::write_frame(outgoing& item) {
     }
   }
   if (size >= bandwidth_min_frame) {
-    const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+    last_big_send_ = clock::now();
+    const double secs = std::chrono::duration<double>(last_big_send_ - t0).count();
     if (secs > 0) ewma(send_bps_, static_cast<double>(size) / secs);
   }
   co_return status{};
@@ -408,7 +410,13 @@ asio::awaitable<void> channel_impl::heartbeat(std::shared_ptr<channel_impl> self
       abort(errc::timeout, "idle timeout: nothing received for " + std::to_string(opts_.idle_timeout.count()) + " ms");
       break;
     }
-    if (opts_.heartbeat.count() > 0 && pings_queued_ == 0) queue_ping();
+    if (opts_.heartbeat.count() > 0 && pings_queued_ == 0) {
+      // An idle link is probed now and then: its bandwidth may have changed since last seen.
+      const bool probe = opts_.bandwidth_probe.count() > 0 && data_q_.empty() &&
+                         clock::now() - last_big_send_ >= opts_.bandwidth_probe;
+      if (probe) last_big_send_ = clock::now();
+      queue_ping(probe ? bandwidth_min_frame : 0);
+    }
   }
 }
 

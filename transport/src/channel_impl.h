@@ -88,7 +88,7 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   asio::awaitable<status> read_exact(std::byte* p, std::size_t n, std::size_t& done);
   asio::awaitable<status> write_frame(outgoing& item);
   void queue_control(message_builder&& m);
-  void queue_ping();
+  void queue_ping(std::size_t padding = 0);
   void handle_pong(const wire::Pong& p);
   void set_reason(errc code, const std::string& reason);
   void maybe_finish();
@@ -127,6 +127,7 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   // (sequence, send time) of recent Pings: only Pongs answering one of them count.
   std::array<std::pair<std::uint64_t, std::uint64_t>, 8> recent_pings_{};
   clock::time_point last_rx_;
+  clock::time_point last_big_send_;  // the last frame that measured the send bandwidth
   errc close_code_ = errc::closed;
 
   mutable std::mutex reason_mu_;

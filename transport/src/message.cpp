@@ -245,9 +245,15 @@ message_builder make_cutover(std::uint32_t device_id, std::uint32_t epoch, std::
   return b;
 }
 
-message_builder make_ping(std::uint64_t sequence, std::uint64_t sent_ns) {
-  message_builder b(96);
-  b.finish(wire::CreatePing(b.fbb(), sequence, sent_ns));
+message_builder make_ping(std::uint64_t sequence, std::uint64_t sent_ns, std::size_t padding) {
+  message_builder b(96 + padding);
+  flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> pad;
+  if (padding > 0) {
+    std::uint8_t* data = nullptr;
+    pad = b.fbb().CreateUninitializedVector(padding, &data);
+    std::memset(data, 0, padding);
+  }
+  b.finish(wire::CreatePing(b.fbb(), sequence, sent_ns, pad));
   return b;
 }
 

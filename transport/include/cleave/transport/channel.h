@@ -29,7 +29,10 @@ struct channel_options {
   std::chrono::milliseconds heartbeat{1000};      // Ping period (0: none)
   std::chrono::milliseconds idle_timeout{10000};  // close when nothing arrives for this long (0: never)
   std::chrono::milliseconds close_timeout{2000};  // bound on a clean close
-  link_caps emulation;                            // initial network emulation of outgoing data
+  // When no frame of 64 KiB or more went out for this long, a heartbeat carries 64 KiB of
+  // padding so the link's bandwidth stays measured (0: never).
+  std::chrono::milliseconds bandwidth_probe{10000};
+  link_caps emulation;  // initial network emulation of outgoing data
 };
 
 // A snapshot of a channel's counters. RTT comes from heartbeats (Ping/Pong); bandwidths are
@@ -51,6 +54,12 @@ struct channel_stats {
 // The round trip of the link itself (the base RTT, or the average until there is one).
 inline double link_rtt_us(const channel_stats& s) {
   return s.base_rtt_us > 0 ? s.base_rtt_us : s.rtt_us;
+}
+// The link's bandwidth as this end saw it: the slower measured direction (0: not measured).
+inline double link_bytes_per_second(const channel_stats& s) {
+  if (s.send_bytes_per_second > 0 && s.receive_bytes_per_second > 0)
+    return s.send_bytes_per_second < s.receive_bytes_per_second ? s.send_bytes_per_second : s.receive_bytes_per_second;
+  return s.send_bytes_per_second > 0 ? s.send_bytes_per_second : s.receive_bytes_per_second;
 }
 
 namespace detail {

@@ -219,7 +219,8 @@ message_builder make_migrate(const migrate_info& info, std::span<const tensor_so
 
 message_builder make_cutover(std::uint32_t device_id, std::uint32_t epoch, std::uint64_t step);
 
-message_builder make_ping(std::uint64_t sequence, std::uint64_t sent_ns);
+// padding: bytes carried only to measure the link's bandwidth (a probe).
+message_builder make_ping(std::uint64_t sequence, std::uint64_t sent_ns, std::size_t padding = 0);
 message_builder make_pong(std::uint64_t sequence, std::uint64_t sent_ns);
 message_builder make_error(wire::ErrorCode code, std::string_view text);
 
