@@ -105,7 +105,8 @@ class server_node::impl {
   void on_profile(const std::shared_ptr<peer>& p, const wire::Profile& m);
   void maybe_replan(const std::string& why);
   std::vector<profile_book::device_entry> planned_devices() const;
-  double predicted_step();
+  // The cost model's step time of these devices (those connected) under their current routes.
+  double predicted_step(const std::vector<std::uint32_t>& ids);
   void apply_schedule(std::uint64_t round);
   void apply_caps(const std::shared_ptr<peer>& p);
   // Worker: times the server's blocks again when none of them ran here since the last call.

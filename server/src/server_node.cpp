@@ -576,7 +576,7 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     rep.server_compute_s = server_compute_.load();
     rep.bytes_moved = channel_bytes() - bytes0 + edge_bytes_;
     rep.step_seconds = train_seconds / c_.local_steps;
-    rep.predicted_step_seconds = predicted_step();
+    rep.predicted_step_seconds = predicted_step(included);
     rep.n_resplits = n_resplits_;
     rep.planner_seconds = planner_s_;
     for (auto id : participants)

@@ -1,5 +1,7 @@
 // The server's adaptive splitting: profiles in, plans out, re-splits announced and carried out
 // (Cutover, Migrate), and the steps of a device held until its migrated blocks are in.
+#include <algorithm>
+
 #include "server_impl.h"
 
 namespace cleave::server {
@@ -108,8 +110,10 @@ std::vector<profile_book::device_entry> server_node::impl::planned_devices() con
   return out;
 }
 
-double server_node::impl::predicted_step() {
-  const auto devs = planned_devices();
+double server_node::impl::predicted_step(const std::vector<std::uint32_t>& ids) {
+  std::vector<profile_book::device_entry> devs;
+  for (const auto& e : planned_devices())
+    if (std::find(ids.begin(), ids.end(), e.id) != ids.end()) devs.push_back(e);
   std::string missing;
   const auto prob = book_->problem(devs, missing);
   if (!prob || devs.empty()) return 0;
