@@ -15,18 +15,11 @@ using core::tensor;
 
 namespace {
 
-struct conv_dims {
-  std::int64_t n, c, h, w, k, r, s, p, q;
-};
+using core::conv_dims;
 
+// The sizes, within what cuDNN's 32-bit descriptors take.
 conv_dims conv_shapes(const core::conv2d_desc& d, const tensor& x, const tensor& w, const tensor& y) {
-  const auto &xs = x.shape(), &ws = w.shape(), &ys = y.shape();
-  CLEAVE_ASSERT(xs.rank() == 4 && ws.rank() == 4 && ys.rank() == 4, "conv2d needs 4-D tensors");
-  conv_dims c{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], ys[2], ys[3]};
-  CLEAVE_ASSERT(ws[1] == c.c && ys[0] == c.n && ys[1] == c.k, "conv2d channel/batch mismatch");
-  CLEAVE_ASSERT(c.p == core::window_out(c.h, static_cast<int>(c.r), d.stride_h, d.pad_h) &&
-                    c.q == core::window_out(c.w, static_cast<int>(c.s), d.stride_w, d.pad_w),
-                "conv2d output size mismatch");
+  const conv_dims c = core::conv_dims_of(d, x, w, y);
   for (std::int64_t v : {c.n, c.c, c.h, c.w, c.k, c.r, c.s})
     CLEAVE_ASSERT(v > 0 && v <= INT32_MAX, "conv2d dimension out of cuDNN's range");
   return c;

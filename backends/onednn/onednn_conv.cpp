@@ -11,21 +11,7 @@ using tag = dnnl::memory::format_tag;
 
 namespace {
 
-struct conv_dims {
-  std::int64_t n, c, h, w, k, r, s, p, q;
-};
-
-conv_dims conv_shapes(const core::conv2d_desc& d, const tensor& x, const tensor& w, const tensor& y) {
-  const auto &xs = x.shape(), &ws = w.shape(), &ys = y.shape();
-  CLEAVE_ASSERT(xs.rank() == 4 && ws.rank() == 4 && ys.rank() == 4, "conv2d needs 4-D tensors");
-  conv_dims c{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], ys[2], ys[3]};
-  CLEAVE_ASSERT(ws[1] == c.c && ys[0] == c.n && ys[1] == c.k, "conv2d channel/batch mismatch");
-  CLEAVE_ASSERT(d.stride_h >= 1 && d.stride_w >= 1 && d.pad_h >= 0 && d.pad_w >= 0, "conv2d stride/padding");
-  CLEAVE_ASSERT(c.p == core::window_out(c.h, static_cast<int>(c.r), d.stride_h, d.pad_h) &&
-                    c.q == core::window_out(c.w, static_cast<int>(c.s), d.stride_w, d.pad_w),
-                "conv2d output size mismatch");
-  return c;
-}
+using core::conv_dims;
 
 bool empty_conv(const conv_dims& c) {
   return c.n * c.c * c.h * c.w * c.k * c.r * c.s * c.p * c.q == 0;
@@ -98,7 +84,7 @@ void onednn_backend::conv2d_forward(const core::conv2d_desc& d, const tensor& x,
   core::expect_f32(*this, w, "conv2d_forward: w");
   core::expect_f32(*this, y, "conv2d_forward: y");
   if (b.defined()) core::expect_f32(*this, b, "conv2d_forward: b");
-  const auto c = conv_shapes(d, x, w, y);
+  const auto c = core::conv_dims_of(d, x, w, y);
   CLEAVE_ASSERT(!b.defined() || b.numel() == c.k, "conv2d_forward: bias must be (K)");
   if (empty_conv(c)) return reference_backend::conv2d_forward(d, x, w, b, y);
   const bool bias = b.defined();
@@ -125,7 +111,7 @@ void onednn_backend::conv2d_backward_data(const core::conv2d_desc& d, const tens
   core::expect_f32(*this, dy, "conv2d_backward_data: dy");
   core::expect_f32(*this, w, "conv2d_backward_data: w");
   core::expect_f32(*this, dx, "conv2d_backward_data: dx");
-  const auto c = conv_shapes(d, dx, w, dy);
+  const auto c = core::conv_dims_of(d, dx, w, dy);
   if (empty_conv(c)) return reference_backend::conv2d_backward_data(d, dy, w, dx);
   op_key key = make_key(op_tag::conv_bwd_data);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
@@ -150,7 +136,7 @@ void onednn_backend::conv2d_backward_weights(const core::conv2d_desc& d, const t
   core::expect_f32(*this, dy, "conv2d_backward_weights: dy");
   core::expect_f32(*this, dw, "conv2d_backward_weights: dw");
   if (db.defined()) core::expect_f32(*this, db, "conv2d_backward_weights: db");
-  const auto c = conv_shapes(d, x, dw, dy);
+  const auto c = core::conv_dims_of(d, x, dw, dy);
   CLEAVE_ASSERT(!db.defined() || db.numel() == c.k, "conv2d_backward_weights: db must be (K)");
   if (empty_conv(c)) return reference_backend::conv2d_backward_weights(d, x, dy, dw, db);
   const bool bias = db.defined();

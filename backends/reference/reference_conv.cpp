@@ -10,26 +10,13 @@ using core::tensor;
 
 namespace {
 
-struct conv_dims {
-  std::int64_t n, c, h, w, k, r, s, p, q;
-};
-
-conv_dims conv_shapes(const core::conv2d_desc& d, const tensor& x, const tensor& w, const tensor& y) {
-  const auto &xs = x.shape(), &ws = w.shape(), &ys = y.shape();
-  CLEAVE_ASSERT(xs.rank() == 4 && ws.rank() == 4 && ys.rank() == 4, "conv2d needs 4-D tensors");
-  conv_dims c{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], ys[2], ys[3]};
-  CLEAVE_ASSERT(ws[1] == c.c && ys[0] == c.n && ys[1] == c.k, "conv2d channel/batch mismatch");
-  CLEAVE_ASSERT(c.p == core::window_out(c.h, static_cast<int>(c.r), d.stride_h, d.pad_h) &&
-                    c.q == core::window_out(c.w, static_cast<int>(c.s), d.stride_w, d.pad_w),
-                "conv2d output size mismatch");
-  return c;
-}
+using core::conv_dims;
 
 }  // namespace
 
 void reference_backend::conv2d_forward(const core::conv2d_desc& d, const tensor& x, const tensor& w, const tensor& b,
                                        const tensor& y) {
-  const auto c = conv_shapes(d, x, w, y);
+  const auto c = core::conv_dims_of(d, x, w, y);
   const float *px = x.f32(), *pw = w.f32(), *pb = b.defined() ? b.f32() : nullptr;
   float* py = y.f32();
   for (std::int64_t n = 0; n < c.n; ++n)
@@ -54,7 +41,7 @@ void reference_backend::conv2d_forward(const core::conv2d_desc& d, const tensor&
 
 void reference_backend::conv2d_backward_data(const core::conv2d_desc& d, const tensor& dy, const tensor& w,
                                              const tensor& dx) {
-  const auto c = conv_shapes(d, dx, w, dy);
+  const auto c = core::conv_dims_of(d, dx, w, dy);
   const float *pdy = dy.f32(), *pw = w.f32();
   float* pdx = dx.f32();
   // Gather form: every input element sums the outputs whose window covers it.
@@ -84,7 +71,7 @@ void reference_backend::conv2d_backward_data(const core::conv2d_desc& d, const t
 
 void reference_backend::conv2d_backward_weights(const core::conv2d_desc& d, const tensor& x, const tensor& dy,
                                                 const tensor& dw, const tensor& db) {
-  const auto c = conv_shapes(d, x, dw, dy);
+  const auto c = core::conv_dims_of(d, x, dw, dy);
   const float *px = x.f32(), *pdy = dy.f32();
   float* pdw = dw.f32();
   for (std::int64_t k = 0; k < c.k; ++k)

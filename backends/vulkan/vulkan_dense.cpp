@@ -227,21 +227,7 @@ void vulkan_backend::linear_backward_weights(const tensor& x, const tensor& dy, 
 
 namespace {
 
-struct conv_dims {
-  std::int64_t n, c, h, w, k, r, s, p, q;
-};
-
-conv_dims conv_shapes(const core::conv2d_desc& d, const tensor& x, const tensor& w, const tensor& y) {
-  const auto &xs = x.shape(), &ws = w.shape(), &ys = y.shape();
-  CLEAVE_ASSERT(xs.rank() == 4 && ws.rank() == 4 && ys.rank() == 4, "conv2d needs 4-D tensors");
-  conv_dims c{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], ys[2], ys[3]};
-  CLEAVE_ASSERT(ws[1] == c.c && ys[0] == c.n && ys[1] == c.k, "conv2d channel/batch mismatch");
-  CLEAVE_ASSERT(d.stride_h > 0 && d.stride_w > 0 && d.pad_h >= 0 && d.pad_w >= 0, "conv2d stride/padding");
-  CLEAVE_ASSERT(c.p == core::window_out(c.h, static_cast<int>(c.r), d.stride_h, d.pad_h) &&
-                    c.q == core::window_out(c.w, static_cast<int>(c.s), d.stride_w, d.pad_w),
-                "conv2d output size mismatch");
-  return c;
-}
+using core::conv_dims;
 
 std::array<std::uint32_t, 13> conv_words(const core::conv2d_desc& d, const conv_dims& c) {
   return {u32(c.n), u32(c.c), u32(c.h),        u32(c.w),        u32(c.k),     u32(c.r),    u32(c.s),
@@ -255,7 +241,7 @@ void vulkan_backend::conv2d_forward(const core::conv2d_desc& d, const tensor& x,
   core::expect_f32(*this, x, "conv2d_forward: x");
   core::expect_f32(*this, w, "conv2d_forward: w");
   core::expect_f32(*this, y, "conv2d_forward: y");
-  const auto c = conv_shapes(d, x, w, y);
+  const auto c = core::conv_dims_of(d, x, w, y);
   if (b.defined()) {
     core::expect_f32(*this, b, "conv2d_forward: b");
     CLEAVE_ASSERT(b.numel() == c.k, "conv2d_forward: bias size");
@@ -281,7 +267,7 @@ void vulkan_backend::conv2d_backward_data(const core::conv2d_desc& d, const tens
   core::expect_f32(*this, dy, "conv2d_backward_data: dy");
   core::expect_f32(*this, w, "conv2d_backward_data: w");
   core::expect_f32(*this, dx, "conv2d_backward_data: dx");
-  const auto c = conv_shapes(d, dx, w, dy);
+  const auto c = core::conv_dims_of(d, dx, w, dy);
   if (dx.numel() == 0) return;
   gemm_args g;
   g.pc.m = u32(c.c);
@@ -303,7 +289,7 @@ void vulkan_backend::conv2d_backward_weights(const core::conv2d_desc& d, const t
   core::expect_f32(*this, x, "conv2d_backward_weights: x");
   core::expect_f32(*this, dy, "conv2d_backward_weights: dy");
   core::expect_f32(*this, dw, "conv2d_backward_weights: dw");
-  const auto c = conv_shapes(d, x, dw, dy);
+  const auto c = core::conv_dims_of(d, x, dw, dy);
   if (dy.numel() == 0) return;  // += of an empty sum
   gemm_args g;
   g.pc.m = u32(c.k);

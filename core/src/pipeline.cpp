@@ -40,13 +40,6 @@ void segment_host::drop_device(std::uint32_t device) {
 
 namespace {
 
-// The tier running block i under route r.
-tier tier_of(const route& r, int i) {
-  for (int s = 0; s < r.n_segments(); ++s)
-    if (r.begin(s) <= i && i < r.end(s)) return r.path[static_cast<std::size_t>(s)];
-  throw error("block " + std::to_string(i) + " is outside the route " + r.str());
-}
-
 std::string blocks_str(int begin, int end) {
   return "blocks [" + std::to_string(begin) + "," + std::to_string(end) + ")";
 }
@@ -110,12 +103,12 @@ std::vector<block_state> segment_host::rehost(std::uint32_t device, const route&
     return s;
   };
   for (int i = 0; i < m_->n_blocks();) {
-    if (!have[static_cast<std::size_t>(i)] || tier_of(to, i) == here) {
+    if (!have[static_cast<std::size_t>(i)] || tier_of_block(to, i) == here) {
       ++i;
       continue;
     }
     int j = i + 1;
-    while (j < m_->n_blocks() && have[static_cast<std::size_t>(j)] && tier_of(to, j) == tier_of(to, i)) ++j;
+    while (j < m_->n_blocks() && have[static_cast<std::size_t>(j)] && tier_of_block(to, j) == tier_of_block(to, i)) ++j;
     lost.push_back(slice(i, j));
     i = j;
   }

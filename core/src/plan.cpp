@@ -69,6 +69,12 @@ route make_route(bool u_shape, bool with_edge, const std::vector<int>& cuts, int
   return r;
 }
 
+tier tier_of_block(const route& r, int block) {
+  for (int s = 0; s < r.n_segments(); ++s)
+    if (r.begin(s) <= block && block < r.end(s)) return r.path[static_cast<std::size_t>(s)];
+  throw error("block " + std::to_string(block) + " is outside the route " + r.str());
+}
+
 std::vector<int> parse_cuts(const std::string& text) {
   std::vector<int> cuts;
   const char* p = text.data();

@@ -492,14 +492,6 @@ void check_device_index(const split_problem& p, int d) {
                 " devices)");
 }
 
-// Tier holding block i under r.
-tier tier_of_block(const route& r, int i) {
-  for (int k = 0; k < r.n_segments(); ++k)
-    if (i >= r.begin(k) && i < r.end(k)) return r.path[static_cast<std::size_t>(k)];
-  CLEAVE_ASSERT(false, "block outside every segment");
-  return tier::device;
-}
-
 double migration_checked(const split_problem& p, int d, const route& from, const route& to) {
   const auto& dev = dev_of(p, d);
   const bool has_edge = dev.edge >= 0;

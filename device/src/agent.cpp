@@ -333,10 +333,11 @@ void agent::impl::on_plan(const wire::Plan& p) {
   }
   pending_.reset();
   edge_id_ = edge;
-  const bool new_shape = p.micro_batch_size() != micro_batch_size_ || !live_.n_blocks();
+  // A new model or micro-batch size: time the blocks (again).
+  const bool profile = p.micro_batch_size() != micro_batch_size_ || live_.n_blocks() != model_.n_blocks();
   micro_batch_size_ = p.micro_batch_size();
   n_micro_batches_ = std::max(1u, p.n_micro_batches());
-  if (new_shape || live_.n_blocks() != model_.n_blocks()) {
+  if (profile) {
     // Every block timed on this board before training (stretched by the emulated slowdown), so
     // the server's plan is informed from the first round.
     const auto t0 = clock::now();
@@ -566,17 +567,8 @@ bool agent::impl::cut_over(std::uint64_t step) {
   const core::route from = route_;
   std::vector<core::block_state> lost;
   timed_compute([&] { lost = host_->rehost(c_.id, from, next.route, core::tier::device); });
-  for (const auto& st : lost) {
-    transport::migrate_desc d;
-    d.epoch = next.epoch;
-    d.step = step;
-    d.device_id = c_.id;
-    d.from = core::tier::device;
-    d.to = transport::tier_of_block(next.route, st.begin);
-    d.from_node = c_.id;
-    d.to_node = d.to == core::tier::edge ? next.edge_id : 0;
-    send(transport::make_migrate(d, st));
-  }
+  const transport::migrate_desc md{next.epoch, step, c_.id, next.edge_id, core::tier::device, c_.id};
+  for (const auto& st : lost) send(transport::make_migrate(md, next.route, st));
   send(transport::make_cutover(c_.id, next.epoch, step));
   route_ = next.route;
   plan_epoch_ = next.epoch;

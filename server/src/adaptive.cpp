@@ -27,12 +27,6 @@ void profile_book::set_profile(node_key node, transport::node_profile p) {
   profiles_[node] = std::move(p);
 }
 
-void profile_book::forget(node_key node) {
-  profiles_.erase(node);
-  for (auto it = links_.begin(); it != links_.end();)
-    it = it->first.first == node || it->first.second == node ? links_.erase(it) : std::next(it);
-}
-
 void profile_book::report_link(node_key from, node_key to, double rtt_seconds, double bytes_per_second) {
   auto& m = links_[{from, to}];
   if (rtt_seconds > 0) m.rtt_seconds = rtt_seconds;

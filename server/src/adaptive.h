@@ -30,7 +30,6 @@ class profile_book {
 
   void set_profile(node_key node, transport::node_profile p);
   bool has_profile(node_key node) const { return profiles_.count(node) > 0; }
-  void forget(node_key node);
   // One end's measurement of a link: its round trip and bandwidth (0: not measured yet).
   void report_link(node_key from, node_key to, double rtt_seconds, double bytes_per_second);
 

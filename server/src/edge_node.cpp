@@ -653,17 +653,10 @@ void edge_node::impl::on_cutover(const std::shared_ptr<device_peer>& d, const wi
   auto cutover = std::make_shared<transport::message_builder>(transport::copy_of(m));
   asio::post(work_, [this, dev, from, to, epoch, step, down, up, d, cutover] {
     try {
+      const transport::migrate_desc md{epoch, step, dev, c_.id, core::tier::edge, c_.id};
       for (const auto& bs : host_->rehost(dev, from, to, core::tier::edge)) {
-        transport::migrate_desc md;
-        md.epoch = epoch;
-        md.step = step;
-        md.device_id = dev;
-        md.from = core::tier::edge;
-        md.to = transport::tier_of_block(to, bs.begin);
-        md.from_node = c_.id;
-        md.to_node = md.to == core::tier::device ? dev : 0;
-        auto msg = transport::make_migrate(md, bs);
-        if (md.to == core::tier::device)
+        auto msg = transport::make_migrate(md, to, bs);
+        if (core::tier_of_block(to, bs.begin) == core::tier::device)
           down->post(std::move(msg));
         else if (up)
           up->post(std::move(msg));

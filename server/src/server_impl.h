@@ -155,7 +155,6 @@ class server_node::impl {
   std::unique_ptr<profile_book> book_;  // I/O thread
   transport::emulation_schedule schedule_;
   std::vector<transport::emulation_event> link_events_;  // links of this node changed by the schedule
-  double predicted_ = 0;
   int n_resplits_ = 0;
   double planner_s_ = 0;
   std::unique_ptr<core::trainer> eval_;  // worker only

@@ -355,7 +355,7 @@ void server_node::impl::compute_step(std::uint32_t dev, const core::route& r, st
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
   server_compute_.store(server_compute_.load() + secs);
   step_compute_[dev] += secs;
-  if (observed.first < observed.second) {
+  if (observed.first < observed.second && live_.n_blocks() > 0) {
     // One whole step of this segment is done: the live profile learns what it costs here,
     // in micro-batches of the profiled size.
     const double per_mb = static_cast<double>(c_.batch) / c_.micro_batches;
@@ -451,7 +451,7 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     apply_schedule(round_);
     n_resplits_ = 0;
     planner_s_ = 0;
-    if (r > 1 && c_.adaptive) asio::post(work_, [this] { reprofile_if_idle(); });
+    if (r > 1 && book_) asio::post(work_, [this] { reprofile_if_idle(); });
     maybe_replan("round " + std::to_string(r));
     avg_ = std::make_unique<core::model_average>(model_);
     loss_sum_ = device_compute_ = edge_compute_ = 0;
@@ -654,7 +654,7 @@ round_report server_node::impl::run() {
   tc.opt = c_.opt;
   host_ = std::make_unique<core::segment_host>(*be_, model_, c_.opt, c_.seed);
   schedule_ = transport::parse_schedule(c_.schedule);
-  {
+  if (c_.adaptive && c_.mode == training_mode::splitfed) {
     // The server's own blocks, profiled before anyone joins: the first plan is informed.
     const auto t0 = clock::now();
     core::profile_options po;

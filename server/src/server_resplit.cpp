@@ -52,16 +52,9 @@ void server_node::impl::on_cutover(const std::shared_ptr<peer>& p, const wire::C
   auto out = p->out;
   asio::post(work_, [this, dev, from, to, epoch, step, edge, out, p] {
     try {
-      for (const auto& bs : host_->rehost(dev, from, to, core::tier::server)) {
-        transport::migrate_desc md;
-        md.epoch = epoch;
-        md.step = step;
-        md.device_id = dev;
-        md.from = core::tier::server;
-        md.to = transport::tier_of_block(to, bs.begin);
-        md.to_node = md.to == core::tier::edge ? edge : dev;
-        out->post(transport::make_migrate(md, bs));
-      }
+      const transport::migrate_desc md{epoch, step, dev, edge, core::tier::server, 0};
+      for (const auto& bs : host_->rehost(dev, from, to, core::tier::server))
+        out->post(transport::make_migrate(md, to, bs));
       run_deferred(dev);
     } catch (const core::error& e) {
       const std::string why = e.what();
@@ -77,6 +70,7 @@ void server_node::impl::on_cutover(const std::shared_ptr<peer>& p, const wire::C
 
 void server_node::impl::on_profile(const std::shared_ptr<peer>& p, const wire::Profile& m) {
   auto prof = transport::profile_of(m, model_.n_blocks());
+  if (!book_) return;  // not splitting adaptively
   const std::uint32_t node = m.node_id();
   const node_key server{transport::node_role::server, 0};
   std::string about;
@@ -111,6 +105,7 @@ std::vector<profile_book::device_entry> server_node::impl::planned_devices() con
 }
 
 double server_node::impl::predicted_step(const std::vector<std::uint32_t>& ids) {
+  if (!book_) return 0;
   std::vector<profile_book::device_entry> devs;
   for (const auto& e : planned_devices())
     if (std::find(ids.begin(), ids.end(), e.id) != ids.end()) devs.push_back(e);
@@ -162,7 +157,6 @@ void server_node::impl::maybe_replan(const std::string& why) {
   policy.repay_rounds = c_.repay_rounds;
   policy.steps_per_round = c_.local_steps;
   const auto d = core::decide_resplit(*prob, current, best, policy);
-  predicted_ = d.change ? d.proposed_seconds : d.current_seconds;
   if (!d.change) {
     spdlog::debug("server: plan kept ({}): {}", why, d.reason);
     return;

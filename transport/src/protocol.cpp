@@ -61,7 +61,8 @@ message_builder make_plan(const plan_desc& p) {
   return b;
 }
 
-message_builder make_migrate(const migrate_desc& d, const core::block_state& s) {
+message_builder make_migrate(const migrate_desc& d, const core::route& to, const core::block_state& s) {
+  const core::tier dest = core::tier_of_block(to, s.begin);
   std::vector<tensor_source> weights = {
       {core::dtype::f32, core::shape{static_cast<std::int64_t>(s.params.size())}, s.params.data(), "params"},
       {core::dtype::f32, core::shape{static_cast<std::int64_t>(s.buffers.size())}, s.buffers.data(), "buffers"}};
@@ -74,10 +75,10 @@ message_builder make_migrate(const migrate_desc& d, const core::block_state& s) 
   info.first_block = static_cast<std::uint32_t>(s.begin);
   info.end_block = static_cast<std::uint32_t>(s.end);
   info.from_node = d.from_node;
-  info.to_node = d.to_node;
+  info.to_node = dest == core::tier::device ? d.device_id : dest == core::tier::edge ? d.edge_id : 0;
   info.device_id = d.device_id;
   info.from_role = static_cast<node_role>(role_of(d.from));
-  info.to_role = static_cast<node_role>(role_of(d.to));
+  info.to_role = static_cast<node_role>(role_of(dest));
   info.optimizer_steps = static_cast<std::uint64_t>(s.optimizer_steps);
   return make_migrate(info, weights, state);
 }
@@ -122,12 +123,6 @@ core::tier tier_of(wire::Role r) {
     default:
       return core::tier::server;
   }
-}
-
-core::tier tier_of_block(const core::route& r, int block) {
-  for (int s = 0; s < r.n_segments(); ++s)
-    if (r.begin(s) <= block && block < r.end(s)) return r.path[static_cast<std::size_t>(s)];
-  throw core::error("block " + std::to_string(block) + " is outside the route " + r.str());
 }
 
 training_settings training_of(const wire::Plan& p) {

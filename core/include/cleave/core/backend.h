@@ -69,6 +69,14 @@ constexpr std::int64_t window_out(std::int64_t in, int kernel, int stride, int p
   return (in + 2 * pad - kernel) / stride + 1;
 }
 
+// A convolution's sizes: x (N,C,H,W), w (K,C,R,S), y (N,K,P,Q).
+struct conv_dims {
+  std::int64_t n, c, h, w, k, r, s, p, q;
+};
+// The sizes of conv2d(x, w) -> y, checked against each other and the descriptor (a mismatch
+// is a bug of the caller: CLEAVE_ASSERT).
+conv_dims conv_dims_of(const conv2d_desc& d, const tensor& x, const tensor& w, const tensor& y);
+
 class backend {
  public:
   virtual ~backend() = default;

@@ -38,6 +38,9 @@ struct route {
 // in U-shape a device top that holds no block (its labels would leave it).
 route make_route(bool u_shape, bool with_edge, const std::vector<int>& cuts, int n_blocks);
 
+// The tier that runs block `block` under route r; throws core::error outside [0, n_blocks).
+tier tier_of_block(const route& r, int block);
+
 // "3" / "3,7" / "2,6,9" -> cuts; throws naming the text.
 std::vector<int> parse_cuts(const std::string& text);
 

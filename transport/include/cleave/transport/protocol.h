@@ -45,16 +45,16 @@ struct migrate_desc {
   std::uint32_t epoch = 0;  // the plan epoch the blocks belong to
   std::uint64_t step = 0;   // the first step of that epoch
   std::uint32_t device_id = 0;
-  core::tier from = core::tier::device, to = core::tier::server;
-  std::uint32_t from_node = 0, to_node = 0;
+  std::uint32_t edge_id = 0;  // the edge on the device's route (0: none)
+  core::tier from = core::tier::device;
+  std::uint32_t from_node = 0;  // the server is 0
 };
-// Blocks of a device's route with their weights and optimizer state.
-message_builder make_migrate(const migrate_desc& d, const core::block_state& s);
+// Blocks of a device's route with their weights and optimizer state, leaving tier d.from for
+// the tier that runs them under the new route `to` (core::tier_of_block(to, s.begin)).
+message_builder make_migrate(const migrate_desc& d, const core::route& to, const core::block_state& s);
 // The state in a Migrate, checked against the model's layout (core::error naming the problem).
 core::block_state block_state_of(const wire::Migrate& m, const core::model_spec& model);
 core::tier tier_of(wire::Role r);
-// The tier that runs block i under route r.
-core::tier tier_of_block(const core::route& r, int block);
 
 // ---- step messages ----
 struct batch_info {
