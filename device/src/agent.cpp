@@ -634,10 +634,10 @@ void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples) 
 }
 
 int agent::impl::run() {
+  schedule_ = transport::parse_schedule(c_.schedule);  // configuration errors first
   be_ = backend::make_backend(c_.backend);
   data_ = core::load_dataset(c_.data);
   shard_ = pick_shard(c_, data_.train);
-  schedule_ = transport::parse_schedule(c_.schedule);
   memory_budget_ = c_.memory_budget ? c_.memory_budget : core::default_memory_budget();
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_.size(),
                c_.data, c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());

@@ -826,9 +826,9 @@ void edge_node::impl::finish(const std::string& why) {
 }
 
 int edge_node::impl::run() {
+  schedule_ = transport::parse_schedule(c_.schedule);  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
-  schedule_ = transport::parse_schedule(c_.schedule);
   memory_budget_ = c_.memory_budget ? c_.memory_budget : core::default_memory_budget();
   transport::listener_options lo;
   lo.allowed_identities = c_.allowed;

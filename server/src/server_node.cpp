@@ -641,6 +641,7 @@ round_report server_node::impl::run() {
     throw core::error(
         "rounds, local steps, batch and micro-batches must be >= 1, and the batch a multiple of the "
         "micro-batches");
+  schedule_ = transport::parse_schedule(c_.schedule);  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
   data_ = core::load_dataset(c_.data);
@@ -653,7 +654,6 @@ round_report server_node::impl::run() {
   tc.seed = c_.seed;
   tc.opt = c_.opt;
   host_ = std::make_unique<core::segment_host>(*be_, model_, c_.opt, c_.seed);
-  schedule_ = transport::parse_schedule(c_.schedule);
   if (c_.adaptive && c_.mode == training_mode::splitfed) {
     // The server's own blocks, profiled before anyone joins: the first plan is informed.
     const auto t0 = clock::now();

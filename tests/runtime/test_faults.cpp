@@ -6,6 +6,7 @@
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
 #include <chrono>
+#include <cstdio>
 #include <future>
 #include <optional>
 
@@ -254,4 +255,22 @@ TEST_CASE("after a re-split, step messages of the old plan epoch are refused and
   CHECK(got.find("served epoch 2") != std::string::npos);
   srv.stop();
   rs.join();
+}
+
+TEST_CASE("bad sizes and schedules on the command line are refused with the reason") {
+  auto run = [](const std::string& args) {
+    std::string out;
+    FILE* f = ::popen((std::string(CLEAVE_BINARY) + " " + args + " 2>&1").c_str(), "r");
+    REQUIRE(f != nullptr);
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, f)) out += buf;
+    const int status = ::pclose(f);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) != 0);
+    return out;
+  };
+  CHECK(run("agent --certs /nonexistent --id 1 --memory-budget 5Q").find("--memory-budget '5Q'") != std::string::npos);
+  CHECK(run("server --certs /nonexistent --memory-budget -1G").find("--memory-budget '-1G'") != std::string::npos);
+  CHECK(run("edge --certs /nonexistent --schedule 'at x link device-1 edge-1 1Mbit/s'")
+            .find("round 'x' is not a number") != std::string::npos);
 }
