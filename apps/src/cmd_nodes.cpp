@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -82,6 +83,28 @@ std::uint64_t parse_bytes(const std::string& s, const char* option) {
   return static_cast<std::uint64_t>(v * k);
 }
 
+// "vulkan,onednn" -> backend specs, each one built into this binary and usable here; names
+// the option and the entry in errors.
+std::vector<std::string> parse_backend_list(const std::string& s, const char* option) {
+  std::vector<std::string> out;
+  if (s.empty()) return out;
+  const auto known = backend::list_backends();
+  std::size_t from = 0;
+  for (;;) {
+    const std::size_t comma = s.find(',', from);
+    const std::string spec = s.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+    const std::string name = spec.substr(0, spec.find(':'));
+    const auto it = std::find_if(known.begin(), known.end(), [&](const auto& b) { return b.name == name; });
+    if (name.empty() || (name != "auto" && it == known.end()))
+      throw core::error(std::string(option) + " '" + s + "': unknown backend '" + spec + "'");
+    if (it != known.end() && !it->available)
+      throw core::error(std::string(option) + " '" + s + "': backend '" + name + "' is not usable here: " + it->detail);
+    out.push_back(spec);
+    if (comma == std::string::npos) return out;
+    from = comma + 1;
+  }
+}
+
 struct server_options {
   server::server_config c;
   std::string memory_budget;
@@ -108,7 +131,7 @@ struct demo_options {
   std::string partition = "dirichlet:0.5", backend = "auto", mode = "splitfed", model = "lenet5";
   std::string data = "fashion-mnist";
   bool u_shape = false, keep = false, no_adapt = false;
-  std::string schedule;
+  std::string schedule, device_backends;
   int slow = 0;
   double slowdown = 1.0;
   float lr = 0.05f;
@@ -196,6 +219,7 @@ pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
 }
 
 void run_demo(const demo_options& o) {
+  const auto device_specs = parse_backend_list(o.device_backends, "--device-backends");
   const fs::path work =
       o.work.empty() ? fs::temp_directory_path() / ("cleave-demo-" + std::to_string(::getpid())) : fs::path(o.work);
   fs::create_directories(work);
@@ -215,11 +239,18 @@ void run_demo(const demo_options& o) {
 
   // All nodes share this machine's cores: give each oneDNN node its share of threads (OpenMP
   // teams of competing processes stall each other) and let idle OpenMP threads sleep.
-  std::string backend = o.backend;
-  if (backend == "onednn" || (backend == "auto" && backend::resolve_auto() == "onednn")) {
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    backend = "onednn:" + std::to_string(std::max(1u, cores / static_cast<unsigned>(o.devices + 2)));
-  }
+  auto node_backend = [&](const std::string& b) {
+    if (b == "onednn" || (b == "auto" && backend::resolve_auto() == "onednn")) {
+      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+      return "onednn:" + std::to_string(std::max(1u, cores / static_cast<unsigned>(o.devices + 2)));
+    }
+    return b;
+  };
+  const std::string backend = node_backend(o.backend);
+  // Device i runs the ((i - 1) mod n)-th entry of --device-backends (default: --backend).
+  std::vector<std::string> device_backends;
+  for (const auto& b : device_specs) device_backends.push_back(node_backend(b));
+  if (device_backends.empty()) device_backends.push_back(backend);
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   const auto server_port = free_port(), edge_port = free_port();
   const std::string sp = "127.0.0.1:" + std::to_string(server_port);
@@ -275,7 +306,7 @@ void run_demo(const demo_options& o) {
                                    "--partition",
                                    o.partition,
                                    "--backend",
-                                   backend};
+                                   device_backends[static_cast<std::size_t>(i - 1) % device_backends.size()]};
     aargs.insert(aargs.end(), extra.begin(), extra.end());
     others.push_back(spawn(aargs, work / ("device-" + std::to_string(i) + ".log")));
   }
@@ -418,6 +449,8 @@ void register_node_commands(CLI::App& app) {
   d->add_option("--local-steps", dm.local_steps, "steps per device per round")->capture_default_str();
   d->add_option("--partition", dm.partition, "how the training set is split across devices")->capture_default_str();
   d->add_option("--backend", dm.backend, "backend of every node")->capture_default_str();
+  d->add_option("--device-backends", dm.device_backends,
+                "backends of the devices, comma-separated, repeated over devices 1..N (default: --backend)");
   d->add_option("--mode", dm.mode, "splitfed or sequential")->capture_default_str();
   d->add_option("--model", dm.model, "zoo model or .json spec")->capture_default_str();
   d->add_option("--data", dm.data, "data set")->capture_default_str();

@@ -1,7 +1,8 @@
 // Trains a zoo model for some epochs on one backend and prints one JSON line with the
 // throughput (images/s over the training loop) and the test accuracy. Used by run.sh.
 // Usage: bench_train [--backend B] [--model M] [--data D] [--epochs E] [--batch N]
-//                    [--lr LR] [--momentum M] [--max-steps S] [--seed S]
+//                    [--lr LR] [--momentum M] [--schedule constant|step|cosine]
+//                    [--max-steps S] [--seed S]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -11,7 +12,7 @@
 #include "cleave/core/trainer.h"
 
 int main(int argc, char** argv) {
-  std::string backend = "onednn", model = "lenet5", data = "fashion-mnist";
+  std::string backend = "onednn", model = "lenet5", data = "fashion-mnist", schedule = "constant";
   int epochs = 1, batch = 64;
   float lr = 0.05f, momentum = 0.9f;
   long long max_steps = -1, seed = 1;
@@ -31,6 +32,8 @@ int main(int argc, char** argv) {
       lr = std::stof(v);
     else if (k == "--momentum")
       momentum = std::stof(v);
+    else if (k == "--schedule")
+      schedule = v;
     else if (k == "--max-steps")
       max_steps = std::stoll(v);
     else if (k == "--seed")
@@ -51,6 +54,10 @@ int main(int argc, char** argv) {
     c.seed = static_cast<std::uint64_t>(seed);
     c.opt.lr = lr;
     c.opt.momentum = momentum;
+    c.opt.schedule = core::parse_schedule_kind(schedule);
+    const std::int64_t steps_per_epoch = max_steps > 0 ? max_steps : (d.train.size() + batch - 1) / batch;
+    c.opt.total_steps = steps_per_epoch * epochs;
+    c.opt.step_size = steps_per_epoch;
     c.max_steps = max_steps;
     core::trainer t(*b, m, c);
     double train_secs = 0.0;
