@@ -27,6 +27,7 @@
 #include "cleave/transport/outbox.h"
 #include "cleave/transport/protocol.h"
 #include "cleave/transport/tensor_io.h"
+#include "held_steps.h"
 
 namespace cleave::server {
 
@@ -78,9 +79,6 @@ class edge_node::impl {
   void on_cutover(const std::shared_ptr<device_peer>& d, const wire::Cutover& c, const transport::message& m);
   // Installs blocks that moved here (worker), then serves the steps that waited for them.
   void install_migrated(std::uint32_t dev, core::block_state st);
-  // Worker: runs a step task of dev now, or after its migrated blocks have arrived.
-  void run_or_defer(std::uint32_t dev, std::function<void()> task);
-  void run_deferred(std::uint32_t dev);
   // Profiles: this edge's blocks (timed when the first plan tells the step's shape), rescaled by
   // what its segments take; sent upstream with its links' measurements.
   void profile_blocks(const wire::Plan& p);
@@ -116,16 +114,16 @@ class edge_node::impl {
   std::unique_ptr<core::backend> be_;
   core::model_spec model_;
   std::string model_json_;
-  std::unique_ptr<core::segment_host> host_;                              // worker only
-  std::map<std::uint32_t, std::vector<std::function<void()>>> deferred_;  // worker only
-  core::live_profile live_;                                               // worker only
-  std::map<std::uint32_t, double> step_compute_;                          // worker: per device
-  std::map<std::uint32_t, std::uint32_t> n_micro_batches_;                // worker: per device
-  int n_observed_ = 0;                                                    // worker
-  int n_observed_mark_ = 0;                                               // worker: at the last round start
-  int n_steps_ = 0;                                                       // worker: device steps seen
-  core::profile_options profile_opts_;                                    // worker
-  core::optimizer_config profile_opt_;                                    // worker
+  std::unique_ptr<core::segment_host> host_;                // worker only
+  held_steps held_;                                         // worker only
+  core::live_profile live_;                                 // worker only
+  std::map<std::uint32_t, double> step_compute_;            // worker: per device
+  std::map<std::uint32_t, std::uint32_t> n_micro_batches_;  // worker: per device
+  int n_observed_ = 0;                                      // worker
+  int n_observed_mark_ = 0;                                 // worker: at the last round start
+  int n_steps_ = 0;                                         // worker: device steps seen
+  core::profile_options profile_opts_;                      // worker
+  core::optimizer_config profile_opt_;                      // worker
   std::uint32_t profile_batch_ = 0;
   std::uint64_t memory_budget_ = 0;
   std::optional<transport::node_profile> latest_profile_;  // I/O thread
@@ -251,7 +249,7 @@ void edge_node::impl::on_upstream(transport::message m) {
           st.planned = true;
           asio::post(work_, [this, id, r] {
             host_->drop_device(id);
-            deferred_.erase(id);
+            held_.forget(id);
             for (int seg : r.segments_on(core::tier::edge)) host_->host(id, r, seg);
           });
         }
@@ -546,7 +544,7 @@ void edge_node::impl::step_message(std::uint32_t dev, transport::message m, bool
     compute_s_.store(compute_s_.load() + std::chrono::duration<double>(clock::now() - t0).count());
   };
   auto shared_task = std::make_shared<decltype(task)>(std::move(task));
-  asio::post(work_, [this, dev, shared_task] { run_or_defer(dev, [shared_task] { (*shared_task)(); }); });
+  asio::post(work_, [this, dev, shared_task] { held_.run_or_hold(*host_, dev, [shared_task] { (*shared_task)(); }); });
 }
 
 void edge_node::impl::profile_blocks(const wire::Plan& p) {
@@ -607,21 +605,6 @@ void edge_node::impl::apply_schedule(std::uint64_t round) {
   }
 }
 
-void edge_node::impl::run_or_defer(std::uint32_t dev, std::function<void()> task) {
-  if (host_->n_missing(dev) > 0 || !deferred_[dev].empty()) {
-    deferred_[dev].push_back(std::move(task));
-    return;
-  }
-  task();
-}
-
-void edge_node::impl::run_deferred(std::uint32_t dev) {
-  if (host_->n_missing(dev) > 0) return;
-  auto tasks = std::move(deferred_[dev]);
-  deferred_.erase(dev);
-  for (auto& t : tasks) t();
-}
-
 void edge_node::impl::install_migrated(std::uint32_t dev, core::block_state st) {
   auto s = std::make_shared<core::block_state>(std::move(st));
   auto it = devices_.find(dev);
@@ -629,7 +612,7 @@ void edge_node::impl::install_migrated(std::uint32_t dev, core::block_state st) 
   asio::post(work_, [this, dev, s, peer] {
     try {
       host_->install_blocks(dev, std::move(*s));
-      run_deferred(dev);
+      held_.release(*host_, dev);
     } catch (const core::error& e) {
       const std::string why = e.what();
       if (peer) asio::post(io_, [this, peer, why] { drop_device(peer, why); });
@@ -663,7 +646,7 @@ void edge_node::impl::on_cutover(const std::shared_ptr<device_peer>& d, const wi
       }
       // After this edge's own blocks, so the server has them when it re-hosts.
       if (up) up->post(std::move(*cutover));
-      run_deferred(dev);
+      held_.release(*host_, dev);
     } catch (const core::error& e) {
       const std::string why = e.what();
       asio::post(io_, [this, d, why] { drop_device(d, why); });
@@ -742,7 +725,7 @@ void edge_node::impl::drop_device(const std::shared_ptr<device_peer>& d, const s
     const auto id = d->id;
     asio::post(work_, [this, id] {
       if (host_) host_->drop_device(id);
-      deferred_.erase(id);
+      held_.forget(id);
     });
     if (d->announced) send_up(transport::make_leave({id, why}));
   }

@@ -36,6 +36,7 @@
 #include "cleave/transport/protocol.h"
 #include "cleave/transport/tensor_io.h"
 #include "default_cuts.h"
+#include "held_steps.h"
 
 namespace cleave::server {
 
@@ -98,9 +99,6 @@ class server_node::impl {
   void propose(std::uint32_t device, const core::route& r, const std::string& why);
   void on_cutover(const std::shared_ptr<peer>& p, const wire::Cutover& c);
   void on_migrate(const std::shared_ptr<peer>& p, const wire::Migrate& m);
-  // Worker: runs a step task of dev now, or after its migrated blocks have arrived.
-  void run_or_defer(std::uint32_t dev, std::function<void()> task);
-  void run_deferred(std::uint32_t dev);
   // The adaptive splitter: profiles in, plans out.
   void on_profile(const std::shared_ptr<peer>& p, const wire::Profile& m);
   void maybe_replan(const std::string& why);
@@ -144,10 +142,10 @@ class server_node::impl {
   std::unique_ptr<core::backend> be_;
   core::model_spec model_;
   core::dataset_split data_;
-  std::unique_ptr<core::segment_host> host_;                              // worker only
-  std::map<std::uint32_t, std::vector<std::function<void()>>> deferred_;  // worker only
-  core::live_profile live_;                                               // worker only
-  std::map<std::uint32_t, double> step_compute_;                          // worker: this step's compute per device
+  std::unique_ptr<core::segment_host> host_;      // worker only
+  held_steps held_;                               // worker only: steps waiting for migrated blocks
+  core::live_profile live_;                       // worker only
+  std::map<std::uint32_t, double> step_compute_;  // worker: this step's compute per device
   int n_observed_ = 0;
   int n_observed_mark_ = 0;  // worker: n_observed_ when the last round started
   std::uint32_t profile_batch_ = 0;

@@ -80,7 +80,7 @@ void server_node::impl::register_device(const std::shared_ptr<peer>& via, const 
   // A fresh start: whatever the worker still holds of this device goes.
   asio::post(work_, [this, id] {
     host_->drop_device(id);
-    deferred_.erase(id);
+    held_.forget(id);
   });
   d.participant = d.done = false;
   if (behind_edge) via->devices.insert(id);
@@ -106,7 +106,7 @@ void server_node::impl::device_gone(std::uint32_t id, const std::string& reason)
   it->second.next.reset();
   asio::post(work_, [this, id] {
     host_->discard_pending(id);
-    deferred_.erase(id);
+    held_.forget(id);
   });
   maybe_replan("device " + std::to_string(id) + " left");
   notify();
@@ -281,7 +281,7 @@ void server_node::impl::on_step_message(const std::shared_ptr<peer>& p, transpor
   auto out = p->out;
   auto task = std::make_shared<transport::message>(std::move(m));
   asio::post(work_, [this, dev, out, p, r = d.route, epoch, task, is_activation] {
-    run_or_defer(dev, [this, dev, out, p, r, epoch, task, is_activation] {
+    held_.run_or_hold(*host_, dev, [this, dev, out, p, r, epoch, task, is_activation] {
       compute_step(dev, r, epoch, out, std::move(*task), is_activation, p);
     });
   });

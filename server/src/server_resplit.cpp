@@ -1,25 +1,10 @@
 // The server's adaptive splitting: profiles in, plans out, re-splits announced and carried out
-// (Cutover, Migrate), and the steps of a device held until its migrated blocks are in.
+// (Cutover, Migrate).
 #include <algorithm>
 
 #include "server_impl.h"
 
 namespace cleave::server {
-
-void server_node::impl::run_or_defer(std::uint32_t dev, std::function<void()> task) {
-  if (host_->n_missing(dev) > 0 || !deferred_[dev].empty()) {
-    deferred_[dev].push_back(std::move(task));
-    return;
-  }
-  task();
-}
-
-void server_node::impl::run_deferred(std::uint32_t dev) {
-  if (host_->n_missing(dev) > 0) return;
-  auto tasks = std::move(deferred_[dev]);
-  deferred_.erase(dev);
-  for (auto& t : tasks) t();
-}
 
 void server_node::impl::propose(std::uint32_t device, const core::route& r, const std::string& why) {
   auto& d = devices_.at(device);
@@ -55,7 +40,7 @@ void server_node::impl::on_cutover(const std::shared_ptr<peer>& p, const wire::C
       const transport::migrate_desc md{epoch, step, dev, edge, core::tier::server, 0};
       for (const auto& bs : host_->rehost(dev, from, to, core::tier::server))
         out->post(transport::make_migrate(md, to, bs));
-      run_deferred(dev);
+      held_.release(*host_, dev);
     } catch (const core::error& e) {
       const std::string why = e.what();
       asio::post(io_, [this, p, dev, why] {
@@ -216,7 +201,7 @@ void server_node::impl::on_migrate(const std::shared_ptr<peer>& p, const wire::M
   asio::post(work_, [this, dev, st, p] {
     try {
       host_->install_blocks(dev, std::move(*st));
-      run_deferred(dev);
+      held_.release(*host_, dev);
     } catch (const core::error& e) {
       const std::string why = e.what();
       asio::post(io_, [this, p, dev, why] {
