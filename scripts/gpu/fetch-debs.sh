@@ -2,7 +2,7 @@
 # Downloads (without installing) the Debian packages that the core + backends + tests + bench
 # build needs, and Fashion-MNIST, into .deps/debs, so that scripts/gpu/run.sh can build on a
 # GPU machine that has CUDA but neither network nor these packages. Run on a Debian 12 machine
-# with apt access, from anywhere in the repository. About 45 MB.
+# with apt access, from anywhere in the repository. About 50 MB.
 # Usage: scripts/gpu/fetch-debs.sh [--no-data]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -14,6 +14,8 @@ pkgs=(
   doctest-dev
   # onednn backend (the CPU peer of the benchmark): its CMake config needs OpenCL too
   libdnnl-dev libdnnl2 ocl-icd-opencl-dev ocl-icd-libopencl1 opencl-c-headers opencl-clhpp-headers
+  # vulkan backend on the GPU's own Vulkan driver: the loader, headers and the shader compiler
+  libvulkan1 libvulkan-dev glslc libshaderc1
 )
 [ "${1:-}" = --no-data ] || pkgs+=(dataset-fashion-mnist)
 mkdir -p "$dest"

@@ -3,11 +3,15 @@
 # Python wheel), CMake and ninja but none of our Debian packages and no network. Run from the
 # repository root after scripts/gpu/fetch-debs.sh filled .deps/debs (carry .deps/debs along).
 #   1. unpacks the .debs into .deps/root (never into /) and makes them relocatable;
-#   2. configures and builds core + backends + tests + bench with CUDA for sm_90;
+#   2. configures and builds core + backends + tests + bench with CUDA for sm_90, and Vulkan
+#      on the GPU's own Vulkan driver (its ICD file, or one written for libGLX_nvidia.so.0);
 #   3. runs ctest (conformance of every backend against reference, gradient checks, the cuda
-#      suite), then the GPU benchmark (cuda vs onednn, and PyTorch when it is there);
+#      and vulkan suites), then the GPU benchmarks (cuda vs onednn, and PyTorch when it is
+#      there; vulkan vs the other backends);
 #   4. trains LeNet-5 and ResNet-8 for one Fashion-MNIST epoch on cuda, onednn and PyTorch
-#      (bench/lenet/bench_train, bench/cuda/torch_train.py) and prints images/s and accuracy.
+#      (bench/lenet/bench_train, bench/cuda/torch_train.py) and prints images/s and accuracy;
+#      LeNet-5 also on vulkan against onednn with the same seed (cosine decay, as in
+#      bench/vulkan/accuracy.sh).
 # Logs go to $OUT (default .gpu-out): env.txt, configure.log, build.log, ctest.log,
 # ctest-junit.xml, bench.log, train.log, train.jsonl, summary.txt.
 # Usage: scripts/gpu/run.sh [--jobs N] [--skip-build] [--tests-only] [--bench-only]
@@ -115,13 +119,35 @@ export CMAKE_PREFIX_PATH="$prefix${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   nvidia-smi 2>&1 || echo "nvidia-smi failed"
 } >"$OUT/env.txt" 2>&1
 note "cuda at $cuda_home, cudnn at ${cudnn_root:-not found}"
+# The NVIDIA Vulkan driver: its ICD file where the driver installed one, else one written for
+# its library when the loader can find that (containers often carry the library only).
+vk_icd=""
+for f in /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json \
+  /usr/share/vulkan/icd.d/nvidia_icd.x86_64.json; do
+  [ -f "$f" ] && { vk_icd=$f; break; }
+done
+if [ -z "$vk_icd" ]; then
+  glx=$(ldconfig -p 2>/dev/null | awk '/libGLX_nvidia\.so\.0 /{print $NF; exit}')
+  if [ -n "$glx" ]; then
+    vk_icd="$build/nvidia_icd.json"
+    printf '{"file_format_version": "1.0.0", "ICD": {"library_path": "%s", "api_version": "1.3.0"}}\n' \
+      "$glx" >"$vk_icd"
+  fi
+fi
+if [ -n "$vk_icd" ]; then
+  export VK_ICD_FILENAMES="$vk_icd" XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+  note "vulkan driver: $vk_icd"
+else
+  note "vulkan driver: no NVIDIA Vulkan ICD or libGLX_nvidia.so.0 (the loader picks what it finds; none: vulkan tests skip)"
+fi
 
 # ---- 3. configure and build -------------------------------------------------------------------
 if [ "$do_build" = 1 ]; then
   gen=Ninja
   command -v ninja >/dev/null || gen="Unix Makefiles"
   cmake_args=(-S "$root" -B "$build" -G "$gen" -DCMAKE_BUILD_TYPE=Release
-    -DCLEAVE_WITH_CUDA=ON -DCLEAVE_WITH_NET=OFF -DCLEAVE_WITH_VULKAN=OFF -DCLEAVE_WITH_ONEDNN=AUTO
+    -DCLEAVE_WITH_CUDA=ON -DCLEAVE_WITH_NET=OFF -DCLEAVE_WITH_VULKAN=AUTO -DCLEAVE_WITH_ONEDNN=AUTO
+    -DCLEAVE_TEST_VK_ICD="$vk_icd"
     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$CUDACXX" -DCMAKE_PREFIX_PATH="$prefix")
   [ -n "$cudnn_root" ] && cmake_args+=(-DCUDNN_ROOT="$cudnn_root")
   if ! cmake "${cmake_args[@]}" >"$OUT/configure.log" 2>&1; then
@@ -158,6 +184,11 @@ if [ "$do_bench" = 1 ]; then
     PYTHON="$py" bash "$root/bench/cuda/run_bench.sh" "$build" --tf32
   } >"$OUT/bench.log" 2>&1 || { note "benchmark FAILED (see bench.log)"; status=1; }
   cat "$OUT/bench.log" | tee -a "$summary"
+  if [ -x "$build/bench/vulkan/bench_vulkan_ops" ]; then
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-$jobs} "$build/bench/vulkan/bench_vulkan_ops" >"$OUT/bench-vulkan.log" 2>&1 ||
+      note "vulkan benchmark FAILED (see bench-vulkan.log)"
+    tee -a "$summary" <"$OUT/bench-vulkan.log"
+  fi
   note "benchmark done ($(elapsed))"
 
   # ---- 6. TRAINING: LeNet-5 and ResNet-8 on Fashion-MNIST, one epoch each ----------------------
@@ -180,6 +211,13 @@ if [ "$do_bench" = 1 ]; then
         --epochs 1 "${cut[@]}" >>"$train_json" || echo "onednn run failed (backend not in this build?)"
       "$py" "$root/bench/cuda/torch_train.py" --model "$model" --data "$data" --epochs 1 >>"$train_json" ||
         echo "PyTorch run failed"
+      if [ "$model" = lenet5 ] && [ -x "$build/bench/vulkan/bench_vulkan_ops" ]; then
+        for b in vulkan onednn; do
+          OMP_NUM_THREADS=${OMP_NUM_THREADS:-$jobs} "$trainer" --backend "$b" --model lenet5 --data "$data" \
+            --epochs 1 --schedule cosine --seed 1 | sed 's/"framework": "cleave"/"framework": "cleave-cosine"/' \
+            >>"$train_json" || echo "$b cosine run failed"
+        done
+      fi
     done >"$OUT/train.log" 2>&1
     "$py" - "$train_json" <<'PY' 2>&1 | tee -a "$OUT/train.log" "$summary"
 import json, sys
@@ -191,8 +229,12 @@ for model in ("lenet5", "resnet8"):
         print(f"{model:8} {r['framework'] + ' ' + r['backend']:16} {r['images_per_s']:>10.0f} "
               f"{r['test_accuracy']:>9.4f} {r['train_seconds']:>8.1f}")
     cuda = next((r for r in mine if r["framework"] == "cleave" and r["backend"] == "cuda"), None)
+    cos = {r["backend"]: r for r in mine if r["framework"] == "cleave-cosine"}
+    if "vulkan" in cos and "onednn" in cos:
+        print(f"{model:8} vulkan - onednn test accuracy (seed 1, cosine): "
+              f"{100 * (cos['vulkan']['test_accuracy'] - cos['onednn']['test_accuracy']):+.2f} points")
     for peer in mine:
-        if cuda and peer is not cuda:
+        if cuda and peer is not cuda and peer["framework"] != "cleave-cosine":
             print(f"{model:8} cleave cuda / {peer['framework']} {peer['backend']}: "
                   f"{cuda['images_per_s'] / peer['images_per_s']:.2f}x images/s")
 PY
