@@ -110,7 +110,7 @@ struct server_options {
   std::string memory_budget;
   bool no_adapt = false;
   std::string listen = "127.0.0.1:7000";
-  std::string mode = "splitfed", optimizer = "sgd";
+  std::string mode = "splitfed", optimizer = "sgd", lr_schedule = "constant";
 };
 
 struct edge_options {
@@ -129,6 +129,7 @@ struct demo_options {
   std::string work;
   int devices = 4, rounds = 8, local_steps = 150;
   std::string partition = "dirichlet:0.5", backend = "auto", mode = "splitfed", model = "lenet5";
+  std::string lr_schedule = "constant";
   std::string data = "fashion-mnist";
   bool u_shape = false, keep = false, no_adapt = false;
   std::string schedule, device_backends;
@@ -144,6 +145,7 @@ void run_server(server_options& o) {
   o.c.port = port;
   o.c.mode = server::parse_mode(o.mode);
   o.c.opt.kind = core::parse_optimizer_kind(o.optimizer);
+  o.c.lr_schedule = core::parse_schedule_kind(o.lr_schedule);
   if (!o.memory_budget.empty()) o.c.memory_budget = parse_bytes(o.memory_budget, "--memory-budget");
   o.c.adaptive = !o.no_adapt;
   server::server_node node(o.c);
@@ -220,6 +222,7 @@ pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
 
 void run_demo(const demo_options& o) {
   const auto device_specs = parse_backend_list(o.device_backends, "--device-backends");
+  core::parse_schedule_kind(o.lr_schedule);  // named now, not in the server's log
   const fs::path work =
       o.work.empty() ? fs::temp_directory_path() / ("cleave-demo-" + std::to_string(::getpid())) : fs::path(o.work);
   fs::create_directories(work);
@@ -268,6 +271,7 @@ void run_demo(const demo_options& o) {
                                  "--local-steps", std::to_string(o.local_steps),
                                  "--min-devices", std::to_string(o.devices),
                                  "--lr",          std::to_string(o.lr),
+                                 "--lr-schedule", o.lr_schedule,
                                  "--seed",        std::to_string(o.seed),
                                  "--checkpoint",  (work / "global.ckpt").string()};
   if (o.u_shape) sargs.push_back("--u-shape");
@@ -384,6 +388,12 @@ void register_node_commands(CLI::App& app) {
   s->add_option("--seed", so.c.seed, "seed of the initial weights")->capture_default_str();
   s->add_option("--optimizer", so.optimizer, "sgd or adamw")->capture_default_str();
   s->add_option("--lr", so.c.opt.lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--lr-schedule", so.lr_schedule,
+                "learning rate by round: constant, step (x0.1 after every third of the rounds) or cosine")
+      ->capture_default_str();
+  s->add_option("--warmup-rounds", so.c.warmup_rounds, "rounds of linear learning-rate warm-up")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   s->add_option("--momentum", so.c.opt.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   s->add_option("--weight-decay", so.c.opt.weight_decay, "weight decay")
       ->capture_default_str()
@@ -455,6 +465,8 @@ void register_node_commands(CLI::App& app) {
   d->add_option("--model", dm.model, "zoo model or .json spec")->capture_default_str();
   d->add_option("--data", dm.data, "data set")->capture_default_str();
   d->add_option("--lr", dm.lr, "learning rate")->capture_default_str();
+  d->add_option("--lr-schedule", dm.lr_schedule, "learning rate by round: constant, step or cosine")
+      ->capture_default_str();
   d->add_option("--seed", dm.seed, "seed")->capture_default_str();
   d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");
   d->add_flag("--no-adapt", dm.no_adapt, "keep the initial cuts");

@@ -92,6 +92,11 @@ optimizer::optimizer(backend& b, const optimizer_config& c, std::int64_t n_param
   }
 }
 
+void optimizer::set_lr(float lr) {
+  if (!(lr >= 0.0f) || !std::isfinite(lr)) throw error("learning rate must be finite and >= 0");
+  c_.lr = lr;
+}
+
 void optimizer::step(const tensor& params, const tensor& grads) {
   const float lr = learning_rate(c_, t_);
   ++t_;

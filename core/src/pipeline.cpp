@@ -25,12 +25,19 @@ void segment_host::host(std::uint32_t device, const route& r, int segment, bool 
     rep->st = std::make_unique<stage>(*b_, *m_, begin, end, seed_);
     rep->opt = std::make_unique<optimizer>(*b_, opt_, rep->st->n_params());
   }
+  if (const auto lr = lr_.find(device); lr != lr_.end()) rep->opt->set_lr(lr->second);
   slot& s = slots_[{device, segment}];
   s.r = r;
   s.segment = segment;
   s.rep = std::move(rep);
   s.pending.clear();
   s.done.clear();
+}
+
+void segment_host::set_learning_rate(std::uint32_t device, float lr) {
+  lr_[device] = lr;
+  for (auto& [key, s] : slots_)
+    if (key.first == device) s.rep->opt->set_lr(lr);
 }
 
 void segment_host::drop_device(std::uint32_t device) {

@@ -432,6 +432,7 @@ void agent::impl::run_round(const wire::RoundStart& r) {
   round_ = r.round();
   round_abandoned_ = false;
   apply_schedule(round_);
+  if (r.learning_rate() > 0) host_->set_learning_rate(c_.id, r.learning_rate());  // 0: the plan's rate
   compute_s_ = 0;
   loss_sum_ = 0;
   n_loss_ = n_correct_ = 0;

@@ -363,6 +363,17 @@ void edge_node::impl::start_round(const wire::RoundStart& r) {
     patience_ = std::chrono::milliseconds(static_cast<long>(static_cast<double>(r.deadline_ms()) * 0.9));
   }
   last_progress_ = clock::now();
+  if (r.learning_rate() > 0) {  // 0: the server keeps the plan's rate
+    std::vector<std::uint32_t> ids;
+    if (r.device_id() != 0)
+      ids.push_back(r.device_id());
+    else if (r.devices())
+      ids.assign(r.devices()->begin(), r.devices()->end());
+    asio::post(work_, [this, ids, lr = r.learning_rate()] {
+      if (host_)
+        for (auto id : ids) host_->set_learning_rate(id, lr);
+    });
+  }
   auto it = devices_.find(r.device_id());
   if (it != devices_.end() && it->second.peer && it->second.peer->alive) {
     transport::round_start_desc rs;
@@ -370,6 +381,7 @@ void edge_node::impl::start_round(const wire::RoundStart& r) {
     rs.epoch = r.epoch();
     rs.local_steps = r.local_steps();
     rs.deadline_ms = r.deadline_ms();
+    rs.learning_rate = r.learning_rate();
     rs.device_id = r.device_id();
     it->second.peer->out->post(transport::make_round_start(rs));
   }

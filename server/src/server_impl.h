@@ -45,6 +45,17 @@ using clock = std::chrono::steady_clock;
 class server_node::impl {
  public:
   explicit impl(server_config c) : c_(std::move(c)), work_guard_(asio::make_work_guard(work_)) {}
+
+  // The learning rate of round r (1-based) and whether it changes between rounds.
+  float round_lr(std::uint64_t r) const {
+    core::optimizer_config s = c_.opt;
+    s.schedule = c_.lr_schedule;
+    s.total_steps = c_.rounds;
+    s.step_size = std::max(1, c_.rounds / 3);
+    s.warmup_steps = c_.warmup_rounds;
+    return core::learning_rate(s, static_cast<std::int64_t>(r) - 1);
+  }
+  bool scheduled_lr() const { return c_.lr_schedule != core::schedule_kind::constant || c_.warmup_rounds > 0; }
   ~impl() {
     work_guard_.reset();
     work_.stop();

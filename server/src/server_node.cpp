@@ -460,6 +460,7 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     edges_done_.clear();
     edges_expected_.clear();
     const std::uint64_t bytes0 = channel_bytes();
+    const float lr = round_lr(round_);
     std::vector<std::uint32_t> participants;
     for (auto& [id, d] : devices_) {
       d.participant = d.connected;
@@ -474,12 +475,14 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     // the I/O thread keeps changing devices_ meanwhile.
     std::vector<std::pair<std::uint32_t, core::route>> routes;
     for (auto id : participants) routes.emplace_back(id, devices_.at(id).route);
-    auto install_task = [this, routes, p = global_p_, b = global_b_] {
-      for (const auto& [id, route] : routes)
+    auto install_task = [this, routes, lr, p = global_p_, b = global_b_] {
+      for (const auto& [id, route] : routes) {
         for (int seg : route.segments_on(core::tier::server)) {
           if (!host_->hosts(id, route, seg)) host_->host(id, route, seg, c_.mode == training_mode::sequential);
           transport::install(host_->stage_of(id, seg), p, b);
         }
+        host_->set_learning_rate(id, lr);
+      }
       return 0;
     };
     co_await on_worker(install_task);
@@ -502,6 +505,7 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
       rs.epoch = plan_epoch_;
       rs.local_steps = static_cast<std::uint32_t>(c_.local_steps);
       rs.deadline_ms = static_cast<std::uint64_t>(c_.round_deadline_s * 1000);
+      rs.learning_rate = lr;
       rs.device_id = id;
       rs.devices = participants;
       d.via->out->post(transport::make_round_start(rs));
@@ -577,6 +581,7 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     rep.bytes_moved = channel_bytes() - bytes0 + edge_bytes_;
     rep.step_seconds = train_seconds / c_.local_steps;
     rep.predicted_step_seconds = predicted_step(included);
+    rep.learning_rate = lr;
     rep.n_resplits = n_resplits_;
     rep.planner_seconds = planner_s_;
     for (auto id : participants)
@@ -584,11 +589,10 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
     last_ = rep;
     spdlog::info(
         "round {}/{}: {}/{} devices, train loss {:.4f} acc {:.4f}, test loss {:.4f} acc {:.4f}; compute device {:.1f} "
-        "s, "
-        "edge {:.1f} s, server {:.1f} s; {:.1f} MB moved; {:.1f} s",
+        "s, edge {:.1f} s, server {:.1f} s; {:.1f} MB moved; {:.1f} s{}",
         r, c_.rounds, rep.n_devices, rep.n_participants, rep.train_loss, rep.train_accuracy, rep.test_loss,
         rep.test_accuracy, rep.device_compute_s, rep.edge_compute_s, rep.server_compute_s, rep.bytes_moved / 1e6,
-        rep.seconds);
+        rep.seconds, scheduled_lr() ? fmt::format("; lr {:.4g}", rep.learning_rate) : std::string());
     if (rep.predicted_step_seconds > 0)
       spdlog::info("round {}: step {:.1f} ms, predicted {:.1f} ms ({:+.0f}%), {} re-split{}", r, rep.step_seconds * 1e3,
                    rep.predicted_step_seconds * 1e3, (rep.predicted_step_seconds / rep.step_seconds - 1.0) * 100.0,
@@ -641,6 +645,12 @@ round_report server_node::impl::run() {
     throw core::error(
         "rounds, local steps, batch and micro-batches must be >= 1, and the batch a multiple of the "
         "micro-batches");
+  if (c_.opt.schedule != core::schedule_kind::constant || c_.opt.warmup_steps != 0)
+    throw core::error(
+        "the server's learning rate follows a per-round schedule (lr_schedule, warmup_rounds), "
+        "not the optimizer's per-step one");
+  if (c_.warmup_rounds < 0 || c_.warmup_rounds >= c_.rounds)
+    throw core::error("warm-up rounds must be >= 0 and fewer than the rounds");
   schedule_ = transport::parse_schedule(c_.schedule);  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);

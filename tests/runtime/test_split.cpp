@@ -24,7 +24,8 @@ namespace {
 
 // The device's data stream (partition "all"): position p is sample order(p / n)[p % n].
 std::vector<float> local_training(const workspace& w, const std::string& be, const core::optimizer_config& opt,
-                                  std::uint64_t seed, std::uint32_t device, int steps, int batch) {
+                                  std::uint64_t seed, std::uint32_t device, int steps, int batch,
+                                  const std::function<float(int step)>& lr_of = {}) {
   const auto d = core::load_dataset(w.data.string());
   const auto m = core::zoo_model("lenet5", d.train.item, d.train.n_classes);
   auto b = backend::make_backend(be);
@@ -42,6 +43,7 @@ std::vector<float> local_training(const workspace& w, const std::string& be, con
       const std::int64_t idx = core::epoch_order(n, order_seed, pos / n)[static_cast<std::size_t>(pos % n)];
       d.train.gather(&idx, 1, x.data() + i * 784, y.data() + i);
     }
+    if (lr_of) t.opt().set_lr(lr_of(s));
     t.step(x.data(), y.data(), batch);
   }
   std::vector<float> p(static_cast<std::size_t>(t.model_stage().n_params()));
@@ -152,6 +154,44 @@ TEST_CASE("a device on the vulkan backend trains its blocks in a split as local 
       // to about 1e-5.
       INFO(std::string(ps.name) << ": max relative difference to local training on " << be << ": " << diff);
       CHECK(diff <= 1e-4);
+    }
+  }
+}
+
+TEST_CASE("a per-round learning-rate schedule reaches every tier: split training equals local training") {
+  const std::string be = test_backend();
+  for (const plan_shape& ps : {plan_shape{"3-tier", true, false}, plan_shape{"U-shaped 3-tier", true, true}}) {
+    SUBCASE(ps.name) {
+      workspace w(std::string("lrs-") + (ps.u_shape ? "u" : ""), 1);
+      auto sc = server_cfg(w, be);
+      sc.rounds = 4;
+      sc.local_steps = 6;
+      sc.u_shape = ps.u_shape;
+      sc.lr_schedule = core::schedule_kind::cosine;
+      sc.warmup_rounds = 1;
+      std::vector<double> lrs;
+      sc.on_round = [&](const server::round_report& r) { lrs.push_back(r.learning_rate); };
+      const auto got = run_federation(w, be, sc, 1, ps.edge, {});
+      // Round r (1-based): warm-up to sc.opt.lr in round 1, then cosine over rounds 2..4.
+      auto lr_of_round = [&](int r) {
+        core::optimizer_config s = sc.opt;
+        s.schedule = core::schedule_kind::cosine;
+        s.total_steps = sc.rounds;
+        s.warmup_steps = 1;
+        return core::learning_rate(s, r - 1);
+      };
+      REQUIRE(lrs.size() == 4);
+      for (int r = 1; r <= 4; ++r) CHECK(lrs[static_cast<std::size_t>(r - 1)] == doctest::Approx(lr_of_round(r)));
+      CHECK(lrs[1] > lrs[2]);
+      CHECK(lrs[2] > lrs[3]);
+      const auto want = local_training(w, be, sc.opt, sc.seed, 1, sc.rounds * sc.local_steps, sc.batch,
+                                       [&](int step) { return lr_of_round(step / sc.local_steps + 1); });
+      const double diff = max_rel_diff(got, want);
+      INFO(std::string(ps.name) << ": max relative difference " << diff);
+      CHECK(diff <= 1e-5);
+      // The schedule matters: a constant rate ends elsewhere.
+      const auto flat = local_training(w, be, sc.opt, sc.seed, 1, sc.rounds * sc.local_steps, sc.batch);
+      CHECK(max_rel_diff(got, flat) > 1e-3);
     }
   }
 }

@@ -191,7 +191,8 @@ class checker {
   bool check(const wire::Gradients& m) { return step(m) && tensor(m.gradient(), "gradient"); }
 
   bool check(const wire::RoundStart& m) {
-    if (!std::isfinite(m.learning_rate())) return fail("learning rate is not finite");
+    if (!std::isfinite(m.learning_rate()) || m.learning_rate() < 0)
+      return fail("learning rate is not a finite number >= 0");
     return node(m.device_id(), "device id") && nodes(m.devices(), "round devices");
   }
 

@@ -51,6 +51,8 @@ class optimizer {
   std::int64_t steps_taken() const { return t_; }
   void set_steps_taken(std::int64_t t) { t_ = t; }
   const optimizer_config& config() const { return c_; }
+  // Replaces the base learning rate (the schedule, if any, scales it from here on).
+  void set_lr(float lr);
   // Flat state tensors (P each): sgd: [momentum] (none without momentum); adamw: [m, v].
   const std::vector<tensor>& state() const { return state_; }
 

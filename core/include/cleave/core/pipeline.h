@@ -77,6 +77,10 @@ class segment_host {
   // The stage (and optimizer) of a hosted segment.
   stage& stage_of(std::uint32_t device, int segment);
   optimizer& optimizer_of(std::uint32_t device, int segment);
+  // The base learning rate of every segment of `device` hosted here, now and when re-hosted
+  // (a federation's per-round schedule).
+  void set_learning_rate(std::uint32_t device, float lr);
+
   // Forgets micro-batches in flight (a device left, or its round was closed).
   void discard_pending(std::uint32_t device);
   std::size_t n_pending() const;
@@ -115,6 +119,7 @@ class segment_host {
     std::vector<block_state> early;  // arrived before the re-host
   };
   std::map<std::uint32_t, arrival> arrivals_;
+  std::map<std::uint32_t, float> lr_;  // set_learning_rate, per device
   void apply(std::uint32_t device, const block_state& s);
 };
 

@@ -36,6 +36,7 @@ struct round_report {
   std::uint64_t bytes_moved = 0;                                          // all channels, both ways
   double step_seconds = 0;                                                // measured: train_seconds / local steps
   double predicted_step_seconds = 0;  // the cost model's figure for the plan in force (0: no profiles yet)
+  double learning_rate = 0;           // of this round
   int n_resplits = 0;                 // devices that switched plans during the round
   double planner_seconds = 0;         // the longest search for a plan during the round
   std::vector<std::pair<std::uint32_t, std::string>> routes;  // device -> its route at the round's end
@@ -62,7 +63,13 @@ struct server_config {
   double round_deadline_s = 120;
   double join_timeout_s = 120;  // waiting for min_devices
   std::uint64_t seed = 1;
+  // Optimizer settings of every replica. Its learning rate is the peak of a per-round schedule:
+  // every node trains round r at lr_schedule's rate for step r - 1 of `rounds` (constant: opt.lr;
+  // step: x0.1 after every third of the rounds; cosine: down towards 0), after warmup_rounds
+  // rising linearly. opt itself carries no per-step schedule.
   core::optimizer_config opt;
+  core::schedule_kind lr_schedule = core::schedule_kind::constant;
+  int warmup_rounds = 0;
   std::filesystem::path checkpoint;  // global model saved after every round ("" = none)
   // Adaptive splitting (splitfed mode): profiles -> cost model -> plan -> live re-split.
   bool adaptive = true;
