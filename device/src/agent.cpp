@@ -579,12 +579,8 @@ bool agent::impl::cut_over(std::uint64_t step) {
     if (stop_.load()) return false;
     auto e = next_event();
     if (!e) continue;
-    if (std::holds_alternative<disconnected>(*e)) {
-      handle(*e);
-      round_abandoned_ = true;
-      return false;
-    }
-    if (!handle(*e)) {
+    const bool link_lost = std::holds_alternative<disconnected>(*e);
+    if (!handle(*e) || link_lost) {
       round_abandoned_ = true;
       return false;
     }

@@ -110,6 +110,9 @@ class server_node::impl {
   void propose(std::uint32_t device, const core::route& r, const std::string& why);
   void on_cutover(const std::shared_ptr<peer>& p, const wire::Cutover& c);
   void on_migrate(const std::shared_ptr<peer>& p, const wire::Migrate& m);
+  // Worker: a migration of dev's blocks (arriving through p, or leaving) failed; drops the
+  // device, or the peer when that is the device.
+  void migration_failed(const std::shared_ptr<peer>& p, std::uint32_t dev, const std::string& why);
   // The adaptive splitter: profiles in, plans out.
   void on_profile(const std::shared_ptr<peer>& p, const wire::Profile& m);
   void maybe_replan(const std::string& why);

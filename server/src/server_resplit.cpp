@@ -16,6 +16,15 @@ void server_node::impl::propose(std::uint32_t device, const core::route& r, cons
   d.via->out->post(plan_message(device, true));
 }
 
+void server_node::impl::migration_failed(const std::shared_ptr<peer>& p, std::uint32_t dev, const std::string& why) {
+  asio::post(io_, [this, p, dev, why] {
+    if (p->role == transport::node_role::device)
+      drop_peer(p, why);  // the device itself sent the bad blocks
+    else
+      device_gone(dev, why);  // its edge did: that device's training stops, the edge's others go on
+  });
+}
+
 void server_node::impl::on_cutover(const std::shared_ptr<peer>& p, const wire::Cutover& c) {
   const std::uint32_t dev = c.device_id();
   const auto it = devices_.find(dev);
@@ -42,13 +51,7 @@ void server_node::impl::on_cutover(const std::shared_ptr<peer>& p, const wire::C
         out->post(transport::make_migrate(md, to, bs));
       held_.release(*host_, dev);
     } catch (const core::error& e) {
-      const std::string why = e.what();
-      asio::post(io_, [this, p, dev, why] {
-        if (p->role == transport::node_role::device)
-          drop_peer(p, why);
-        else
-          device_gone(dev, why);
-      });
+      migration_failed(p, dev, e.what());
     }
   });
 }
@@ -203,13 +206,7 @@ void server_node::impl::on_migrate(const std::shared_ptr<peer>& p, const wire::M
       host_->install_blocks(dev, std::move(*st));
       held_.release(*host_, dev);
     } catch (const core::error& e) {
-      const std::string why = e.what();
-      asio::post(io_, [this, p, dev, why] {
-        if (p->role == transport::node_role::device)
-          drop_peer(p, why);
-        else
-          device_gone(dev, why);
-      });
+      migration_failed(p, dev, e.what());
     }
   });
 }

@@ -5,19 +5,15 @@
 #include <vector>
 
 #include "cleave/transport/message.h"
+#include "frame_bytes.h"
 #include "sample_messages.h"
 
 using namespace cleave;
 using namespace cleave::transport;
 
-namespace {
+using cleave::transport::testing::aligned_copy;
 
-aligned_bytes aligned_copy(std::span<const std::byte> bytes) {
-  aligned_bytes b = aligned_bytes::allocate(bytes.size());
-  REQUIRE(!b.empty());
-  std::memcpy(b.data(), bytes.data(), bytes.size());
-  return b;
-}
+namespace {
 
 aligned_bytes finish_raw(flatbuffers::FlatBufferBuilder& f, wire::Body type, flatbuffers::Offset<void> body,
                          const char* identifier = nullptr) {

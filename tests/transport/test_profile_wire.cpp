@@ -3,23 +3,18 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "../support/error_of.h"
 #include "cleave/transport/protocol.h"
+#include "frame_bytes.h"
 
 using namespace cleave;
 using namespace cleave::transport;
 
-namespace {
+using cleave::transport::testing::aligned_copy;
 
-aligned_bytes aligned_copy(std::span<const std::byte> bytes) {
-  aligned_bytes b = aligned_bytes::allocate(bytes.size());
-  REQUIRE(!b.empty());
-  std::memcpy(b.data(), bytes.data(), bytes.size());
-  return b;
-}
+namespace {
 
 node_profile sample_profile(int n_blocks) {
   node_profile p;
@@ -87,7 +82,7 @@ TEST_CASE("a profile with another block count than the model is refused") {
   auto b = make_profile(sample_profile(5), 1, 0);
   auto decoded = decode_frame(aligned_copy(b.frame()), {});
   REQUIRE(decoded.ok());
-  const std::string e = testing::error_of([&] { profile_of(*decoded->as<wire::Profile>(), 12); });
+  const std::string e = cleave::testing::error_of([&] { profile_of(*decoded->as<wire::Profile>(), 12); });
   CHECK(e == "profile from node 7: 5 block profiles for a model of 12 blocks");
 }
 
@@ -97,7 +92,7 @@ TEST_CASE("a profile whose blocks are out of order is refused") {
   info.node_id = 2;
   info.blocks = blocks;
   auto b = make_profile(info);
-  const std::string e = testing::error_of([&] { profile_of(raw_profile(b), 3); });
+  const std::string e = cleave::testing::error_of([&] { profile_of(raw_profile(b), 3); });
   CHECK(e == "profile from node 2: entry 1 profiles block 2 (expected blocks in order from 0)");
 }
 
@@ -107,7 +102,7 @@ TEST_CASE("a profile with a time that is not finite is refused") {
   info.node_id = 2;
   info.blocks = blocks;
   auto b = make_profile(info);
-  const std::string e = testing::error_of([&] { profile_of(raw_profile(b), 2); });
+  const std::string e = cleave::testing::error_of([&] { profile_of(raw_profile(b), 2); });
   CHECK(e.find("profile from node 2: block 1: backward time") == 0);
   CHECK(e.find("not a finite, non-negative value") != std::string::npos);
 }
