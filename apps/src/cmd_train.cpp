@@ -62,9 +62,7 @@ void run_train(const train_options& o) {
   c.opt.weight_decay = o.weight_decay;
   c.opt.schedule = core::parse_schedule_kind(o.schedule);
   c.opt.warmup_steps = o.warmup;
-  const std::int64_t steps_per_epoch = (data.train.size() + o.batch - 1) / o.batch;
-  c.opt.total_steps = steps_per_epoch * o.epochs;
-  c.opt.step_size = steps_per_epoch;  // step schedule: decay once per epoch
+  core::fit_schedule(c, data.train.size());
   spdlog::info("training {} ({} blocks, {} parameters) on {} ({} train / {} test, {} classes) with backend {} ({})",
                model.name, model.n_blocks(), model.n_params(), o.data, data.train.size(), data.test.size(),
                data.train.n_classes, be->name(), be->device_name());

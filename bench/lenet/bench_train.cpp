@@ -55,10 +55,8 @@ int main(int argc, char** argv) {
     c.opt.lr = lr;
     c.opt.momentum = momentum;
     c.opt.schedule = core::parse_schedule_kind(schedule);
-    const std::int64_t steps_per_epoch = max_steps > 0 ? max_steps : (d.train.size() + batch - 1) / batch;
-    c.opt.total_steps = steps_per_epoch * epochs;
-    c.opt.step_size = steps_per_epoch;
     c.max_steps = max_steps;
+    core::fit_schedule(c, d.train.size());
     core::trainer t(*b, m, c);
     double train_secs = 0.0;
     std::int64_t images = 0;

@@ -34,12 +34,22 @@ tensor trainer::step(const float* x, const std::int32_t* y, std::int64_t n) {
   return lr.loss;
 }
 
+std::int64_t steps_per_epoch(std::int64_t n_samples, const train_config& c) {
+  const std::int64_t steps = (n_samples + c.batch - 1) / c.batch;
+  return c.max_steps >= 0 ? std::min(steps, c.max_steps) : steps;
+}
+
+void fit_schedule(train_config& c, std::int64_t n_samples) {
+  const std::int64_t per_epoch = steps_per_epoch(n_samples, c);
+  c.opt.total_steps = per_epoch * c.epochs;
+  c.opt.step_size = per_epoch;
+}
+
 std::int64_t trainer::train_epoch(const dataset& d, int epoch,
                                   const std::function<void(const progress_report&)>& progress) {
   const auto order = epoch_order(d.size(), c_.order_seed ? c_.order_seed : c_.seed, epoch);
   const std::int64_t per = d.item.numel();
-  std::int64_t steps = (d.size() + c_.batch - 1) / c_.batch;
-  if (c_.max_steps >= 0) steps = std::min(steps, c_.max_steps);
+  const std::int64_t steps = steps_per_epoch(d.size(), c_);
   std::vector<float> xb(static_cast<std::size_t>(c_.batch * per));
   std::vector<std::int32_t> yb(static_cast<std::size_t>(c_.batch));
   tensor loss_sum = b_->zeros({1});

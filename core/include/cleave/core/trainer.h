@@ -37,6 +37,12 @@ struct eval_report {
   std::int64_t n = 0;
 };
 
+// Optimizer steps of one epoch over n samples (cut at max_steps when it is set).
+std::int64_t steps_per_epoch(std::int64_t n_samples, const train_config& c);
+// Spans the learning-rate schedule over the run: cosine over every step of every epoch, step
+// decaying once per epoch.
+void fit_schedule(train_config& c, std::int64_t n_samples);
+
 class trainer {
  public:
   trainer(backend& b, const model_spec& m, const train_config& c);
