@@ -257,7 +257,7 @@ TEST_CASE("after a re-split, step messages of the old plan epoch are refused and
   rs.join();
 }
 
-TEST_CASE("bad sizes and schedules on the command line are refused with the reason") {
+TEST_CASE("bad sizes, schedules and backends on the command line are refused with the reason") {
   auto run = [](const std::string& args) {
     std::string out;
     FILE* f = ::popen((std::string(CLEAVE_BINARY) + " " + args + " 2>&1").c_str(), "r");
@@ -273,4 +273,11 @@ TEST_CASE("bad sizes and schedules on the command line are refused with the reas
   CHECK(run("server --certs /nonexistent --memory-budget -1G").find("--memory-budget '-1G'") != std::string::npos);
   CHECK(run("edge --certs /nonexistent --schedule 'at x link device-1 edge-1 1Mbit/s'")
             .find("round 'x' is not a number") != std::string::npos);
+  CHECK(run("demo --device-backends onednn,foo").find("--device-backends 'onednn,foo': unknown backend 'foo'") !=
+        std::string::npos);
+  CHECK(run("demo --lr-schedule linear").find("unknown learning-rate schedule 'linear'") != std::string::npos);
+  CHECK(run("server --certs /nonexistent --lr-schedule linear").find("unknown learning-rate schedule 'linear'") !=
+        std::string::npos);
+  CHECK(run("server --certs /nonexistent --rounds 3 --warmup-rounds 3")
+            .find("warm-up rounds must be >= 0 and fewer than the rounds") != std::string::npos);
 }

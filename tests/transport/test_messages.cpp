@@ -2,9 +2,11 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "cleave/transport/message.h"
+#include "cleave/transport/protocol.h"
 #include "frame_bytes.h"
 #include "sample_messages.h"
 
@@ -326,5 +328,16 @@ TEST_CASE("tensor data or shapes that are not aligned for in-place reads are ref
     const std::string why = refusal(std::move(frame));
     CAPTURE(why);
     CHECK(why.find("misaligned shape") != std::string::npos);
+  }
+}
+
+TEST_CASE("a round start with a negative or non-finite learning rate is refused") {
+  for (const float lr : {-0.1f, std::numeric_limits<float>::quiet_NaN()}) {
+    round_start_desc r;
+    r.round = 1;
+    r.local_steps = 5;
+    r.learning_rate = lr;
+    auto b = make_round_start(r);
+    CHECK(refusal(aligned_copy(b.frame())).find("learning rate is not a finite number >= 0") != std::string::npos);
   }
 }
