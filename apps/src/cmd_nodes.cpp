@@ -19,7 +19,7 @@
 
 #include "cleave/backend/registry.h"
 #include "cleave/device/agent.h"
-#include "cleave/server/edge_node.h"
+#include "cleave/edge/edge_node.h"
 #include "cleave/server/server_node.h"
 #include "cleave/transport/certs.h"
 #include "commands.h"
@@ -43,21 +43,6 @@ std::pair<std::string, std::uint16_t> host_port(const std::string& s, const char
   }
   if (port < 0 || port > 65535) throw core::error(std::string(option) + " '" + s + "': bad port");
   return {s.substr(0, colon), static_cast<std::uint16_t>(port)};
-}
-
-// Stops a node on SIGINT / SIGTERM: the signals are blocked in every thread (call this before
-// the node starts its threads) and taken by one thread with sigwait, where stop() is safe.
-template <class Node>
-void stop_on_signals(Node& node) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::thread([set, &node] {
-    int sig = 0;
-    if (sigwait(&set, &sig) == 0) node.stop();
-  }).detach();
 }
 
 // "512M", "2G", "1048576" -> bytes; names the option in errors.
@@ -105,8 +90,15 @@ std::vector<std::string> parse_backend_list(const std::string& s, const char* op
   }
 }
 
+// --idle-timeout SECONDS -> the node's link settings (names the option in errors).
+void set_idle_timeout(runtime::link_settings& l, double seconds) {
+  if (!(seconds >= 0.5 && seconds <= 3600)) throw core::error("--idle-timeout: expected 0.5 to 3600 seconds");
+  l.idle_timeout = std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+}
+
 struct server_options {
   server::server_config c;
+  double idle_timeout = 10;
   std::string memory_budget;
   bool no_adapt = false;
   std::string listen = "127.0.0.1:7000";
@@ -114,13 +106,15 @@ struct server_options {
 };
 
 struct edge_options {
-  server::edge_config c;
+  edge::edge_config c;
+  double idle_timeout = 10;
   std::string memory_budget;
   std::string listen = "127.0.0.1:7100", upstream = "127.0.0.1:7000";
 };
 
 struct agent_options {
   device::agent_config c;
+  double idle_timeout = 10;
   std::string memory_budget;
   std::string connect = "127.0.0.1:7000", shard = "0/1";
 };
@@ -148,8 +142,9 @@ void run_server(server_options& o) {
   o.c.lr_schedule = core::parse_schedule_kind(o.lr_schedule);
   if (!o.memory_budget.empty()) o.c.memory_budget = parse_bytes(o.memory_budget, "--memory-budget");
   o.c.adaptive = !o.no_adapt;
+  set_idle_timeout(o.c.links, o.idle_timeout);
   server::server_node node(o.c);
-  stop_on_signals(node);
+  node.stop_on_signals();
   node.run();
 }
 
@@ -161,8 +156,9 @@ void run_edge(edge_options& o) {
   o.c.upstream_host = uh;
   o.c.upstream_port = up;
   if (!o.memory_budget.empty()) o.c.memory_budget = parse_bytes(o.memory_budget, "--memory-budget");
-  server::edge_node node(o.c);
-  stop_on_signals(node);
+  set_idle_timeout(o.c.links, o.idle_timeout);
+  edge::edge_node node(o.c);
+  node.stop_on_signals();
   node.run();
 }
 
@@ -180,8 +176,9 @@ void run_agent(agent_options& o) {
   }
   if (o.c.name.empty()) o.c.name = "device-" + std::to_string(o.c.id);
   if (!o.memory_budget.empty()) o.c.memory_budget = parse_bytes(o.memory_budget, "--memory-budget");
+  set_idle_timeout(o.c.links, o.idle_timeout);
   device::agent node(o.c);
-  stop_on_signals(node);
+  node.stop_on_signals();
   node.run();
 }
 
@@ -376,13 +373,17 @@ void register_node_commands(CLI::App& app) {
   s->add_option("--micro-batches", so.c.micro_batches, "micro-batches per step (pipelined)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  s->add_option("--min-devices", so.c.min_devices, "devices to wait for before round 1")
+  s->add_option("--min-devices", so.c.min_devices, "devices connected before every round starts")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
   s->add_option("--deadline", so.c.round_deadline_s, "round deadline in seconds")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  s->add_option("--join-timeout", so.c.join_timeout_s, "seconds to wait for --min-devices")
+  s->add_flag("--exit-on-join-timeout", so.c.exit_on_join_timeout,
+              "end with an error when --min-devices are not connected within --join-timeout (default: keep waiting)");
+  s->add_option("--idle-timeout", so.idle_timeout, "seconds without a frame after which a link counts as lost")
+      ->capture_default_str();
+  s->add_option("--join-timeout", so.c.join_timeout_s, "seconds to wait for --min-devices before logging it")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   s->add_option("--seed", so.c.seed, "seed of the initial weights")->capture_default_str();
@@ -423,6 +424,8 @@ void register_node_commands(CLI::App& app) {
   e->add_option("--backend", eo.c.backend, "compute backend")->capture_default_str();
   e->add_option("--memory-budget", eo.memory_budget, "memory its blocks may use, e.g. 2G (default: half the RAM)");
   e->add_option("--schedule", eo.c.schedule, "emulated link changes by round (text or file)");
+  e->add_option("--idle-timeout", eo.idle_timeout, "seconds without a frame after which a link counts as lost")
+      ->capture_default_str();
   e->add_option("--profile-every", eo.c.profile_every, "device steps between profiles sent upstream")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
@@ -447,6 +450,8 @@ void register_node_commands(CLI::App& app) {
   a->add_option("--schedule", ao.c.schedule,
                 "emulated changes by round (text or file), e.g. 'at 3 link device-2 edge-1 10Mbit/s 40ms; at 2 "
                 "slowdown device-2 4'");
+  a->add_option("--idle-timeout", ao.idle_timeout, "seconds without a frame after which a link counts as lost")
+      ->capture_default_str();
   a->add_option("--profile-every", ao.c.profile_every, "steps between profiles sent upstream")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));

@@ -24,7 +24,7 @@
 #include "cleave/core/model.h"
 #include "cleave/core/plan.h"
 #include "cleave/device/agent.h"
-#include "cleave/server/edge_node.h"
+#include "cleave/edge/edge_node.h"
 #include "cleave/server/server_node.h"
 #include "cleave/transport/certs.h"
 
@@ -102,14 +102,14 @@ federation_result run(const scenario& sc, server::server_config c, const std::st
   server::server_node srv(c);
   std::thread ts([&] { srv.run(); });
   const std::uint16_t sp = port.get_future().get();
-  server::edge_config ec;
+  edge::edge_config ec;
   ec.certs = sc.certs;
   ec.port = 0;
   ec.upstream_port = sp;
   ec.backend = sc.backend;
   ec.schedule = schedule;
   ec.profile_every = 5 * n_devices;
-  server::edge_node en(ec);
+  edge::edge_node en(ec);
   std::thread te([&] { en.run(); });
   while (en.port() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::vector<std::unique_ptr<device::agent>> agents;

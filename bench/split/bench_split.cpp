@@ -15,7 +15,7 @@
 #include "cleave/backend/registry.h"
 #include "cleave/core/trainer.h"
 #include "cleave/device/agent.h"
-#include "cleave/server/edge_node.h"
+#include "cleave/edge/edge_node.h"
 #include "cleave/server/server_node.h"
 #include "cleave/transport/certs.h"
 
@@ -63,16 +63,16 @@ double split_ms_per_step(const std::string& be, const std::string& data, const f
   server::server_node srv(sc);
   std::thread ts([&] { srv.run(); });
   const std::uint16_t sp = port.get_future().get();
-  std::unique_ptr<server::edge_node> en;
+  std::unique_ptr<edge::edge_node> en;
   std::thread te;
   std::uint16_t up = sp;
   if (edge) {
-    server::edge_config ec;
+    edge::edge_config ec;
     ec.certs = certs;
     ec.port = 0;
     ec.upstream_port = sp;
     ec.backend = be;
-    en = std::make_unique<server::edge_node>(ec);
+    en = std::make_unique<edge::edge_node>(ec);
     te = std::thread([&] { en->run(); });
     while (en->port() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     up = en->port();

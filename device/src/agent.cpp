@@ -1,32 +1,22 @@
-// The device agent: an I/O thread runs the channel (connect, read, ordered sends, reconnect);
-// the calling thread trains, waiting on the events the I/O thread hands it.
+// The device agent on the node runtime: the I/O thread keeps the plan, the round and the link;
+// the compute thread draws batches and runs the device's segments through the segment runner.
 #include "cleave/device/agent.h"
 
 #include <spdlog/spdlog.h>
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/io_context.hpp>
-#include <asio/steady_timer.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <map>
 #include <optional>
-#include <thread>
-#include <variant>
 
 #include "cleave/backend/registry.h"
 #include "cleave/core/dataset.h"
 #include "cleave/core/partition.h"
-#include "cleave/core/pipeline.h"
-#include "cleave/core/profiler.h"
 #include "cleave/core/random.h"
-#include "cleave/transport/connect.h"
+#include "cleave/runtime/executors.h"
+#include "cleave/runtime/segment_runner.h"
 #include "cleave/transport/emulation.h"
-#include "cleave/transport/outbox.h"
 #include "cleave/transport/protocol.h"
-#include "cleave/transport/tensor_io.h"
-#include "event_queue.h"
 
 namespace cleave::device {
 
@@ -34,46 +24,42 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-struct connected {};
-struct disconnected {
-  std::string reason;
-};
-using event = std::variant<transport::message, connected, disconnected>;
-
 // The shard this device holds.
 core::shard pick_shard(const agent_config& c, const core::dataset& train) {
   if (c.n_shards < 1 || c.shard < 0 || c.shard >= c.n_shards)
     throw core::error("shard " + std::to_string(c.shard) + " of " + std::to_string(c.n_shards) + " does not exist");
   const std::string& p = c.partition;
+  auto number = [&](std::size_t at, const char* form) {
+    try {
+      return std::stod(p.substr(at));
+    } catch (...) {
+      throw core::error("partition '" + p + "': expected " + form);
+    }
+  };
   std::vector<core::shard> all;
   if (p == "all") {
     core::shard s(static_cast<std::size_t>(train.size()));
     for (std::int64_t i = 0; i < train.size(); ++i) s[static_cast<std::size_t>(i)] = i;
     return s;
   }
-  if (p == "iid") {
+  if (p == "iid")
     all = core::partition_iid(train.size(), c.n_shards, c.partition_seed);
-  } else if (p.rfind("dirichlet:", 0) == 0) {
-    double alpha = 0;
-    try {
-      alpha = std::stod(p.substr(10));
-    } catch (...) {
-      throw core::error("partition '" + p + "': expected dirichlet:ALPHA, e.g. dirichlet:0.5");
-    }
-    all = core::partition_dirichlet(train.y, train.n_classes, c.n_shards, alpha, c.partition_seed);
-  } else if (p.rfind("classes:", 0) == 0) {
-    int k = 0;
-    try {
-      k = std::stoi(p.substr(8));
-    } catch (...) {
-      throw core::error("partition '" + p + "': expected classes:K, e.g. classes:2");
-    }
-    all = core::partition_classes(train.y, train.n_classes, c.n_shards, k, c.partition_seed);
-  } else {
+  else if (p.rfind("dirichlet:", 0) == 0)
+    all = core::partition_dirichlet(train.y, train.n_classes, c.n_shards,
+                                    number(10, "dirichlet:ALPHA, e.g. dirichlet:0.5"), c.partition_seed);
+  else if (p.rfind("classes:", 0) == 0)
+    all = core::partition_classes(train.y, train.n_classes, c.n_shards,
+                                  static_cast<int>(number(8, "classes:K, e.g. classes:2")), c.partition_seed);
+  else
     throw core::error("partition '" + p + "': expected iid, dirichlet:ALPHA, classes:K or all");
-  }
   return all[static_cast<std::size_t>(c.shard)];
 }
+
+struct plan_state {
+  core::route route;
+  std::uint32_t epoch = 0;
+  std::uint32_t edge_id = 0;  // the edge on the route (0: none)
+};
 
 }  // namespace
 
@@ -83,95 +69,71 @@ std::uint64_t default_order_seed(std::uint64_t partition_seed, std::uint32_t id)
 
 class agent::impl {
  public:
-  explicit impl(agent_config c) : c_(std::move(c)) {
+  explicit impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_string(c_.id)), wake_(ex_.io()) {
     if (c_.id == 0) throw core::error("device id must be > 0");
     if (!(c_.slowdown >= 1.0)) throw core::error("slowdown must be >= 1");
     if (c_.order_seed == 0) c_.order_seed = default_order_seed(c_.partition_seed, c_.id);
   }
-
   int run();
-  void stop() {
-    stop_.store(true);
-    io_.stop();
-  }
+  void stop() { ex_.stop("stopped"); }
+  void stop_on_signals() { ex_.stop_on_signals(); }
 
  private:
   // ---- I/O thread ----
-  asio::awaitable<void> connect_loop();
-  void send(transport::message_builder&& m);
-
-  // ---- training thread ----
-  std::optional<event> next_event(std::chrono::milliseconds timeout = std::chrono::milliseconds(200));
-  // Handles an event that is not part of a step; returns false when the run is over.
-  bool handle(event& e);
+  void on_connected(const runtime::session_ptr& s);
+  void on_message(transport::message m);
+  void on_lost(const std::string& why);
   void on_plan(const wire::Plan& p);
-  void on_global_weights(const wire::GlobalWeights& g);
-  void run_round(const wire::RoundStart& r);
-  // Waits for the step's micro-batches to come back; false when the round was abandoned.
-  bool finish_step(std::uint64_t step, std::uint32_t n_micro_batches);
-  // Switches to the pending plan before `step`: hands over the blocks leaving this device, tells
-  // the route (Cutover), and waits for the blocks arriving; false when the round was abandoned.
-  bool cut_over(std::uint64_t step);
-  void on_migrate(const wire::Migrate& m);
-  void upload_replicas(std::uint64_t round, std::uint64_t n_samples);
-  // Runs f, timing it (and stretching it by the slowdown); seg >= 0 adds the time to that
-  // segment's share of the current step.
-  void timed_compute(const std::function<void()>& f, int seg = -1);
-  // Sends this device's current profile (with its link's measurements) upstream.
-  void send_profile(std::uint64_t step);
+  void on_global_weights(std::shared_ptr<transport::message> m);
+  void on_step(transport::message m);
+  asio::awaitable<void> run_round(std::uint64_t round, std::uint32_t steps, float lr, std::uint64_t gen);
+  // Switches to the pending plan before `step`: hands over the blocks leaving, tells the route
+  // (Cutover), waits for the blocks arriving. False when the round ended meanwhile.
+  asio::awaitable<bool> cut_over(std::uint64_t step, std::uint64_t gen);
+  bool over(std::uint64_t gen) const { return gen != round_gen_ || ex_.stopping(); }
+  void abandon(const std::string& why);
   void apply_schedule(std::uint64_t round);
+  void post(transport::message_builder&& m);
+
+  // ---- compute thread ----
+  void forward_step(const plan_state& p, std::uint64_t step);
   void next_batch(std::int64_t n, float* x, std::int32_t* y);
+  void send_profile(std::uint64_t step, std::uint32_t epoch, std::uint32_t up_id);
+  void upload_replicas(const core::route& r, std::uint64_t round, std::uint64_t n_samples,
+                       const transport::round_stats& stats);
 
   agent_config c_;
-  std::atomic<bool> stop_{false};
-  asio::io_context io_;
-  event_queue<event> events_;
+  runtime::executors ex_;
+  runtime::signal wake_;  // a micro-batch came back, blocks arrived, the round ended
+  std::optional<transport::tls_context> tls_;
+  std::optional<runtime::upstream> up_;
+  std::unique_ptr<core::backend> be_;
+  std::optional<runtime::segment_runner> runner_;
 
-  // I/O thread state.
-  transport::channel ch_;
-  std::shared_ptr<transport::outbox> out_;
-  std::mutex out_mu_;
+  // I/O thread.
+  core::model_spec model_;  // of the current plan
+  std::optional<plan_state> plan_, pending_;
+  std::uint32_t micro_batch_size_ = 0, n_micro_batches_ = 1;
+  std::uint64_t round_ = 0, round_gen_ = 0;
+  bool in_round_ = false;
+  std::uint32_t back_ = 0;  // micro-batches of the current step back through the bottom
+  int missing_ = 0;         // blocks of a re-split still to arrive
+  double loss_sum_ = 0;
+  std::uint64_t n_loss_ = 0, n_correct_ = 0;
+  int steps_since_profile_ = 0;
+  transport::emulation_schedule schedule_;
+  std::optional<transport::link_caps> caps_;
 
-  // Training thread state.
+  // Compute thread.
   core::dataset_split data_;
   core::shard shard_;
   std::int64_t position_ = 0;  // samples drawn from this device's data stream
   std::vector<std::int64_t> order_;
   std::int64_t order_epoch_ = -1;
-  std::unique_ptr<core::backend> be_;
-  core::model_spec model_;
-  std::string model_json_;
-  std::unique_ptr<core::segment_host> host_;
-  core::route route_;
-  bool have_plan_ = false;
-  std::uint32_t plan_epoch_ = 0;
-  std::uint32_t edge_id_ = 0;  // the edge on the route (0: none)
-  struct pending_plan {
-    core::route route;
-    std::uint32_t epoch = 0;
-    std::uint32_t edge_id = 0;
-  };
-  std::optional<pending_plan> pending_;  // a re-split waiting for the next step boundary
-  std::uint32_t micro_batch_size_ = 0, n_micro_batches_ = 1;
-  bool done_ = false;
-  // In U-shape the labels of each micro-batch in flight wait here for the top segment.
-  std::map<core::micro_batch_id, core::tensor> labels_;
-  std::uint64_t round_ = 0;
-  bool round_abandoned_ = false;
-  // Profiles: the blocks timed at start, rescaled by the steps as they run.
-  core::live_profile live_;
-  std::uint32_t profile_batch_ = 32;
+  std::map<core::micro_batch_id, core::tensor> labels_;  // U-shape: labels waiting for the top
   std::uint64_t memory_budget_ = 0;
-  std::map<int, double> seg_seconds_;  // this step's compute per device segment
-  int steps_since_profile_ = 0;
   std::mutex profile_mu_;
   std::optional<transport::node_profile> latest_profile_;  // sent again after a reconnect
-  transport::emulation_schedule schedule_;
-  std::optional<transport::link_caps> caps_;  // I/O thread: the emulated upstream link
-  // Round statistics.
-  double compute_s_ = 0;
-  double loss_sum_ = 0;
-  std::uint64_t n_loss_ = 0, n_correct_ = 0;
 };
 
 agent::agent(agent_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
@@ -182,119 +144,284 @@ int agent::run() {
 void agent::stop() {
   impl_->stop();
 }
-
-asio::awaitable<void> agent::impl::connect_loop() {
-  const transport::tls_context tls(transport::tls_files_in(c_.certs, c_.name));
-  double backoff = 0.2;
-  while (!stop_.load()) {
-    transport::connect_options opts;
-    if (!c_.upstream_name.empty()) opts.server_identity = c_.upstream_name;
-    auto r = co_await transport::connect(tls, c_.upstream_host, c_.upstream_port, opts);
-    if (!r) {
-      spdlog::warn("device {}: cannot reach {}:{}: {}; retrying in {:.1f} s", c_.id, c_.upstream_host, c_.upstream_port,
-                   r.error().reason(), backoff);
-      asio::steady_timer t(io_, std::chrono::milliseconds(static_cast<int>(backoff * 1000)));
-      co_await t.async_wait(asio::use_awaitable);
-      backoff = std::min(c_.reconnect_max_s, backoff * 2);
-      continue;
-    }
-    backoff = 0.2;
-    ch_ = std::move(r.value());
-    {
-      std::lock_guard lock(out_mu_);
-      out_ = std::make_shared<transport::outbox>(ch_);
-    }
-    spdlog::info("device {}: connected to {} ({})", c_.id, ch_.peer_identity(), ch_.remote());
-    transport::hello_info h;
-    h.role = transport::node_role::device;
-    h.node_id = c_.id;
-    h.name = c_.name;
-    h.n_samples = static_cast<std::uint64_t>(shard_.size());
-    send(transport::make_hello(h));
-    if (caps_) ch_.emulator().set(*caps_);
-    {
-      std::lock_guard lock(profile_mu_);
-      if (latest_profile_) send(transport::make_profile(*latest_profile_, plan_epoch_, 0));
-    }
-    events_.push(connected{});
-    for (;;) {
-      auto m = co_await ch_.receive();
-      if (!m) {
-        events_.push(disconnected{m.error().reason()});
-        break;
-      }
-      events_.push(std::move(m.value()));
-    }
-    {
-      std::lock_guard lock(out_mu_);
-      out_.reset();
-    }
-    ch_ = transport::channel{};
-    if (done_ || stop_.load()) break;
-  }
+void agent::stop_on_signals() {
+  impl_->stop_on_signals();
 }
 
-void agent::impl::send(transport::message_builder&& m) {
+void agent::impl::post(transport::message_builder&& m) {
   if (c_.on_send) c_.on_send(m.frame());
-  std::lock_guard lock(out_mu_);
-  if (out_) out_->post(std::move(m));
+  up_->post(std::move(m));
 }
 
-std::optional<event> agent::impl::next_event(std::chrono::milliseconds timeout) {
-  return events_.pop(timeout);
+void agent::impl::on_connected(const runtime::session_ptr& s) {
+  transport::hello_info h;
+  h.role = transport::node_role::device;
+  h.node_id = c_.id;
+  h.name = c_.name;
+  h.n_samples = static_cast<std::uint64_t>(shard_.size());
+  post(transport::make_hello(h));
+  if (caps_) s->ch.emulator().set(*caps_);
+  std::lock_guard lock(profile_mu_);
+  if (latest_profile_) post(transport::make_profile(*latest_profile_, plan_ ? plan_->epoch : 0, 0));
 }
 
-void agent::impl::timed_compute(const std::function<void()>& f, int seg) {
-  const auto t0 = clock::now();
-  f();
-  be_->synchronize();
-  const double secs = std::chrono::duration<double>(clock::now() - t0).count();
-  compute_s_ += secs;
-  if (seg >= 0) seg_seconds_[seg] += secs * c_.slowdown;
-  if (c_.slowdown > 1.0) {
-    // Emulates a board this many times slower: wait for the extra time it would have taken.
-    std::this_thread::sleep_for(std::chrono::duration<double>(secs * (c_.slowdown - 1.0)));
-    compute_s_ += secs * (c_.slowdown - 1.0);
-  }
+void agent::impl::on_lost(const std::string& why) {
+  spdlog::warn("device {}: link lost: {}", c_.id, why);
+  // What was in flight went with the link; the server counts this device out of the round.
+  abandon("the link was lost");
 }
 
-void agent::impl::send_profile(std::uint64_t step) {
-  auto prof = transport::current_profile(live_, c_.id, profile_batch_, be_->name(), memory_budget_);
-  {
-    std::lock_guard lock(profile_mu_);
-    latest_profile_ = prof;
-  }
-  steps_since_profile_ = 0;
-  // The link's figures live on the I/O thread.
-  asio::post(io_, [this, prof = std::move(prof), epoch = plan_epoch_, step, up = edge_id_]() mutable {
-    if (!ch_) return;
-    const auto st = ch_.stats();
-    prof.links.push_back(
-        {up, static_cast<float>(transport::link_rtt_us(st)), static_cast<float>(transport::link_bytes_per_second(st))});
-    send(transport::make_profile(prof, epoch, step));
+void agent::impl::abandon(const std::string& why) {
+  if (in_round_) spdlog::warn("device {}: round {} abandoned: {}", c_.id, round_, why);
+  ++round_gen_;
+  in_round_ = false;
+  wake_.notify();
+  ex_.post_compute([this] {
+    if (runner_->has_model()) runner_->discard(c_.id);
+    labels_.clear();
   });
 }
 
-void agent::impl::apply_schedule(std::uint64_t round) {
-  for (const auto& ev : schedule_.at(static_cast<int>(round), c_.name)) {
-    if (ev.what == transport::emulation_event::kind::slowdown) {
-      c_.slowdown = ev.slowdown;
-      spdlog::info("device {}: {}", c_.id, ev.str());
-      continue;
+void agent::impl::on_message(transport::message m) {
+  switch (m.type()) {
+    case wire::Body::Plan:
+      on_plan(*m.as<wire::Plan>());
+      return;
+    case wire::Body::GlobalWeights:
+      on_global_weights(std::make_shared<transport::message>(std::move(m)));
+      return;
+    case wire::Body::RoundStart: {
+      const auto& r = *m.as<wire::RoundStart>();
+      if (r.device_id() != 0 && r.device_id() != c_.id) return;
+      if (!plan_) {
+        spdlog::warn("device {}: round {} started before a plan arrived; skipping it", c_.id, r.round());
+        return;
+      }
+      if (in_round_) abandon("round " + std::to_string(r.round()) + " started");
+      ex_.spawn(run_round(r.round(), r.local_steps(), r.learning_rate(), ++round_gen_), "a round");
+      return;
     }
-    const std::string up = c_.upstream_name.empty() ? "*" : c_.upstream_name;
-    if (!transport::name_matches(ev.b, up) && ev.b != "*") continue;
-    spdlog::info("device {}: {}", c_.id, ev.str());
-    asio::post(io_, [this, caps = ev.caps] {
-      caps_ = caps;
-      if (ch_) ch_.emulator().set(caps);
+    case wire::Body::Activations:
+    case wire::Body::Gradients:
+      on_step(std::move(m));
+      return;
+    case wire::Body::Migrate: {
+      const auto* mg = m.as<wire::Migrate>();
+      if (mg->device_id() != c_.id || transport::tier_of(mg->to_role()) != core::tier::device)
+        throw core::error("Migrate for device " + std::to_string(mg->device_id()) + " reached device " +
+                          std::to_string(c_.id));
+      if (!plan_ || mg->epoch() != plan_->epoch) return;  // of a plan that is over
+      auto held = std::make_shared<transport::message>(std::move(m));
+      ex_.post_compute([this, held] {
+        runner_->install(c_.id, *held->as<wire::Migrate>());
+        ex_.post_io([this, n = runner_->host().n_missing(c_.id)] {
+          missing_ = n;
+          wake_.notify();
+        });
+      });
+      return;
+    }
+    case wire::Body::Error: {
+      const auto& err = *m.as<wire::Error>();
+      const std::string text = err.message() ? err.message()->str() : "";
+      if (err.code() == wire::ErrorCode::shutting_down) {
+        ex_.stop(text.empty() ? "training finished" : text);
+        return;
+      }
+      spdlog::warn("device {}: upstream error: {}", c_.id, text);
+      return;
+    }
+    default:
+      return;  // Welcome, heartbeats
+  }
+}
+
+void agent::impl::on_plan(const wire::Plan& p) {
+  const std::string json = p.model() ? p.model()->str() : "";
+  if (json != model_.json) {
+    auto m = core::parse_model_spec(json, "plan");
+    if (!(m.input == data_.train.item) || m.n_classes < data_.train.n_classes) {
+      ex_.fail(std::make_exception_ptr(core::error("the server's model takes " + m.input.str() + " inputs and " +
+                                                   std::to_string(m.n_classes) + " classes; this device's data has " +
+                                                   data_.train.item.str() + " and " +
+                                                   std::to_string(data_.train.n_classes))),
+               "joining");
+      return;
+    }
+    model_ = std::move(m);
+  }
+  plan_state next{transport::route_for(p, c_.id, model_.n_blocks()), p.epoch(), 0};
+  for (const auto* dp : *p.devices())
+    if (dp->device_id() == c_.id && dp->stages())
+      for (const auto* st : *dp->stages())
+        if (st->role() == wire::Role::edge) next.edge_id = st->node_id();
+  if (p.resplit() && plan_) {
+    if (p.epoch() <= plan_->epoch)
+      throw core::error("re-split to plan " + std::to_string(p.epoch()) + ", not newer than " +
+                        std::to_string(plan_->epoch));
+    pending_ = next;  // switched at the next step boundary
+    return;
+  }
+  // A new plan (a join or a rejoin): segments start from the seed; the global weights follow.
+  if (in_round_) abandon("a new plan arrived");
+  pending_.reset();
+  const bool reprofile = p.micro_batch_size() != micro_batch_size_;
+  micro_batch_size_ = p.micro_batch_size();
+  n_micro_batches_ = std::max(1u, p.n_micro_batches());
+  plan_ = next;
+  spdlog::info("device {}: plan {}: {} (batch {} x {})", c_.id, next.epoch, next.route.str(), micro_batch_size_,
+               n_micro_batches_);
+  ex_.post_compute([this, json, training = transport::training_of(p), next, reprofile, mbs = micro_batch_size_] {
+    const bool fresh = runner_->set_model(json, training);
+    runner_->discard(c_.id, true);
+    for (int seg : next.route.segments_on(core::tier::device)) runner_->host().host(c_.id, next.route, seg);
+    // Every block timed on this board before training, so the server's plan is informed from
+    // the first round.
+    if (fresh || reprofile) {
+      runner_->profile(mbs, training);
+      send_profile(0, next.epoch, next.edge_id);
+    }
+  });
+}
+
+void agent::impl::on_global_weights(std::shared_ptr<transport::message> m) {
+  const auto& g = *m->as<wire::GlobalWeights>();
+  if (!plan_) return;
+  // Weights of a round closed while this device was still in it: it missed the deadline.
+  if (in_round_ && g.round() >= round_) abandon("the server closed it without this device");
+  ex_.post_compute([this, m, r = plan_->route] {
+    const auto& g = *m->as<wire::GlobalWeights>();
+    const auto w = transport::weights_of(g, runner_->model());
+    runner_->load(c_.id, r, w.params, w.buffers);
+    if (g.round() > 0)
+      spdlog::info("device {}: global weights of round {} installed (test accuracy {:.4f})", c_.id, g.round(),
+                   g.test_accuracy());
+  });
+}
+
+void agent::impl::on_step(transport::message m) {
+  const bool grad = m.type() == wire::Body::Gradients;
+  const std::uint32_t epoch = grad ? m.as<wire::Gradients>()->epoch() : m.as<wire::Activations>()->epoch();
+  const std::uint32_t dev = grad ? m.as<wire::Gradients>()->device_id() : m.as<wire::Activations>()->device_id();
+  if (!in_round_ || !plan_ || epoch != plan_->epoch || dev != c_.id) return;  // of a round or plan that is over
+  auto held = std::make_shared<transport::message>(std::move(m));
+  const std::uint64_t gen = round_gen_;
+  auto task = [this, held, gen, r = plan_->route, epoch] {
+    const auto* a = held->as<wire::Activations>();
+    std::map<core::micro_batch_id, core::tensor>::iterator lab;
+    if (a) {  // U-shape: the top segment, with the labels kept here
+      lab = labels_.find({a->step(), a->micro_batch()});
+      if (lab == labels_.end()) return;  // of a step abandoned
+    }
+    const core::tier from = a ? r.path[r.path.size() - 2] : r.path[1];
+    auto res = runner_->run(c_.id, r, epoch, from, *held, a ? &lab->second : nullptr);
+    if (a) labels_.erase(lab);
+    const bool back = !res.out;  // a gradient through the bottom: the micro-batch is done
+    if (res.out) post(std::move(*res.out));
+    ex_.post_io([this, gen, back, here = res.loss_here, loss = res.loss, n = res.n_samples, ok = res.n_correct] {
+      if (gen != round_gen_) return;
+      if (here || (back && !plan_->route.u_shape())) {
+        loss_sum_ += loss * static_cast<double>(n);
+        n_loss_ += static_cast<std::uint64_t>(n);
+        n_correct_ += ok;
+      }
+      if (back) ++back_;
+      wake_.notify();
     });
+  };
+  ex_.post_compute([this, task = std::move(task)] { runner_->submit(c_.id, task); });
+}
+
+asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t steps, float lr, std::uint64_t gen) {
+  round_ = round;
+  in_round_ = true;
+  apply_schedule(round);
+  loss_sum_ = 0;
+  n_loss_ = n_correct_ = 0;
+  const auto t0 = clock::now();
+  if (lr > 0) ex_.post_compute([this, lr] { runner_->host().set_learning_rate(c_.id, lr); });  // 0: the plan's rate
+  auto reset_clock = [this] { return runner_->take_compute_seconds(); };
+  co_await ex_.compute(std::move(reset_clock));
+  std::uint64_t n_samples = 0;
+  for (std::uint32_t i = 0; i < steps && !over(gen); ++i) {
+    const std::uint64_t step = round * steps + i;
+    if (pending_ && !co_await cut_over(step, gen)) break;
+    back_ = 0;
+    auto forward = [this, p = *plan_, step] {
+      forward_step(p, step);
+      return 0;
+    };
+    co_await ex_.compute(std::move(forward));
+    const std::uint32_t n_mb = n_micro_batches_;
+    co_await wake_.wait_until([&] { return back_ >= n_mb || over(gen); });
+    if (over(gen)) break;
+    n_samples += static_cast<std::uint64_t>(micro_batch_size_) * n_mb;
+    if (++steps_since_profile_ >= c_.profile_every) {
+      steps_since_profile_ = 0;
+      ex_.post_compute([this, step, p = *plan_] { send_profile(step, p.epoch, p.edge_id); });
+    }
+  }
+  if (over(gen)) co_return;
+  in_round_ = false;
+  const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+  transport::round_stats stats;
+  // The loss is reported by whoever computed it: here only in U-shape.
+  if (plan_->route.u_shape()) stats = {0, 0, 0, loss_sum_, n_loss_, n_correct_};
+  auto upload = [this, p = *plan_, round, steps, n_samples, stats]() mutable {
+    stats.compute_us = static_cast<std::uint64_t>(runner_->take_compute_seconds() * 1e6);
+    upload_replicas(p.route, round, n_samples, stats);
+    send_profile(round * steps + steps, p.epoch, p.edge_id);
+    return static_cast<double>(stats.compute_us) * 1e-6;
+  };
+  const double compute = co_await ex_.compute(std::move(upload));
+  spdlog::info("device {}: round {}: {} steps in {:.1f} s (compute {:.1f} s), loss {:.4f}", c_.id, round, steps, secs,
+               compute, n_loss_ ? loss_sum_ / static_cast<double>(n_loss_) : 0.0);
+}
+
+asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t gen) {
+  const auto t0 = clock::now();
+  const plan_state next = *pending_, from = *plan_;
+  pending_.reset();
+  const transport::migrate_desc md{next.epoch, step, c_.id, next.edge_id, core::tier::device, c_.id};
+  auto switch_plan = [this, from, next, md, step] {
+    auto moved = runner_->rehost(c_.id, from.route, next.route, md);
+    for (auto& [to, msg] : moved) post(std::move(msg));
+    post(transport::make_cutover(c_.id, next.epoch, step));
+    return std::pair{moved.size(), runner_->host().n_missing(c_.id)};
+  };
+  const auto n = co_await ex_.compute(std::move(switch_plan));
+  plan_ = next;
+  missing_ = n.second;
+  // The blocks coming down from the edge or the server.
+  co_await wake_.wait_until([&] { return missing_ == 0 || over(gen); });
+  if (over(gen)) co_return false;
+  spdlog::info("device {}: plan {} from step {}: {} -> {} ({} block range{} sent, {:.1f} ms)", c_.id, next.epoch, step,
+               from.route.str(), next.route.str(), n.first, n.first == 1 ? "" : "s",
+               std::chrono::duration<double, std::milli>(clock::now() - t0).count());
+  co_return true;
+}
+
+void agent::impl::forward_step(const plan_state& p, std::uint64_t step) {
+  const std::uint32_t mbs = micro_batch_size_, n_mb = n_micro_batches_;
+  const std::int64_t per = data_.train.item.numel();
+  std::vector<float> xb(static_cast<std::size_t>(mbs * n_mb * per));
+  std::vector<std::int32_t> yb(static_cast<std::size_t>(mbs * n_mb));
+  next_batch(mbs * n_mb, xb.data(), yb.data());
+  auto& be = runner_->backend();
+  for (std::uint32_t mb = 0; mb < n_mb; ++mb) {
+    const auto n = static_cast<std::int64_t>(mbs);
+    core::tensor x = be.empty(model_.input.batched(n));
+    core::tensor y = be.empty({n}, core::dtype::i32);
+    be.upload(x, xb.data() + mb * mbs * per);
+    be.upload(y, yb.data() + mb * mbs);
+    if (p.route.u_shape()) labels_[{step, mb}] = y;
+    auto res = runner_->run_input(c_.id, p.route, p.epoch, {step, mb}, x, y, {mbs * n_mb, n_mb});
+    if (res.out) post(std::move(*res.out));
   }
 }
 
 void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
   const auto size = static_cast<std::int64_t>(shard_.size());
-  const std::int64_t per = data_.train.item.numel();
   for (std::int64_t i = 0; i < n; ++i, ++position_) {
     const std::int64_t epoch = position_ / size;
     if (epoch != order_epoch_) {  // a new pass over the shard: its own shuffled order
@@ -302,378 +429,78 @@ void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
       order_epoch_ = epoch;
     }
     const std::int64_t idx = shard_[static_cast<std::size_t>(order_[static_cast<std::size_t>(position_ % size)])];
-    data_.train.gather(&idx, 1, x + i * per, y + i);
+    data_.train.gather(&idx, 1, x + i * data_.train.item.numel(), y + i);
   }
 }
 
-void agent::impl::on_plan(const wire::Plan& p) {
-  const std::string model = p.model() ? p.model()->str() : "";
-  if (model != model_json_) {
-    model_ = core::parse_model_spec(model, "plan");
-    if (!(model_.input == data_.train.item) || model_.n_classes < data_.train.n_classes)
-      throw core::error("the server's model takes " + model_.input.str() + " inputs and " +
-                        std::to_string(model_.n_classes) + " classes; this device's data has " +
-                        data_.train.item.str() + " and " + std::to_string(data_.train.n_classes));
-    model_json_ = model;
+void agent::impl::send_profile(std::uint64_t step, std::uint32_t epoch, std::uint32_t up_id) {
+  auto prof = runner_->snapshot(memory_budget_);
+  {
+    std::lock_guard lock(profile_mu_);
+    latest_profile_ = prof;
   }
-  const auto training = transport::training_of(p);
-  const core::route r = transport::route_for(p, c_.id, model_.n_blocks());
-  std::uint32_t edge = 0;
-  for (const auto* dp : *p.devices())
-    if (dp->device_id() == c_.id && dp->stages())
-      for (const auto* st : *dp->stages())
-        if (st->role() == wire::Role::edge) edge = st->node_id();
-  if (p.resplit() && host_ && have_plan_) {
-    if (p.epoch() <= plan_epoch_)
-      throw core::error("re-split to plan " + std::to_string(p.epoch()) + ", not newer than " +
-                        std::to_string(plan_epoch_));
-    pending_ = pending_plan{r, p.epoch(), edge};
-    spdlog::debug("device {}: plan {} ({}) waits for the next step boundary", c_.id, p.epoch(), r.str());
-    return;
+  if (const auto s = up_->current()) {
+    const auto st = s->ch.stats();
+    prof.links.push_back({up_id, static_cast<float>(transport::link_rtt_us(st)),
+                          static_cast<float>(transport::link_bytes_per_second(st))});
   }
-  pending_.reset();
-  edge_id_ = edge;
-  // A new model or micro-batch size: time the blocks (again).
-  const bool profile = p.micro_batch_size() != micro_batch_size_ || live_.n_blocks() != model_.n_blocks();
-  micro_batch_size_ = p.micro_batch_size();
-  n_micro_batches_ = std::max(1u, p.n_micro_batches());
-  if (profile) {
-    // Every block timed on this board before training (stretched by the emulated slowdown), so
-    // the server's plan is informed from the first round.
-    const auto t0 = clock::now();
-    core::profile_options po;
-    po.batch = static_cast<int>(std::max(1u, micro_batch_size_));
-    po.seed = training.seed;
-    auto base = core::profile_blocks(*be_, model_, training.opt, po);
-    double total = 0;
-    for (auto& b : base) {
-      b.forward_seconds *= c_.slowdown;
-      b.backward_seconds *= c_.slowdown;
-      total += b.forward_seconds + b.backward_seconds;
-    }
-    live_ = core::live_profile(std::move(base));
-    profile_batch_ = static_cast<std::uint32_t>(po.batch);
-    spdlog::info("device {}: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", c_.id,
-                 model_.n_blocks(), be_->name(), std::chrono::duration<double>(clock::now() - t0).count(), total * 1e3,
-                 po.batch);
-    send_profile(0);
-  }
-  if (!host_ || !have_plan_ || !(r == route_)) {
-    // New or changed segments start from the plan's seed; the global weights follow.
-    host_ = std::make_unique<core::segment_host>(*be_, model_, training.opt, training.seed);
-    for (int seg : r.segments_on(core::tier::device)) host_->host(c_.id, r, seg);
-  }
-  route_ = r;
-  plan_epoch_ = p.epoch();
-  have_plan_ = true;
-  spdlog::info("device {}: plan {}: {} (batch {} x {})", c_.id, plan_epoch_, route_.str(), micro_batch_size_,
-               n_micro_batches_);
+  post(transport::make_profile(prof, epoch, step));
 }
 
-void agent::impl::on_global_weights(const wire::GlobalWeights& g) {
-  if (!have_plan_) return;
-  const auto w = transport::weights_of(g, model_);
-  for (int seg : route_.segments_on(core::tier::device))
-    transport::install(host_->stage_of(c_.id, seg), w.params, w.buffers);
-  if (g.round() > 0 || g.test_accuracy() > 0)
-    spdlog::info("device {}: global weights of round {} installed (test accuracy {:.4f})", c_.id, g.round(),
-                 g.test_accuracy());
-}
-
-bool agent::impl::handle(event& e) {
-  if (auto* d = std::get_if<disconnected>(&e)) {
-    if (done_) return false;
-    spdlog::warn("device {}: link lost: {}", c_.id, d->reason);
-    if (host_) host_->discard_pending(c_.id);
-    labels_.clear();
-    return true;
-  }
-  if (std::holds_alternative<connected>(e)) return true;
-  const auto& m = std::get<transport::message>(e);
-  switch (m.type()) {
-    case wire::Body::Welcome:
-      return true;
-    case wire::Body::Plan:
-      on_plan(*m.as<wire::Plan>());
-      return true;
-    case wire::Body::GlobalWeights:
-      on_global_weights(*m.as<wire::GlobalWeights>());
-      return true;
-    case wire::Body::Migrate:
-      on_migrate(*m.as<wire::Migrate>());
-      return true;
-    case wire::Body::RoundStart: {
-      const auto& r = *m.as<wire::RoundStart>();
-      if (r.device_id() == 0 || r.device_id() == c_.id) run_round(r);
-      return true;
-    }
-    case wire::Body::Error: {
-      const auto& err = *m.as<wire::Error>();
-      const std::string text = err.message() ? err.message()->str() : "";
-      if (err.code() == wire::ErrorCode::shutting_down) {
-        spdlog::info("device {}: {}", c_.id, text.empty() ? "training finished" : text);
-        done_ = true;
-        return false;
-      }
-      spdlog::warn("device {}: upstream error: {}", c_.id, text);
-      return true;
-    }
-    default:
-      spdlog::debug("device {}: ignoring {} outside a step", c_.id, transport::describe(m));
-      return true;
-  }
-}
-
-void agent::impl::run_round(const wire::RoundStart& r) {
-  if (!have_plan_) {
-    spdlog::warn("device {}: round {} started before a plan arrived; skipping it", c_.id, r.round());
-    return;
-  }
-  round_ = r.round();
-  round_abandoned_ = false;
-  apply_schedule(round_);
-  if (r.learning_rate() > 0) host_->set_learning_rate(c_.id, r.learning_rate());  // 0: the plan's rate
-  compute_s_ = 0;
-  loss_sum_ = 0;
-  n_loss_ = n_correct_ = 0;
-  const auto t0 = clock::now();
-  const std::uint32_t steps = r.local_steps();
-  const std::uint32_t mbs = micro_batch_size_, n_mb = n_micro_batches_;
-  const std::int64_t per = data_.train.item.numel();
-  std::vector<float> xb(static_cast<std::size_t>(mbs * n_mb * per));
-  std::vector<std::int32_t> yb(static_cast<std::size_t>(mbs * n_mb));
-  const core::shape in = model_.input;
-  std::uint64_t n_samples = 0;
-  for (std::uint32_t i = 0; i < steps && !round_abandoned_ && !stop_.load(); ++i) {
-    const std::uint64_t step = round_ * steps + i;
-    if (pending_ && !cut_over(step)) break;
-    next_batch(mbs * n_mb, xb.data(), yb.data());
-    for (std::uint32_t mb = 0; mb < n_mb; ++mb) {
-      const core::micro_batch_id id{step, mb};
-      const auto n = static_cast<std::int64_t>(mbs);
-      core::tensor x = be_->empty(in.batched(n));
-      core::tensor y = be_->empty({n}, core::dtype::i32);
-      be_->upload(x, xb.data() + mb * mbs * per);
-      be_->upload(y, yb.data() + mb * mbs);
-      core::segment_output out;
-      timed_compute(
-          [&] {
-            out = host_->forward(c_.id, 0, id, x, y, 1.0f / static_cast<float>(n_mb), n_mb,
-                                 core::hash32(static_cast<std::uint32_t>(step), mb));
-          },
-          0);
-      if (route_.u_shape()) labels_[id] = y;
-      const transport::step_key key{plan_epoch_, step, mb, c_.id, static_cast<std::uint32_t>(route_.end(0))};
-      send(transport::make_activations(key, {mbs * n_mb, n_mb}, *be_, out.value, route_.u_shape() ? nullptr : &y));
-    }
-    if (!finish_step(step, n_mb)) break;
-    n_samples += mbs * n_mb;
-    // What this step's device segments took, in micro-batches of the profiled size.
-    for (const auto& [seg, secs] : seg_seconds_)
-      if (route_.begin(seg) < route_.end(seg))
-        live_.observe(route_.begin(seg), route_.end(seg), secs * profile_batch_ / mbs, static_cast<int>(n_mb));
-    seg_seconds_.clear();
-    if (++steps_since_profile_ >= c_.profile_every) send_profile(step);
-  }
-  labels_.clear();
-  if (round_abandoned_ || stop_.load()) {
-    host_->discard_pending(c_.id);
-    return;
-  }
-  const double secs = std::chrono::duration<double>(clock::now() - t0).count();
-  spdlog::info("device {}: round {}: {} steps in {:.1f} s (compute {:.1f} s), loss {:.4f}", c_.id, round_, steps, secs,
-               compute_s_, n_loss_ ? loss_sum_ / static_cast<double>(n_loss_) : 0.0);
-  upload_replicas(round_, n_samples);
-  send_profile(round_ * steps + steps);
-}
-
-bool agent::impl::finish_step(std::uint64_t step, std::uint32_t n_micro_batches) {
-  std::uint32_t back = 0;
-  const int top = route_.n_segments() - 1;
-  while (back < n_micro_batches) {
-    if (stop_.load()) return false;
-    auto e = next_event();
-    if (!e) continue;
-    auto* m = std::get_if<transport::message>(&*e);
-    if (!m) {
-      handle(*e);
-      if (std::holds_alternative<disconnected>(*e)) {
-        round_abandoned_ = true;
-        return false;
-      }
-      continue;
-    }
-    if (const auto* g = m->as<wire::Gradients>()) {
-      if (g->step() != step || g->epoch() != plan_epoch_ || g->device_id() != c_.id ||
-          g->block() != static_cast<std::uint32_t>(route_.end(0))) {
-        spdlog::debug("device {}: dropping stale {}", c_.id, transport::describe(*m));
-        continue;
-      }
-      const core::micro_batch_id id{step, g->micro_batch()};
-      core::tensor dy = transport::to_backend(*be_, transport::view_of(*g->gradient()));
-      timed_compute([&] { host_->backward(c_.id, 0, id, dy); }, 0);
-      if (!route_.u_shape()) {
-        loss_sum_ += static_cast<double>(g->loss()) * dy.shape()[0];
-        n_loss_ += static_cast<std::uint64_t>(dy.shape()[0]);
-        n_correct_ += g->n_correct();
-      }
-      ++back;
-      continue;
-    }
-    if (const auto* a = m->as<wire::Activations>(); a && route_.u_shape()) {
-      const core::micro_batch_id id{a->step(), a->micro_batch()};
-      const auto lab = labels_.find(id);
-      if (a->step() != step || a->epoch() != plan_epoch_ || lab == labels_.end() ||
-          a->block() != static_cast<std::uint32_t>(route_.begin(top))) {
-        spdlog::debug("device {}: dropping stale {}", c_.id, transport::describe(*m));
-        continue;
-      }
-      core::tensor x = transport::to_backend(*be_, transport::view_of(*a->activation()));
-      core::segment_output out;
-      timed_compute(
-          [&] {
-            out = host_->forward(c_.id, top, id, x, lab->second, 1.0f / static_cast<float>(n_micro_batches),
-                                 n_micro_batches, core::hash32(static_cast<std::uint32_t>(step), id.micro_batch));
-          },
-          top);
-      loss_sum_ += static_cast<double>(out.loss) * x.shape()[0];
-      n_loss_ += static_cast<std::uint64_t>(x.shape()[0]);
-      n_correct_ += out.n_correct;
-      labels_.erase(lab);
-      const transport::step_key key{plan_epoch_, step, id.micro_batch, c_.id,
-                                    static_cast<std::uint32_t>(route_.begin(top))};
-      send(transport::make_gradients(key, *be_, out.value, out.loss, out.n_correct));
-      continue;
-    }
-    if (const auto* gw = m->as<wire::GlobalWeights>(); gw && gw->round() >= round_) {
-      // The server closed this round without us (we missed its deadline).
-      spdlog::warn("device {}: round {} closed before this device finished; rejoining with the global weights", c_.id,
-                   round_);
-      on_global_weights(*gw);
-      round_abandoned_ = true;
-      return false;
-    }
-    if (!handle(*e)) {
-      round_abandoned_ = true;
-      return false;
-    }
-  }
-  return true;
-}
-
-bool agent::impl::cut_over(std::uint64_t step) {
-  const auto t0 = clock::now();
-  const pending_plan next = *pending_;
-  pending_.reset();
-  const core::route from = route_;
-  std::vector<core::block_state> lost;
-  timed_compute([&] { lost = host_->rehost(c_.id, from, next.route, core::tier::device); });
-  const transport::migrate_desc md{next.epoch, step, c_.id, next.edge_id, core::tier::device, c_.id};
-  for (const auto& st : lost) send(transport::make_migrate(md, next.route, st));
-  send(transport::make_cutover(c_.id, next.epoch, step));
-  route_ = next.route;
-  plan_epoch_ = next.epoch;
-  edge_id_ = next.edge_id;
-  // The blocks coming down from the edge or the server.
-  while (host_->n_missing(c_.id) > 0) {
-    if (stop_.load()) return false;
-    auto e = next_event();
-    if (!e) continue;
-    const bool link_lost = std::holds_alternative<disconnected>(*e);
-    if (!handle(*e) || link_lost) {
-      round_abandoned_ = true;
-      return false;
-    }
-  }
-  spdlog::info("device {}: plan {} from step {}: {} -> {} ({} block range{} sent, {:.1f} ms)", c_.id, plan_epoch_, step,
-               from.str(), route_.str(), lost.size(), lost.size() == 1 ? "" : "s",
-               std::chrono::duration<double, std::milli>(clock::now() - t0).count());
-  return true;
-}
-
-void agent::impl::on_migrate(const wire::Migrate& m) {
-  if (m.device_id() != c_.id || transport::tier_of(m.to_role()) != core::tier::device)
-    throw core::error("Migrate for device " + std::to_string(m.device_id()) + " reached device " +
-                      std::to_string(c_.id));
-  if (m.epoch() != plan_epoch_) {
-    spdlog::debug("device {}: dropping blocks of plan {} (now {})", c_.id, m.epoch(), plan_epoch_);
-    return;
-  }
-  core::block_state st = transport::block_state_of(m, model_);
-  timed_compute([&] { host_->install_blocks(c_.id, std::move(st)); });
-}
-
-void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples) {
-  const auto segs = route_.segments_on(core::tier::device);
+void agent::impl::upload_replicas(const core::route& r, std::uint64_t round, std::uint64_t n_samples,
+                                  const transport::round_stats& stats) {
+  const auto segs = r.segments_on(core::tier::device);
+  const std::uint32_t me = c_.id;
   for (std::size_t i = 0; i < segs.size(); ++i) {
-    const int seg = segs[i];
     transport::replica_desc d;
     d.round = round;
     d.node_id = c_.id;
-    d.first_block = static_cast<std::uint32_t>(route_.begin(seg));
-    d.end_block = static_cast<std::uint32_t>(route_.end(seg));
+    d.first_block = static_cast<std::uint32_t>(r.begin(segs[i]));
+    d.end_block = static_cast<std::uint32_t>(r.end(segs[i]));
     d.n_samples = n_samples;
-    const std::uint32_t me = c_.id;
     d.devices = std::span(&me, 1);
     d.final_part = i + 1 == segs.size();
-    if (d.final_part) {
-      d.stats.compute_us = static_cast<std::uint64_t>(compute_s_ * 1e6);
-      // The loss is reported by whoever computed it: here only in U-shape.
-      if (route_.u_shape()) {
-        d.stats.loss_sum = loss_sum_;
-        d.stats.n_loss = n_loss_;
-        d.stats.n_correct = n_correct_;
-      }
+    if (d.final_part) d.stats = stats;
+    core::stage& st = runner_->host().stage_of(c_.id, segs[i]);
+    post(transport::make_replica_upload(d, runner_->backend(), st.params(), st.buffers()));
+  }
+}
+
+void agent::impl::apply_schedule(std::uint64_t round) {
+  for (const auto& ev : schedule_.at(static_cast<int>(round), c_.name)) {
+    spdlog::info("device {}: {}", c_.id, ev.str());
+    if (ev.what == transport::emulation_event::kind::slowdown) {
+      ex_.post_compute([this, s = ev.slowdown] { runner_->set_slowdown(s); });
+      continue;
     }
-    core::stage& st = host_->stage_of(c_.id, seg);
-    send(transport::make_replica_upload(d, *be_, st.params(), st.buffers()));
+    if (!transport::name_matches(ev.b, c_.upstream_name.empty() ? "*" : c_.upstream_name) && ev.b != "*") continue;
+    caps_ = ev.caps;
+    if (const auto s = up_->current()) s->ch.emulator().set(ev.caps);
   }
 }
 
 int agent::impl::run() {
   schedule_ = transport::parse_schedule(c_.schedule);  // configuration errors first
+  tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
   data_ = core::load_dataset(c_.data);
   shard_ = pick_shard(c_, data_.train);
   memory_budget_ = c_.memory_budget ? c_.memory_budget : core::default_memory_budget();
+  runner_.emplace(*be_, core::tier::device, c_.id, c_.slowdown);
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_.size(),
                c_.data, c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());
-  asio::co_spawn(io_, connect_loop(), [](std::exception_ptr e) {
-    if (e) std::rethrow_exception(e);
+  up_.emplace(ex_, *tls_, c_.upstream_host, c_.upstream_port, c_.upstream_name, c_.links,
+              runtime::upstream::handlers{[this](const runtime::session_ptr& s) { on_connected(s); },
+                                          [this](transport::message m) { on_message(std::move(m)); },
+                                          [this](const std::string& why) { on_lost(why); }});
+  ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
+    spdlog::info("device {}: {}", c_.id, why);
+    ++round_gen_;
+    wake_.notify();
+    co_await up_->shutdown();
   });
-  std::exception_ptr io_error;
-  std::thread io_thread([&] {
-    try {
-      io_.run();
-    } catch (...) {
-      io_error = std::current_exception();
-      events_.push(disconnected{"I/O thread failed"});
-      stop_.store(true);
-    }
-  });
-  try {
-    while (!stop_.load()) {
-      auto e = next_event();
-      if (!e) continue;
-      if (!handle(*e)) break;
-    }
-  } catch (...) {
-    io_.stop();
-    io_thread.join();
-    throw;
-  }
-  // Let queued messages (the last uploads) go out, then close.
-  asio::post(io_, [this] {
-    asio::co_spawn(
-        io_,
-        [this]() -> asio::awaitable<void> {
-          if (ch_) co_await ch_.close();
-          io_.stop();
-        },
-        asio::detached);
-  });
-  io_thread.join();
-  if (io_error) std::rethrow_exception(io_error);
+  ex_.spawn(up_->run(), "the upstream link");
+  ex_.run();
   return 0;
 }
 

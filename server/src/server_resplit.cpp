@@ -13,24 +13,12 @@ void server_node::impl::propose(std::uint32_t device, const core::route& r, cons
   d.next_epoch = ++plan_epoch_;
   spdlog::info("server: re-split device {} ({}): {} -> {} (plan {})", device, why, d.route.str(), r.str(),
                d.next_epoch);
-  d.via->out->post(plan_message(device, true));
+  d.via->post(plan_message(device, true));
 }
 
-void server_node::impl::migration_failed(const std::shared_ptr<peer>& p, std::uint32_t dev, const std::string& why) {
-  asio::post(io_, [this, p, dev, why] {
-    if (p->role == transport::node_role::device)
-      drop_peer(p, why);  // the device itself sent the bad blocks
-    else
-      device_gone(dev, why);  // its edge did: that device's training stops, the edge's others go on
-  });
-}
-
-void server_node::impl::on_cutover(const std::shared_ptr<peer>& p, const wire::Cutover& c) {
+void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cutover& c) {
   const std::uint32_t dev = c.device_id();
-  const auto it = devices_.find(dev);
-  if (it == devices_.end() || it->second.via != p || !it->second.connected)
-    throw core::error("Cutover for device " + std::to_string(dev) + ", which is not attached through " + p->identity);
-  auto& d = it->second;
+  auto& d = attached(dev, s, "Cutover");
   if (!d.next || c.epoch() != d.next_epoch)
     throw core::error("Cutover of device " + std::to_string(dev) + " to plan " + std::to_string(c.epoch()) +
                       ", which was not announced");
@@ -38,41 +26,48 @@ void server_node::impl::on_cutover(const std::shared_ptr<peer>& p, const wire::C
   d.route = to;
   d.epoch = d.next_epoch;
   d.next.reset();
-  if (round_open_) ++n_resplits_;
+  if (round_.at == phase::collecting) ++round_.n_resplits;
   d.measured = false;
-  const std::uint32_t epoch = d.epoch;
-  const std::uint64_t step = c.step();
-  const std::uint32_t edge = d.behind_edge ? d.via->id : 0;
-  auto out = p->out;
-  asio::post(work_, [this, dev, from, to, epoch, step, edge, out, p] {
+  const transport::migrate_desc md{d.epoch, c.step(), dev, d.behind_edge ? s->id : 0, core::tier::server, 0};
+  ex_.post_compute([this, s, dev, from, to, md] {
     try {
-      const transport::migrate_desc md{epoch, step, dev, edge, core::tier::server, 0};
-      for (const auto& bs : host_->rehost(dev, from, to, core::tier::server))
-        out->post(transport::make_migrate(md, to, bs));
-      held_.release(*host_, dev);
+      for (auto& [tier, msg] : runner_->rehost(dev, from, to, md)) s->post(std::move(msg));
     } catch (const core::error& e) {
-      migration_failed(p, dev, e.what());
+      device_failed(s, dev, e.what());
     }
   });
 }
 
-void server_node::impl::on_profile(const std::shared_ptr<peer>& p, const wire::Profile& m) {
+void server_node::impl::on_migrate(const runtime::session_ptr& s, transport::message m) {
+  const std::uint32_t dev = m.as<wire::Migrate>()->device_id();
+  attached(dev, s, "Migrate");
+  if (transport::tier_of(m.as<wire::Migrate>()->to_role()) != core::tier::server)
+    throw core::error("Migrate not addressed to the server");
+  auto held = std::make_shared<transport::message>(std::move(m));
+  ex_.post_compute([this, s, dev, held] {
+    try {
+      runner_->install(dev, *held->as<wire::Migrate>());
+    } catch (const core::error& e) {
+      device_failed(s, dev, e.what());
+    }
+  });
+}
+
+void server_node::impl::on_profile(const runtime::session_ptr& s, const wire::Profile& m) {
   auto prof = transport::profile_of(m, model_.n_blocks());
   if (!book_) return;  // not splitting adaptively
   const std::uint32_t node = m.node_id();
   const node_key server{transport::node_role::server, 0};
   std::string about;
-  if (p->role == transport::node_role::device || node != p->id) {
+  if (s->role == transport::node_role::device || node != s->id) {
     // A device's own profile, directly or relayed by its edge.
-    const auto it = devices_.find(node);
-    if (it == devices_.end() || it->second.via != p)
-      throw core::error("profile of device " + std::to_string(node) + ", which is not attached through " + p->identity);
+    auto& d = attached(node, s, "profile");
     const node_key dk{transport::node_role::device, node};
-    const node_key up = it->second.behind_edge ? node_key{transport::node_role::edge, p->id} : server;
+    const node_key up = d.behind_edge ? node_key{transport::node_role::edge, s->id} : server;
     for (const auto& l : prof.links) book_->report_link(dk, up, l.rtt_us * 1e-6, l.bandwidth_bytes_per_s);
     about = "device " + std::to_string(node);
     book_->set_profile(dk, std::move(prof));
-    it->second.measured = true;
+    d.measured = true;
   } else {
     const node_key ek{transport::node_role::edge, node};
     for (const auto& l : prof.links) {
@@ -85,6 +80,12 @@ void server_node::impl::on_profile(const std::shared_ptr<peer>& p, const wire::P
   maybe_replan("profile of " + about);
 }
 
+void server_node::impl::publish_profile() {
+  ex_.post_io([this, snap = runner_->snapshot(memory_budget_)]() mutable {
+    if (book_) book_->set_profile({transport::node_role::server, 0}, std::move(snap));
+  });
+}
+
 std::vector<profile_book::device_entry> server_node::impl::planned_devices() const {
   std::vector<profile_book::device_entry> out;
   for (const auto& [id, d] : devices_)
@@ -92,11 +93,11 @@ std::vector<profile_book::device_entry> server_node::impl::planned_devices() con
   return out;
 }
 
-double server_node::impl::predicted_step(const std::vector<std::uint32_t>& ids) {
+double server_node::impl::predicted_step(const std::set<std::uint32_t>& ids) {
   if (!book_) return 0;
   std::vector<profile_book::device_entry> devs;
   for (const auto& e : planned_devices())
-    if (std::find(ids.begin(), ids.end(), e.id) != ids.end()) devs.push_back(e);
+    if (ids.count(e.id)) devs.push_back(e);
   std::string missing;
   const auto prob = book_->problem(devs, missing);
   if (!prob || devs.empty()) return 0;
@@ -110,17 +111,16 @@ double server_node::impl::predicted_step(const std::vector<std::uint32_t>& ids) 
 }
 
 void server_node::impl::maybe_replan(const std::string& why) {
-  if (!c_.adaptive || c_.mode != training_mode::splitfed || stopping_ || !book_) return;
+  if (!c_.adaptive || c_.mode != training_mode::splitfed || ex_.stopping() || !book_) return;
   const auto devs = planned_devices();
   if (devs.empty()) return;
   // One re-split at a time, and the next only once every device has been measured under it.
   for (const auto& e : devs)
     if (devices_.at(e.id).next || !devices_.at(e.id).measured) return;
   // This side's view of its links.
-  for (const auto& p : peers_) {
-    if (!p->alive) continue;
-    const auto st = p->ch.stats();
-    book_->report_link({transport::node_role::server, 0}, {p->role, p->id}, transport::link_rtt_us(st) * 1e-6,
+  for (const auto& s : acceptor_->sessions()) {
+    const auto st = s->ch.stats();
+    book_->report_link({transport::node_role::server, 0}, {s->role, s->id}, transport::link_rtt_us(st) * 1e-6,
                        transport::link_bytes_per_second(st));
   }
   std::string missing;
@@ -135,7 +135,7 @@ void server_node::impl::maybe_replan(const std::string& why) {
   try {
     const auto t0 = clock::now();
     best = core::plan_best(*prob);
-    planner_s_ = std::max(planner_s_, std::chrono::duration<double>(clock::now() - t0).count());
+    round_.planner_s = std::max(round_.planner_s, std::chrono::duration<double>(clock::now() - t0).count());
   } catch (const core::error& e) {
     spdlog::warn("server: no plan fits ({}): {}", why, e.what());
     return;
@@ -161,26 +161,9 @@ void server_node::impl::maybe_replan(const std::string& why) {
   }
 }
 
-void server_node::impl::reprofile_if_idle() {
-  if (n_observed_ != n_observed_mark_) {
-    n_observed_mark_ = n_observed_;
-    return;
-  }
-  // No block of the model ran here: without fresh timings the plans would rest on the figures
-  // of the start, whatever the load has become since.
-  core::profile_options po;
-  po.batch = static_cast<int>(profile_batch_);
-  po.seed = c_.seed;
-  live_ = core::live_profile(core::profile_blocks(*be_, model_, c_.opt, po));
-  auto snap = transport::current_profile(live_, 0, profile_batch_, be_->name(), memory_budget_);
-  asio::post(io_, [this, snap = std::move(snap)]() mutable {
-    book_->set_profile({transport::node_role::server, 0}, std::move(snap));
-  });
-}
-
-void server_node::impl::apply_caps(const std::shared_ptr<peer>& p) {
+void server_node::impl::apply_caps(const runtime::session_ptr& s) {
   for (const auto& ev : link_events_)
-    if (transport::name_matches(ev.b, p->identity)) p->ch.emulator().set(ev.caps);
+    if (transport::name_matches(ev.b, s->identity)) s->ch.emulator().set(ev.caps);
 }
 
 void server_node::impl::apply_schedule(std::uint64_t round) {
@@ -189,26 +172,9 @@ void server_node::impl::apply_schedule(std::uint64_t round) {
     if (ev.what != transport::emulation_event::kind::link) continue;
     spdlog::info("server: {}", ev.str());
     link_events_.push_back(ev);
-    for (const auto& p : peers_)
-      if (p->alive && transport::name_matches(ev.b, p->identity)) p->ch.emulator().set(ev.caps);
+    for (const auto& s : acceptor_->sessions())
+      if (transport::name_matches(ev.b, s->identity)) s->ch.emulator().set(ev.caps);
   }
-}
-
-void server_node::impl::on_migrate(const std::shared_ptr<peer>& p, const wire::Migrate& m) {
-  const std::uint32_t dev = m.device_id();
-  const auto it = devices_.find(dev);
-  if (it == devices_.end() || it->second.via != p || !it->second.connected)
-    throw core::error("Migrate for device " + std::to_string(dev) + ", which is not attached through " + p->identity);
-  if (transport::tier_of(m.to_role()) != core::tier::server) throw core::error("Migrate not addressed to the server");
-  auto st = std::make_shared<core::block_state>(transport::block_state_of(m, model_));
-  asio::post(work_, [this, dev, st, p] {
-    try {
-      host_->install_blocks(dev, std::move(*st));
-      held_.release(*host_, dev);
-    } catch (const core::error& e) {
-      migration_failed(p, dev, e.what());
-    }
-  });
 }
 
 }  // namespace cleave::server

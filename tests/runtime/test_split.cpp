@@ -65,7 +65,7 @@ struct plan_shape {
   bool edge, u_shape;
 };
 
-std::uint16_t wait_port(server::edge_node& e) {
+std::uint16_t wait_port(edge::edge_node& e) {
   for (int i = 0; i < 1000 && e.port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return e.port();
 }
@@ -79,18 +79,18 @@ std::vector<float> run_federation(const workspace& w, const std::string& be, ser
   server::server_node srv(sc);
   runner rs([&] { srv.run(); });
   const std::uint16_t sp = port.get_future().get();
-  std::unique_ptr<server::edge_node> en;
+  std::unique_ptr<edge::edge_node> en;
   std::unique_ptr<runner> re;
   std::uint16_t up = sp;
   std::string up_name = "server";
   if (edge) {
-    server::edge_config ec;
+    edge::edge_config ec;
     ec.certs = w.certs;
     ec.name = "edge-1";
     ec.port = 0;
     ec.upstream_port = sp;
     ec.backend = be;
-    en = std::make_unique<server::edge_node>(ec);
+    en = std::make_unique<edge::edge_node>(ec);
     re = std::make_unique<runner>([&] { en->run(); });
     up = wait_port(*en);
     up_name = "edge-1";

@@ -7,6 +7,7 @@
 #include <asio/detached.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/experimental/as_tuple.hpp>
+#include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cstring>
@@ -111,6 +112,11 @@ void channel_impl::wake_all() {
 void channel_impl::begin_close(const std::string& reason) {
   if (closing_ || closed_) return;
   closing_ = true;
+  {
+    std::lock_guard lock(post_mu_);
+    post_closed_ = true;
+  }
+  post_cv_.notify_all();
   set_reason(errc::closed, reason);
   auto weak = weak_from_this();
   close_watchdog_ = std::make_unique<watchdog>(ex_, opts_.close_timeout, [weak] {
@@ -143,6 +149,11 @@ void channel_impl::finish() {
     code = close_code_;
   }
   open_.store(false);
+  {
+    std::lock_guard lock(post_mu_);
+    post_closed_ = true;
+  }
+  post_cv_.notify_all();
   const auto level = (code == errc::closed) ? spdlog::level::info : spdlog::level::warn;
   logger()->log(level, "channel {} closed: {} (sent {} msgs / {} B, received {} msgs / {} B)", peer_label(*stream_),
                 reason, messages_sent_.load(), bytes_sent_.load(), messages_received_.load(), bytes_received_.load());
@@ -163,6 +174,39 @@ asio::awaitable<status> channel_impl::send(flatbuffers::DetachedBuffer frame) {
   bytes_in_flight_.store(bytes_queued_);
   writer_wake_.notify();
   co_return status{};
+}
+
+bool channel_impl::post(flatbuffers::DetachedBuffer frame) {
+  const std::size_t size = frame.size();
+  if (size < frame_header_bytes || size - frame_header_bytes > opts_.limits.max_frame_bytes) return false;
+  {
+    std::unique_lock lock(post_mu_);
+    // The I/O thread never waits on itself: it may go over the bound by one message.
+    const auto* io = ex_.target<asio::io_context::executor_type>();
+    if (!(io && io->running_in_this_thread()))
+      post_cv_.wait(lock, [&] {
+        return post_closed_ || posted_bytes_ == 0 || posted_bytes_ + size <= opts_.max_bytes_in_flight;
+      });
+    if (post_closed_) return false;
+    posted_bytes_ += size;
+  }
+  auto buf = std::make_shared<flatbuffers::DetachedBuffer>(std::move(frame));
+  asio::dispatch(ex_, [self = shared_from_this(), buf, size] {
+    if (self->closing_ || self->closed_) return self->posted_written(size);
+    self->data_q_.push_back(outgoing{std::move(*buf), clock::now(), true});
+    self->bytes_queued_ += size;
+    self->bytes_in_flight_.store(self->bytes_queued_);
+    self->writer_wake_.notify();
+  });
+  return true;
+}
+
+void channel_impl::posted_written(std::size_t bytes) {
+  {
+    std::lock_guard lock(post_mu_);
+    posted_bytes_ -= std::min(posted_bytes_, bytes);
+  }
+  post_cv_.notify_all();
 }
 
 void channel_impl::queue_control(message_builder&& m) {
@@ -388,6 +432,7 @@ asio::awaitable<void> channel_impl::writer(std::shared_ptr<channel_impl> self) {
       if (root->body_type() == wire::Body::Pong) --pongs_queued_;
       control_q_.pop_front();
     } else {
+      if (data_q_.front().posted) posted_written(size);
       data_q_.pop_front();
       bytes_queued_ -= size;
       bytes_in_flight_.store(bytes_queued_);
@@ -439,6 +484,10 @@ channel& channel::operator=(channel&& other) noexcept {
     impl_ = std::move(other.impl_);
   }
   return *this;
+}
+
+bool channel::post(message_builder&& m) const {
+  return impl_ && impl_->post(m.release());
 }
 
 asio::awaitable<status> channel::send(message_builder&& m) {

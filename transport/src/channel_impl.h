@@ -8,6 +8,7 @@
 #include <asio/steady_timer.hpp>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -57,6 +58,7 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
 
   void start();
   asio::awaitable<status> send(flatbuffers::DetachedBuffer frame);
+  bool post(flatbuffers::DetachedBuffer frame);  // thread-safe
   asio::awaitable<result<message>> receive();
   asio::awaitable<void> close();
   // Starts a clean close without waiting for it.
@@ -80,6 +82,7 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   struct outgoing {
     flatbuffers::DetachedBuffer buf;
     clock::time_point queued;
+    bool posted = false;  // counted in posted_bytes_
   };
 
   asio::awaitable<void> reader(std::shared_ptr<channel_impl> self);
@@ -101,6 +104,13 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   net_emulator emulator_;
 
   std::deque<outgoing> data_q_;
+  // Bytes posted from any thread and not yet written: posters off the executor wait on post_cv_
+  // while it is over the bound.
+  std::mutex post_mu_;
+  std::condition_variable post_cv_;
+  std::size_t posted_bytes_ = 0;
+  bool post_closed_ = false;
+  void posted_written(std::size_t bytes);
   std::deque<outgoing> control_q_;
   std::size_t bytes_queued_ = 0;
   std::deque<message> inbox_;

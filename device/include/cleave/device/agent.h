@@ -12,6 +12,8 @@
 #include <span>
 #include <string>
 
+#include "cleave/runtime/sessions.h"
+
 namespace cleave::device {
 
 struct agent_config {
@@ -34,7 +36,7 @@ struct agent_config {
   // Compute made this many times slower (sleeping in proportion to measured compute time),
   // to emulate a weaker board.
   double slowdown = 1.0;
-  double reconnect_max_s = 5.0;  // backoff cap between reconnection attempts
+  runtime::link_settings links;  // idle timeout of the link, reconnection backoff cap
   // Emulated heterogeneity by round (see transport/emulation.h): this device's slowdown and its
   // link to the upstream node. Text or a file.
   std::string schedule;
@@ -51,11 +53,14 @@ class agent {
   agent(const agent&) = delete;
   agent& operator=(const agent&) = delete;
 
-  // Trains until the server ends the run; returns 0, or throws core::error on a fatal
-  // configuration problem (data, certificates, backend).
+  // Trains until the server ends the run or the process is told to stop (stop(), SIGINT or
+  // SIGTERM with stop_on_signals); returns 0, or throws core::error on a fatal configuration
+  // problem (data, certificates, backend, a model its data does not fit).
   int run();
   // Thread-safe: ends run() soon.
   void stop();
+  // SIGINT and SIGTERM end run() cleanly (call before run()).
+  void stop_on_signals();
 
  private:
   class impl;

@@ -15,6 +15,7 @@
 
 #include "cleave/core/optimizer.h"
 #include "cleave/core/plan.h"
+#include "cleave/runtime/sessions.h"
 
 namespace cleave::server {
 
@@ -59,9 +60,11 @@ struct server_config {
   int local_steps = 50;
   int batch = 64;
   int micro_batches = 1;
-  int min_devices = 1;  // devices connected before the first round starts
+  int min_devices = 1;  // devices connected before every round starts
   double round_deadline_s = 120;
-  double join_timeout_s = 120;  // waiting for min_devices
+  double join_timeout_s = 120;        // waiting for min_devices: then log and keep waiting...
+  bool exit_on_join_timeout = false;  // ...or end run() with an error
+  runtime::link_settings links;       // idle timeout of every channel
   std::uint64_t seed = 1;
   // Optimizer settings of every replica. Its learning rate is the peak of a per-round schedule:
   // every node trains round r at lr_schedule's rate for step r - 1 of `rounds` (constant: opt.lr;
@@ -97,6 +100,8 @@ class server_node {
   // (certificates, data, no devices joined in time).
   round_report run();
   void stop();  // thread-safe
+  // SIGINT and SIGTERM end run() cleanly (call before run()).
+  void stop_on_signals();
 
   // The global model after run(): flat parameters and state.
   const std::vector<float>& global_params() const;

@@ -83,6 +83,12 @@ class channel {
   // message may exceed that bound). Fails when the channel is closed or the message exceeds
   // the peer-side frame limit this channel was given (limits.max_frame_bytes).
   asio::awaitable<status> send(message_builder&& m);
+  // Thread-safe: queues a finished message behind everything posted or sent before. Called off
+  // the channel's executor it blocks while more than max_bytes_in_flight are queued, until the
+  // writer drains or the channel closes (backpressure reaches the producing thread); on the
+  // executor it never blocks. False, and the message dropped, once the channel is closing or
+  // when the message exceeds the frame limit.
+  bool post(message_builder&& m) const;
   // The next message, verified and decoded; fails once the channel is closed and every
   // message that arrived before has been taken. One receiver at a time.
   asio::awaitable<result<message>> receive();

@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
-namespace cleave::server {
+#include "cleave/runtime/sessions.h"
+
+namespace cleave::edge {
 
 struct edge_config {
   std::filesystem::path certs;
@@ -22,7 +24,7 @@ struct edge_config {
   std::uint16_t upstream_port = 7000;
   std::string upstream_name = "server";
   std::string backend = "auto";
-  double reconnect_max_s = 5.0;
+  runtime::link_settings links;     // idle timeout of its channels, reconnection backoff cap
   std::string schedule;             // emulated heterogeneity of its links (transport/emulation.h)
   std::uint64_t memory_budget = 0;  // bytes its blocks may use (0: from the machine)
   int profile_every = 20;           // device steps between the profiles it sends upstream
@@ -37,7 +39,9 @@ class edge_node {
 
   // Serves until the server ends the run. Throws core::error on fatal configuration problems.
   int run();
-  void stop();                 // thread-safe
+  void stop();  // thread-safe
+  // SIGINT and SIGTERM end run() cleanly (call before run()).
+  void stop_on_signals();
   std::uint16_t port() const;  // after listening started
 
  private:
@@ -45,4 +49,4 @@ class edge_node {
   std::unique_ptr<impl> impl_;
 };
 
-}  // namespace cleave::server
+}  // namespace cleave::edge

@@ -1,0 +1,529 @@
+// The edge node on the node runtime: devices below (an acceptor), the server above (an upstream
+// link); the I/O thread relays and keeps the books, the segment runner computes.
+#include "cleave/edge/edge_node.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <map>
+
+#include "cleave/backend/registry.h"
+#include "cleave/core/aggregate.h"
+#include "cleave/runtime/executors.h"
+#include "cleave/runtime/segment_runner.h"
+#include "cleave/transport/emulation.h"
+#include "cleave/transport/protocol.h"
+
+namespace cleave::edge {
+
+using clock = std::chrono::steady_clock;
+
+class edge_node::impl {
+ public:
+  explicit impl(edge_config c) : c_(std::move(c)), ex_("edge " + std::to_string(c_.id)), flush_timer_(ex_.io()) {}
+  int run();
+  void stop() { ex_.stop("stopped"); }
+  void stop_on_signals() { ex_.stop_on_signals(); }
+  std::atomic<std::uint16_t> port_{0};
+
+ private:
+  struct device_state {
+    runtime::session_ptr s;        // its current session (null: not connected here)
+    std::vector<std::byte> hello;  // passed on to the server again after a reconnect
+    core::route route;
+    std::uint32_t epoch = 0;
+    std::optional<core::route> next;  // a re-split waiting for the device's Cutover
+    std::uint32_t next_epoch = 0;
+    bool planned = false, expected = false, done = false;
+    std::uint64_t n_samples = 0;  // its upload's, this round
+  };
+
+  // Server side.
+  void on_upstream_connected(const runtime::session_ptr& s);
+  void on_server(transport::message m);
+  void on_plan(const transport::message& m);
+  void on_round_start(const wire::RoundStart& r);
+  // Device side.
+  void on_hello(const runtime::session_ptr& s, const transport::message& hello);
+  void on_device(const runtime::session_ptr& s, transport::message m);
+  void on_device_closed(const runtime::session_ptr& s, const std::string& why);
+  void on_replica(device_state& d, const wire::ReplicaUpload& r);
+  void on_cutover(device_state& d, const transport::message& m);
+  // Both: a step message for `dev` from tier `from`, run on the compute thread.
+  void step(std::uint32_t dev, transport::message m, core::tier from);
+  void relay_down(std::uint32_t dev, const transport::message& m);
+  void send_profile(transport::node_profile prof);
+  void apply_schedule(std::uint64_t round);
+  void maybe_flush(bool deadline);
+  asio::awaitable<void> flush(std::vector<std::uint32_t> done, std::uint64_t round);
+
+  edge_config c_;
+  runtime::executors ex_;
+  std::optional<transport::tls_context> tls_;
+  std::optional<runtime::upstream> up_;
+  std::optional<runtime::acceptor> below_;
+  std::unique_ptr<core::backend> be_;
+  std::optional<runtime::segment_runner> runner_;  // compute thread
+  std::string model_json_;
+  core::model_spec model_;
+  std::uint64_t memory_budget_ = 0;
+  int n_steps_ = 0;  // compute thread: device steps seen
+  std::optional<transport::node_profile> latest_profile_;
+  transport::emulation_schedule schedule_;
+  std::vector<transport::emulation_event> link_events_;
+  std::uint64_t schedule_round_ = 0;
+  std::map<std::uint32_t, device_state> devices_;
+
+  // The round being relayed.
+  std::uint64_t round_ = 0;
+  bool collecting_ = false, flushing_ = false;
+  std::unique_ptr<core::model_average> avg_;
+  clock::time_point last_progress_{};
+  std::chrono::milliseconds patience_{0};
+  asio::steady_timer flush_timer_;
+  transport::round_stats stats_;  // of the devices' uploads
+  std::uint64_t bytes_mark_ = 0;
+};
+
+edge_node::edge_node(edge_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
+edge_node::~edge_node() = default;
+int edge_node::run() {
+  return impl_->run();
+}
+void edge_node::stop() {
+  impl_->stop();
+}
+void edge_node::stop_on_signals() {
+  impl_->stop_on_signals();
+}
+std::uint16_t edge_node::port() const {
+  return impl_->port_.load();
+}
+
+void edge_node::impl::on_server(transport::message m) {
+  switch (m.type()) {
+    case wire::Body::Welcome: {
+      const auto* w = m.as<wire::Welcome>();
+      if (w->node_id() != c_.id) relay_down(w->node_id(), m);
+      return;
+    }
+    case wire::Body::Plan:
+      on_plan(m);
+      return;
+    case wire::Body::GlobalWeights: {
+      if (model_json_.empty()) return;  // no device here yet: nothing to install or pass on
+      const auto& g = *m.as<wire::GlobalWeights>();
+      transport::weights_of(g, model_);  // checked here, where a bad one drops the link
+      std::vector<std::pair<std::uint32_t, core::route>> targets;
+      for (auto& [id, d] : devices_)
+        if (d.planned && (g.device_id() == 0 || g.device_id() == id)) {
+          targets.emplace_back(id, d.route);
+          relay_down(id, m);
+        }
+      auto held = std::make_shared<transport::message>(std::move(m));
+      ex_.post_compute([this, targets, held] {
+        const auto w = transport::weights_of(*held->as<wire::GlobalWeights>(), runner_->model());
+        for (const auto& [id, r] : targets) runner_->load(id, r, w.params, w.buffers);
+      });
+      return;
+    }
+    case wire::Body::RoundStart:
+      apply_schedule(m.as<wire::RoundStart>()->round());
+      on_round_start(*m.as<wire::RoundStart>());
+      return;
+    case wire::Body::Migrate: {
+      const auto& mg = *m.as<wire::Migrate>();
+      const auto it = devices_.find(mg.device_id());
+      if (it == devices_.end() || !it->second.planned || !it->second.s) return;
+      const auto to = transport::tier_of(mg.to_role());
+      if (to == core::tier::server) throw core::error("Migrate from the server addressed to the server");
+      if (to == core::tier::device) return relay_down(mg.device_id(), m);
+      auto held = std::make_shared<transport::message>(std::move(m));
+      ex_.post_compute([this, held, s = it->second.s] {
+        try {
+          runner_->install(s->id, *held->as<wire::Migrate>());
+        } catch (const core::error& e) {
+          ex_.post_io([this, s, why = std::string(e.what())] { below_->close(s, why); });
+        }
+      });
+      return;
+    }
+    case wire::Body::Activations:
+      return step(m.as<wire::Activations>()->device_id(), std::move(m), core::tier::server);
+    case wire::Body::Gradients:
+      return step(m.as<wire::Gradients>()->device_id(), std::move(m), core::tier::server);
+    case wire::Body::Leave: {  // the server refused a device
+      const auto* l = m.as<wire::Leave>();
+      const auto it = devices_.find(l->node_id());
+      if (it == devices_.end() || !it->second.s) return;
+      it->second.s->post(transport::make_error(wire::ErrorCode::refused, l->reason() ? l->reason()->str() : ""));
+      below_->close(it->second.s, "refused by the server");
+      return;
+    }
+    case wire::Body::Error: {
+      const auto& e = *m.as<wire::Error>();
+      const std::string text = e.message() ? e.message()->str() : "";
+      if (e.code() == wire::ErrorCode::shutting_down) return ex_.stop(text);
+      spdlog::warn("edge {}: server reports: {}", c_.id, text);
+      return;
+    }
+    case wire::Body::Ping:
+    case wire::Body::Pong:
+      return;
+    default:
+      throw core::error("unexpected " + std::string(transport::body_name(m.type())));
+  }
+}
+
+void edge_node::impl::relay_down(std::uint32_t dev, const transport::message& m) {
+  const auto it = devices_.find(dev);
+  if (it != devices_.end() && it->second.s) it->second.s->post(transport::copy_of(m));
+}
+
+void edge_node::impl::on_plan(const transport::message& m) {
+  const auto& p = *m.as<wire::Plan>();
+  const std::string json = p.model() ? p.model()->str() : "";
+  const auto training = transport::training_of(p);
+  if (json != model_json_) {
+    model_ = core::parse_model_spec(json, "plan");
+    model_json_ = json;
+    ex_.post_compute([this, json, training, batch = p.micro_batch_size()] {
+      runner_->set_model(json, training);
+      runner_->profile(batch, training);
+      auto snap = runner_->snapshot(memory_budget_);
+      ex_.post_io([this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
+    });
+  }
+  for (const auto* dp : *p.devices()) {
+    const std::uint32_t id = dp->device_id();
+    const auto it = devices_.find(id);
+    if (it == devices_.end() || !it->second.s) continue;
+    const core::route r = transport::route_for(p, id, model_.n_blocks());
+    auto& st = it->second;
+    if (p.resplit() && st.planned) {
+      if (p.epoch() <= st.epoch) throw core::error("re-split of device " + std::to_string(id) + " to an old plan");
+      st.next = r;
+      st.next_epoch = p.epoch();
+    } else {
+      st.route = r;
+      st.epoch = p.epoch();
+      st.next.reset();
+      st.planned = true;
+      ex_.post_compute([this, id, r] {
+        runner_->discard(id, true);
+        for (int seg : r.segments_on(core::tier::edge)) runner_->host().host(id, r, seg);
+      });
+    }
+    st.s->post(transport::copy_of(m));
+  }
+}
+
+void edge_node::impl::on_round_start(const wire::RoundStart& r) {
+  if (r.round() != round_ || !collecting_) {
+    // A new round: the replicas of the devices here that are in it are pre-averaged.
+    if (round_ > 0)
+      ex_.post_compute([this] {
+        if (runner_->has_model() && runner_->reprofile_if_idle()) {
+          auto snap = runner_->snapshot(memory_budget_);
+          ex_.post_io([this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
+        }
+      });
+    round_ = r.round();
+    collecting_ = true;
+    flushing_ = false;
+    avg_ = std::make_unique<core::model_average>(model_);
+    stats_ = {};
+    bytes_mark_ = 0;
+    for (const auto& s : below_->sessions()) bytes_mark_ += s->ch.stats().bytes_sent + s->ch.stats().bytes_received;
+    for (auto& [id, d] : devices_) d.expected = d.done = false;
+    if (r.devices())
+      for (auto id : *r.devices())
+        if (const auto it = devices_.find(id); it != devices_.end() && it->second.s) it->second.expected = true;
+    patience_ = std::chrono::milliseconds(static_cast<long>(static_cast<double>(r.deadline_ms()) * 0.9));
+    ex_.post_compute([this] { runner_->take_compute_seconds(); });
+  }
+  last_progress_ = clock::now();
+  if (r.learning_rate() > 0)  // 0: the server keeps the plan's rate
+    ex_.post_compute([this, id = r.device_id(), lr = r.learning_rate()] { runner_->host().set_learning_rate(id, lr); });
+  const auto it = devices_.find(r.device_id());
+  if (it != devices_.end() && it->second.s) {
+    transport::round_start_desc rs{r.round(),     r.epoch(), r.local_steps(), r.deadline_ms(), r.learning_rate(),
+                                   r.device_id(), {}};
+    it->second.s->post(transport::make_round_start(rs));
+  }
+  // Flush at the latest when nothing has progressed for 90% of the server's deadline.
+  flush_timer_.expires_after(patience_);
+  flush_timer_.async_wait([this, round = round_](std::error_code ec) {
+    if (!ec && collecting_ && round_ == round && clock::now() - last_progress_ >= patience_) maybe_flush(true);
+  });
+}
+
+void edge_node::impl::on_hello(const runtime::session_ptr& s, const transport::message& hello) {
+  if (s->role != transport::node_role::device) throw core::error("only devices connect to an edge");
+  auto& d = devices_[s->id];
+  if (d.s) {
+    // The same device on a new connection: the old one is half-open or about to close.
+    if (d.s->identity != s->identity)
+      throw core::error("device id " + std::to_string(s->id) + " is already connected here as " + d.s->identity);
+    spdlog::warn("edge {}: device {} reconnected; its older connection is superseded", c_.id, s->id);
+    const auto old = d.s;
+    d.s = nullptr;
+    below_->close(old, "superseded by a newer connection");
+  }
+  d.s = s;
+  d.planned = d.expected = d.done = false;
+  d.hello.assign(hello.frame().begin(), hello.frame().end());
+  spdlog::info("edge {}: device {} ({}) connected", c_.id, s->id, s->identity);
+  for (const auto& ev : link_events_)
+    if (transport::name_matches(ev.b, s->identity)) s->ch.emulator().set(ev.caps);
+  up_->post(transport::copy_of(hello));
+}
+
+void edge_node::impl::on_device_closed(const runtime::session_ptr& s, const std::string& why) {
+  const auto it = devices_.find(s->id);
+  if (it == devices_.end() || it->second.s != s) return;  // a superseded connection: nothing changes
+  spdlog::warn("edge {}: device {} disconnected: {}", c_.id, s->id, why);
+  it->second.s = nullptr;
+  it->second.planned = false;
+  ex_.post_compute([this, id = s->id] {
+    if (runner_->has_model()) runner_->discard(id, true);
+  });
+  up_->post(transport::make_leave({s->id, why}));
+  maybe_flush(false);
+}
+
+void edge_node::impl::on_device(const runtime::session_ptr& s, transport::message m) {
+  auto& d = devices_.at(s->id);
+  switch (m.type()) {
+    case wire::Body::Activations:
+      if (m.as<wire::Activations>()->device_id() != s->id) throw core::error("step message for another device");
+      return step(s->id, std::move(m), core::tier::device);
+    case wire::Body::Gradients:
+      if (m.as<wire::Gradients>()->device_id() != s->id) throw core::error("step message for another device");
+      return step(s->id, std::move(m), core::tier::device);
+    case wire::Body::ReplicaUpload:
+      return on_replica(d, *m.as<wire::ReplicaUpload>());
+    case wire::Body::Migrate: {
+      const auto& mg = *m.as<wire::Migrate>();
+      if (mg.device_id() != s->id || transport::tier_of(mg.from_role()) != core::tier::device)
+        throw core::error("Migrate for another device");
+      const auto to = transport::tier_of(mg.to_role());
+      if (to == core::tier::device) throw core::error("Migrate from a device addressed to a device");
+      if (to == core::tier::server) {
+        up_->post(transport::copy_of(m));
+        return;
+      }
+      auto held = std::make_shared<transport::message>(std::move(m));
+      ex_.post_compute([this, held, s] {
+        try {
+          runner_->install(s->id, *held->as<wire::Migrate>());
+        } catch (const core::error& e) {
+          ex_.post_io([this, s, why = std::string(e.what())] { below_->close(s, why); });
+        }
+      });
+      return;
+    }
+    case wire::Body::Cutover:
+      return on_cutover(d, m);
+    case wire::Body::Profile:
+      if (m.as<wire::Profile>()->node_id() != s->id) throw core::error("profile of another node");
+      up_->post(transport::copy_of(m));
+      return;
+    default:
+      throw core::error("unexpected " + std::string(transport::body_name(m.type())) + " from a device");
+  }
+}
+
+void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) {
+  const auto devs = transport::devices_of(r);
+  if (devs.size() != 1 || devs[0] != d.s->id) throw core::error("a device may only upload its own replicas");
+  if (!collecting_ || flushing_ || r.round() != round_ || !d.expected || d.done) return;
+  const auto w = transport::replica_weights_of(r, model_);
+  if (r.n_samples() > 0)
+    avg_->add(static_cast<int>(r.first_block()), static_cast<int>(r.end_block()), static_cast<double>(r.n_samples()),
+              w.params, w.buffers);
+  if (!r.final_part()) return;
+  const auto s = transport::stats_of(r);
+  stats_.device_compute_us += s.compute_us;
+  stats_.loss_sum += s.loss_sum;
+  stats_.n_loss += s.n_loss;
+  stats_.n_correct += s.n_correct;
+  d.done = true;
+  d.n_samples = r.n_samples();
+  last_progress_ = clock::now();
+  maybe_flush(false);
+}
+
+void edge_node::impl::on_cutover(device_state& d, const transport::message& m) {
+  const auto& c = *m.as<wire::Cutover>();
+  if (c.device_id() != d.s->id || !d.next || c.epoch() != d.next_epoch)
+    throw core::error("Cutover to plan " + std::to_string(c.epoch()) + ", which was not announced");
+  const core::route from = d.route, to = *d.next;
+  d.route = to;
+  d.epoch = d.next_epoch;
+  d.next.reset();
+  const transport::migrate_desc md{d.epoch, c.step(), d.s->id, c_.id, core::tier::edge, c_.id};
+  auto cutover = std::make_shared<transport::message_builder>(transport::copy_of(m));
+  ex_.post_compute([this, s = d.s, from, to, md, cutover] {
+    try {
+      for (auto& [tier, msg] : runner_->rehost(s->id, from, to, md))
+        tier == core::tier::device ? s->post(std::move(msg)) : up_->post(std::move(msg));
+      // After this edge's own blocks, so the server has them when it re-hosts.
+      up_->post(std::move(*cutover));
+    } catch (const core::error& e) {
+      ex_.post_io([this, s, why = std::string(e.what())] { below_->close(s, why); });
+    }
+  });
+}
+
+void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier from) {
+  const auto it = devices_.find(dev);
+  if (it == devices_.end() || !it->second.planned || !it->second.s) return;  // gone meanwhile
+  const auto& d = it->second;
+  const std::uint32_t epoch =
+      m.type() == wire::Body::Activations ? m.as<wire::Activations>()->epoch() : m.as<wire::Gradients>()->epoch();
+  if (epoch != d.epoch) {
+    if (from == core::tier::server) throw core::error("step message of plan " + std::to_string(epoch));
+    return below_->close(d.s, "step message of plan " + std::to_string(epoch) + ", now " + std::to_string(d.epoch));
+  }
+  auto held = std::make_shared<transport::message>(std::move(m));
+  auto task = [this, s = d.s, r = d.route, epoch, from, held] {
+    try {
+      auto res = runner_->run(s->id, r, epoch, from, *held);
+      if (res.out) res.to == core::tier::server ? up_->post(std::move(*res.out)) : s->post(std::move(*res.out));
+      // Profiles go up at a steady pace, also when only relaying (their links' figures count).
+      if (res.stepped && runner_->profiled() && ++n_steps_ % std::max(1, c_.profile_every) == 0)
+        ex_.post_io([this, snap = runner_->snapshot(memory_budget_)]() mutable { send_profile(std::move(snap)); });
+    } catch (const core::error& e) {
+      ex_.post_io([this, s, why = std::string(e.what())] { below_->close(s, why); });
+    }
+  };
+  ex_.post_compute([this, dev, task = std::move(task)] { runner_->submit(dev, task); });
+}
+
+void edge_node::impl::send_profile(transport::node_profile prof) {
+  latest_profile_ = prof;
+  for (const auto& s : below_->sessions()) {
+    const auto st = s->ch.stats();
+    prof.links.push_back({s->id, static_cast<float>(transport::link_rtt_us(st)),
+                          static_cast<float>(transport::link_bytes_per_second(st))});
+  }
+  if (const auto s = up_->current()) {
+    const auto st = s->ch.stats();
+    prof.links.push_back(
+        {0, static_cast<float>(transport::link_rtt_us(st)), static_cast<float>(transport::link_bytes_per_second(st))});
+  }
+  up_->post(transport::make_profile(prof, 0, 0));
+}
+
+void edge_node::impl::apply_schedule(std::uint64_t round) {
+  if (schedule_.empty() || round <= schedule_round_) return;
+  schedule_round_ = round;
+  for (const auto& ev : schedule_.at(static_cast<int>(round), c_.name)) {
+    if (ev.what != transport::emulation_event::kind::link) continue;
+    spdlog::info("edge {}: {}", c_.id, ev.str());
+    link_events_.push_back(ev);
+    for (const auto& s : below_->sessions())
+      if (transport::name_matches(ev.b, s->identity)) s->ch.emulator().set(ev.caps);
+    if (const auto s = up_->current(); s && transport::name_matches(ev.b, c_.upstream_name))
+      s->ch.emulator().set(ev.caps);
+  }
+}
+
+void edge_node::impl::maybe_flush(bool deadline) {
+  if (!collecting_ || flushing_) return;
+  std::vector<std::uint32_t> done;
+  for (auto& [id, d] : devices_) {
+    if (!d.expected) continue;
+    if (d.done)
+      done.push_back(id);
+    else if (d.s && !deadline)
+      return;  // still training
+  }
+  flushing_ = true;
+  ex_.spawn(flush(std::move(done), round_), "averaging a round");
+}
+
+asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, std::uint64_t round) {
+  // This edge's own replicas of the devices that finished join their uploads.
+  std::vector<std::tuple<std::uint32_t, core::route, double>> own;
+  for (auto id : done) own.emplace_back(id, devices_.at(id).route, static_cast<double>(devices_.at(id).n_samples));
+  auto add_own = [this, own, avg = avg_.get()] {
+    for (const auto& [id, r, n] : own) runner_->add_replicas(*avg, id, r, n);
+    return runner_->take_compute_seconds();
+  };
+  const double compute = co_await ex_.compute(std::move(add_own));
+  if (round != round_ || !collecting_) co_return;
+  std::uint64_t bytes = 0;
+  for (const auto& s : below_->sessions()) bytes += s->ch.stats().bytes_sent + s->ch.stats().bytes_received;
+  const auto runs = avg_->runs();
+  transport::replica_desc d;
+  d.round = round;
+  d.node_id = c_.id;
+  d.devices = done;
+  // One part per run of blocks with one weight; an empty final part carries the statistics
+  // when nothing was averaged.
+  for (std::size_t i = 0; i < std::max<std::size_t>(1, runs.size()); ++i) {
+    std::vector<float> p, b;
+    if (i < runs.size()) {
+      avg_->mean(runs[i].first, runs[i].end, p, b);
+      d.first_block = static_cast<std::uint32_t>(runs[i].first);
+      d.end_block = static_cast<std::uint32_t>(runs[i].end);
+      d.n_samples = static_cast<std::uint64_t>(runs[i].weight);
+    }
+    d.final_part = i + 1 >= runs.size();
+    if (d.final_part) {
+      d.stats = stats_;
+      d.stats.compute_us = static_cast<std::uint64_t>(compute * 1e6);
+      d.stats.bytes_moved = bytes - std::min(bytes, bytes_mark_);
+    }
+    up_->post(transport::make_replica_upload(d, p, b));
+  }
+  collecting_ = false;
+}
+
+void edge_node::impl::on_upstream_connected(const runtime::session_ptr& s) {
+  transport::hello_info h;
+  h.role = transport::node_role::edge;
+  h.node_id = c_.id;
+  h.name = c_.name;
+  s->post(transport::make_hello(h));
+  if (latest_profile_) send_profile(*latest_profile_);
+  for (const auto& ev : link_events_)
+    if (transport::name_matches(ev.b, c_.upstream_name)) s->ch.emulator().set(ev.caps);
+  // Devices already here are announced again (the server may have restarted).
+  for (auto& [id, d] : devices_)
+    if (d.s) s->post(transport::message_builder::from_frame(d.hello));
+}
+
+int edge_node::impl::run() {
+  schedule_ = transport::parse_schedule(c_.schedule);  // configuration errors first
+  tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
+  be_ = backend::make_backend(c_.backend);
+  memory_budget_ = c_.memory_budget ? c_.memory_budget : core::default_memory_budget();
+  runner_.emplace(*be_, core::tier::edge, c_.id);
+  below_.emplace(ex_, *tls_, c_.listen_host, c_.port, c_.allowed, c_.links,
+                 runtime::acceptor::handlers{
+                     [this](const runtime::session_ptr& s, const transport::message& h) { on_hello(s, h); },
+                     [this](const runtime::session_ptr& s, transport::message m) { on_device(s, std::move(m)); },
+                     [this](const runtime::session_ptr& s, const std::string& why) { on_device_closed(s, why); }});
+  port_.store(below_->port());
+  up_.emplace(ex_, *tls_, c_.upstream_host, c_.upstream_port, c_.upstream_name, c_.links,
+              runtime::upstream::handlers{[this](const runtime::session_ptr& s) { on_upstream_connected(s); },
+                                          [this](transport::message m) { on_server(std::move(m)); },
+                                          [this](const std::string&) { collecting_ = false; }});
+  spdlog::info("edge {} ({}): backend {} ({}); devices connect to {}:{}; server at {}:{}", c_.id, c_.name, be_->name(),
+               be_->device_name(), c_.listen_host, below_->port(), c_.upstream_host, c_.upstream_port);
+  ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
+    spdlog::info("edge {}: {}", c_.id, why.empty() ? "done" : why);
+    flush_timer_.cancel();
+    for (const auto& s : below_->sessions()) s->post(transport::make_error(wire::ErrorCode::shutting_down, why));
+    co_await below_->shutdown();
+    co_await up_->shutdown();
+  });
+  ex_.spawn(up_->run(), "the upstream link");
+  ex_.run();
+  return 0;
+}
+
+}  // namespace cleave::edge

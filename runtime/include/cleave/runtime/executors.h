@@ -1,0 +1,103 @@
+// The two executors of a node process: one I/O thread (every channel, every bookkeeping
+// decision) and one compute thread (every kernel), one way of posting between them, and the
+// lifetime of both: signals, failures and shutdown end in one place.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/signal_set.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <string>
+#include <thread>
+#include <type_traits>
+
+namespace cleave::runtime {
+
+// SIGPIPE never kills a node: a write to a peer that reset the connection is an error value.
+// Idempotent; every node calls it before it opens a socket.
+void ignore_sigpipe();
+
+class executors {
+ public:
+  // `who` prefixes the node's log lines ("server", "edge 1000", "device 3").
+  explicit executors(std::string who);
+  ~executors();
+  executors(const executors&) = delete;
+  executors& operator=(const executors&) = delete;
+
+  asio::io_context& io() { return io_; }
+  const std::string& who() const { return who_; }
+  bool stopping() const { return stopping_; }  // I/O thread
+  const std::string& stop_reason() const { return stop_reason_; }
+
+  // The node's orderly shutdown (tell peers, close channels), run once on the I/O thread when
+  // the node stops for any reason; run() returns after it completes.
+  void on_shutdown(std::function<asio::awaitable<void>(std::string why)> f) { shutdown_ = std::move(f); }
+  // SIGINT and SIGTERM stop the node (the handler belongs to the I/O loop: nothing outlives it).
+  void stop_on_signals();
+
+  // Runs the I/O loop on the calling thread and the compute thread beside it until the node has
+  // shut down; rethrows the exception that stopped it, if one did.
+  void run();
+  // Thread-safe: shuts the node down.
+  void stop(std::string why);
+  // I/O thread: as stop(), recording an unexpected failure that run() rethrows.
+  void fail(std::exception_ptr e, const std::string& what);
+
+  // Starts a coroutine on the I/O thread; an exception escaping it is logged and stops the node.
+  void spawn(asio::awaitable<void> a, std::string what);
+
+  template <class F>
+  void post_io(F&& f) {
+    asio::post(io_, std::forward<F>(f));
+  }
+  template <class F>
+  void post_compute(F&& f) {
+    asio::post(work_, std::forward<F>(f));
+  }
+  // From a coroutine on the I/O thread: runs f on the compute thread and resumes with its
+  // result (exceptions travel too).
+  template <class F>
+  asio::awaitable<std::invoke_result_t<F&>> compute(F f) {
+    using R = std::invoke_result_t<F&>;
+    // Named, not a temporary inside the co_await expression: g++ 12 destroys those twice.
+    auto task = [f = std::move(f)]() mutable -> asio::awaitable<R> { co_return f(); };
+    co_return co_await asio::co_spawn(work_, std::move(task), asio::use_awaitable);
+  }
+
+ private:
+  void begin_stop(const std::string& why);
+
+  std::string who_;
+  asio::io_context io_, work_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_guard_;
+  std::thread worker_;
+  asio::signal_set signals_;
+  std::function<asio::awaitable<void>(std::string)> shutdown_;
+  bool stopping_ = false;
+  std::string stop_reason_;
+  std::exception_ptr failure_;
+};
+
+// A condition coroutines on the I/O thread wait for: notify() wakes every waiter, which then
+// re-checks what it waits for. wait_until() also ends at a deadline.
+class signal {
+ public:
+  explicit signal(asio::io_context& io) : timer_(io, std::chrono::steady_clock::time_point::max()) {}
+  void notify() { timer_.cancel(); }
+  // Waits until pred() holds or the deadline passes; returns pred().
+  asio::awaitable<bool> wait_until(std::function<bool()> pred, std::chrono::steady_clock::time_point deadline =
+                                                                   std::chrono::steady_clock::time_point::max());
+
+ private:
+  asio::steady_timer timer_;
+};
+
+}  // namespace cleave::runtime

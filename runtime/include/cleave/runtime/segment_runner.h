@@ -1,0 +1,115 @@
+// The compute side every node shares: the segments of device routes hosted on this tier, run
+// from step messages (decode -> forward/backward -> observe the live profile -> encode for the
+// next hop), migrations at re-splits, block profiles, and work held until migrated blocks are
+// in. Used on the node's compute thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cleave/core/aggregate.h"
+#include "cleave/core/pipeline.h"
+#include "cleave/core/profiler.h"
+#include "cleave/transport/protocol.h"
+
+namespace cleave::runtime {
+
+// What a step message did here.
+struct step_result {
+  std::optional<transport::message_builder> out;  // the next hop's message (none: it ended here)
+  core::tier to = core::tier::server;             // the tier that runs the next hop
+  bool loss_here = false;                         // this node computed the micro-batch's loss
+  double loss = 0;                                // computed here, or carried down by a gradient
+  std::uint32_t n_correct = 0;
+  std::int64_t n_samples = 0;
+  bool stepped = false;  // a segment finished a whole step here (its optimizer stepped)
+};
+
+class segment_runner {
+ public:
+  segment_runner(core::backend& b, core::tier here, std::uint32_t node_id, double slowdown = 1.0);
+
+  // The model and settings of a plan; a different model starts a new host (every hosted
+  // segment goes). Throws core::error on a bad spec. Returns whether it changed.
+  bool set_model(const std::string& json, const transport::training_settings& t);
+  bool has_model() const { return host_ != nullptr; }
+  const core::model_spec& model() const { return model_; }
+  core::segment_host& host() { return *host_; }
+  core::backend& backend() { return *b_; }
+  void set_slowdown(double s) { slowdown_ = s; }
+
+  // A step message (Activations or Gradients) of `device` under route r (plan epoch `epoch`)
+  // that came from tier `from` into a segment on this tier. `labels` (B) i32: a U-shaped top
+  // on the device, whose labels never travelled. Throws core::error naming what does not fit.
+  step_result run(std::uint32_t device, const core::route& r, std::uint32_t epoch, core::tier from,
+                  const transport::message& m, const core::tensor* labels = nullptr);
+  // The bottom of a device's route: inputs x (B, ...) and labels y (B) i32 of micro-batch id.
+  step_result run_input(std::uint32_t device, const core::route& r, std::uint32_t epoch, core::micro_batch_id id,
+                        const core::tensor& x, const core::tensor& y, const transport::batch_info& bi);
+
+  // Work for `device` runs now, or once the blocks migrating here for it are all in (in order).
+  void submit(std::uint32_t device, std::function<void()> task);
+  // The device's steps in flight are void (it left, or its round closed); with `segments`,
+  // its segments go too (it joined again and gets a new plan).
+  void discard(std::uint32_t device, bool segments = false);
+
+  // A re-split at a step boundary: this tier's part of moving `device` from route `from` to `to`.
+  // Returns the Migrate messages of the blocks leaving, each with the tier it goes to.
+  std::vector<std::pair<core::tier, transport::message_builder>> rehost(std::uint32_t device, const core::route& from,
+                                                                        const core::route& to,
+                                                                        const transport::migrate_desc& md);
+  // Blocks arriving for `device`; then runs its held work if nothing is missing any more.
+  void install(std::uint32_t device, const wire::Migrate& m);
+
+  // Hosts the segments of r on this tier (if not yet) and loads whole-model weights into them.
+  void load(std::uint32_t device, const core::route& r, std::span<const float> params, std::span<const float> buffers,
+            bool shared = false);
+  // Adds the replicas of device's segments here (blocks [begin, end) with `weight`) to avg;
+  // `seen` skips block ranges already added (one shared replica in sequential mode).
+  void add_replicas(core::model_average& avg, std::uint32_t device, const core::route& r, double weight,
+                    std::set<std::pair<int, int>>* seen = nullptr);
+
+  // Times every block on this backend (x the slowdown) for micro-batches of `batch`.
+  void profile(std::uint32_t batch, const transport::training_settings& t);
+  bool profiled() const { return live_.n_blocks() > 0; }
+  // Times the blocks again when none ran here since the last call: plans must not rest on the
+  // figures of the start whatever the load has become. True when it did.
+  bool reprofile_if_idle();
+  transport::node_profile snapshot(std::uint64_t memory_budget) const;
+  // Compute seconds (x the slowdown) since the last call.
+  double take_compute_seconds();
+
+ private:
+  int segment_at(const core::route& r, std::uint32_t block, core::tier from, bool activation) const;
+  step_result finish(std::uint32_t device, const core::route& r, std::uint32_t epoch, int seg, core::micro_batch_id id,
+                     const transport::batch_info& bi, core::segment_output o, const core::tensor& labels,
+                     double seconds, bool forward);
+  double timed(const std::function<void()>& f);
+  void release(std::uint32_t device);
+
+  core::backend* b_;
+  core::tier here_;
+  std::uint32_t node_id_;
+  double slowdown_;
+  std::string model_json_;
+  core::model_spec model_;
+  transport::training_settings training_;
+  std::unique_ptr<core::segment_host> host_;
+  std::map<std::uint32_t, std::vector<std::function<void()>>> held_;
+  core::live_profile live_;
+  std::uint32_t profile_batch_ = 0;
+  std::map<std::pair<std::uint32_t, int>, double> seg_seconds_;  // this step's compute per segment
+  std::map<std::uint32_t, transport::batch_info> batch_;         // per device: its step's shape
+  int n_observed_ = 0, n_observed_mark_ = 0;
+  double compute_s_ = 0;
+};
+
+}  // namespace cleave::runtime

@@ -1,0 +1,105 @@
+// Membership by connection. A session is one authenticated channel and what its first message
+// (a Hello) said; the acceptor serves the sessions of a listening node, the upstream link keeps
+// one session to the node above, reconnecting with exponential backoff and jitter.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cleave/runtime/executors.h"
+#include "cleave/transport/channel.h"
+#include "cleave/transport/connect.h"
+#include "cleave/transport/listener.h"
+#include "cleave/transport/role.h"
+#include "cleave/transport/tls_context.h"
+
+namespace cleave::runtime {
+
+struct session {
+  transport::channel ch;  // never reassigned: a new connection is a new session
+  std::string identity;   // the certificate's name
+  transport::node_role role = transport::node_role::device;
+  std::uint32_t id = 0;  // node id from its Hello
+  std::uint64_t serial = 0;
+  bool open = true;  // I/O thread
+
+  // Thread-safe; false when the channel is closed (the reader reports why).
+  bool post(transport::message_builder&& m) const { return ch.post(std::move(m)); }
+};
+using session_ptr = std::shared_ptr<session>;
+
+// Timeouts of every channel of a node.
+struct link_settings {
+  std::chrono::milliseconds idle_timeout{10000};  // no frame for this long: the link is gone
+  double reconnect_max_s = 5.0;                   // backoff cap between reconnection attempts
+};
+
+class acceptor {
+ public:
+  struct handlers {
+    // The first message of a new session; throw core::error to refuse it (sent as an Error).
+    std::function<void(const session_ptr&, const transport::message& hello)> on_hello;
+    // Every later message; a core::error closes that session with the reason.
+    std::function<void(const session_ptr&, transport::message)> on_message;
+    // Once per session that passed on_hello, when it ends for any reason.
+    std::function<void(const session_ptr&, const std::string& why)> on_closed;
+  };
+  acceptor(executors& ex, const transport::tls_context& tls, const std::string& host, std::uint16_t port,
+           std::vector<std::string> allowed, const link_settings& links, handlers h);
+  std::uint16_t port() const { return listener_.port(); }
+  // Every open session (I/O thread).
+  const std::list<session_ptr>& sessions() const { return sessions_; }
+  // Ends a session: on_closed runs now, its channel closes in the background.
+  void close(const session_ptr& s, const std::string& why);
+  // Stops accepting and closes every session cleanly (what was posted still goes out).
+  asio::awaitable<void> shutdown();
+
+ private:
+  asio::awaitable<void> accept_loop();
+  asio::awaitable<void> serve(session_ptr s);
+
+  executors& ex_;
+  transport::listener listener_;
+  handlers h_;
+  std::list<session_ptr> sessions_;
+  std::uint64_t n_sessions_ = 0;
+};
+
+class upstream {
+ public:
+  struct handlers {
+    // A new channel is up: the node sends its Hello (and anything to announce again).
+    std::function<void(const session_ptr&)> on_connected;
+    std::function<void(transport::message)> on_message;  // a core::error drops the link
+    std::function<void(const std::string& why)> on_lost;
+  };
+  upstream(executors& ex, const transport::tls_context& tls, std::string host, std::uint16_t port, std::string name,
+           const link_settings& links, handlers h);
+  // Connects and serves until the node stops; reconnects after every loss.
+  asio::awaitable<void> run();
+  // Thread-safe: posts on the current channel; false (message dropped) while disconnected.
+  bool post(transport::message_builder&& m) const;
+  // Thread-safe: the current session, if connected.
+  session_ptr current() const;
+  asio::awaitable<void> shutdown();
+
+ private:
+  executors& ex_;
+  const transport::tls_context& tls_;
+  std::string host_, name_;
+  std::uint16_t port_;
+  link_settings links_;
+  handlers h_;
+  mutable std::mutex mu_;
+  session_ptr cur_;
+};
+
+}  // namespace cleave::runtime

@@ -1,0 +1,106 @@
+// The node's executors: the I/O loop, the compute thread, signals and the one path by which a
+// node stops (asked, signalled, or failed).
+#include "cleave/runtime/executors.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <asio/experimental/as_tuple.hpp>
+#include <mutex>
+#include <optional>
+
+namespace cleave::runtime {
+
+void ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] { ::signal(SIGPIPE, SIG_IGN); });
+}
+
+executors::executors(std::string who) : who_(std::move(who)), work_guard_(asio::make_work_guard(work_)), signals_(io_) {
+  ignore_sigpipe();
+}
+
+executors::~executors() {
+  work_guard_.reset();
+  work_.stop();
+  if (worker_.joinable()) worker_.join();
+}
+
+void executors::stop_on_signals() {
+  signals_.add(SIGINT);
+  signals_.add(SIGTERM);
+  signals_.async_wait([this](const std::error_code& ec, int sig) {
+    if (!ec) begin_stop(sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
+  });
+}
+
+void executors::run() {
+  worker_ = std::thread([this] {
+    try {
+      work_.run();
+    } catch (...) {
+      // Compute tasks catch their own errors; anything else is a bug that must not vanish.
+      auto e = std::current_exception();
+      post_io([this, e] { fail(e, "compute thread"); });
+    }
+  });
+  io_.run();
+  work_guard_.reset();
+  worker_.join();
+  if (failure_) std::rethrow_exception(failure_);
+}
+
+void executors::stop(std::string why) {
+  post_io([this, why = std::move(why)] { begin_stop(why); });
+}
+
+void executors::fail(std::exception_ptr e, const std::string& what) {
+  std::string text = "unknown error";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    text = x.what();
+  } catch (...) {
+  }
+  spdlog::error("{}: {} failed: {}", who_, what, text);
+  if (!failure_) failure_ = e;
+  begin_stop(what + " failed: " + text);
+}
+
+void executors::spawn(asio::awaitable<void> a, std::string what) {
+  asio::co_spawn(io_, std::move(a), [this, what = std::move(what)](std::exception_ptr e) {
+    if (e) fail(e, what);
+  });
+}
+
+void executors::begin_stop(const std::string& why) {
+  if (stopping_) return;
+  stopping_ = true;
+  stop_reason_ = why;
+  signals_.cancel();
+  if (!shutdown_) {
+    io_.stop();
+    return;
+  }
+  auto task = shutdown_(why);
+  asio::co_spawn(io_, std::move(task), [this](std::exception_ptr e) {
+    if (e && !failure_) failure_ = e;
+    io_.stop();
+  });
+}
+
+asio::awaitable<bool> signal::wait_until(std::function<bool()> pred, std::chrono::steady_clock::time_point deadline) {
+  constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
+  std::optional<asio::steady_timer> alarm;
+  if (deadline != std::chrono::steady_clock::time_point::max()) {
+    // Wakes every waiter at this one's deadline; the others re-check and wait on.
+    alarm.emplace(timer_.get_executor(), deadline);
+    alarm->async_wait([this](const std::error_code& ec) {
+      if (!ec) notify();
+    });
+  }
+  while (!pred() && std::chrono::steady_clock::now() < deadline) co_await timer_.async_wait(nothrow);
+  co_return pred();
+}
+
+}  // namespace cleave::runtime

@@ -1,0 +1,241 @@
+// One segment runner for device, edge and server: the split step as one path through the
+// segment host, whichever tier runs it.
+#include "cleave/runtime/segment_runner.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <thread>
+
+#include "cleave/core/error.h"
+#include "cleave/core/random.h"
+#include "cleave/transport/tensor_io.h"
+
+namespace cleave::runtime {
+
+using clock = std::chrono::steady_clock;
+
+segment_runner::segment_runner(core::backend& b, core::tier here, std::uint32_t node_id, double slowdown)
+    : b_(&b), here_(here), node_id_(node_id), slowdown_(slowdown) {}
+
+bool segment_runner::set_model(const std::string& json, const transport::training_settings& t) {
+  if (host_ && json == model_json_) return false;
+  model_ = core::parse_model_spec(json, "plan");
+  model_json_ = json;
+  training_ = t;
+  host_ = std::make_unique<core::segment_host>(*b_, model_, t.opt, t.seed);
+  held_.clear();
+  live_ = {};
+  return true;
+}
+
+double segment_runner::timed(const std::function<void()>& f) {
+  const auto t0 = clock::now();
+  f();
+  b_->synchronize();
+  const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+  // An emulated board this many times slower: wait for the extra time it would have taken.
+  if (slowdown_ > 1.0) std::this_thread::sleep_for(std::chrono::duration<double>(secs * (slowdown_ - 1.0)));
+  compute_s_ += secs * slowdown_;
+  return secs * slowdown_;
+}
+
+int segment_runner::segment_at(const core::route& r, std::uint32_t block, core::tier from, bool activation) const {
+  // Entered from below at its first block, or from above at its end; the neighbour tier tells
+  // apart a U-shape's two segments on one tier.
+  for (int s : r.segments_on(here_)) {
+    const int nb = activation ? s - 1 : s + 1;
+    if (nb < 0 || nb >= r.n_segments() || r.path[static_cast<std::size_t>(nb)] != from) continue;
+    if (static_cast<std::uint32_t>(activation ? r.begin(s) : r.end(s)) == block) return s;
+  }
+  throw core::error(std::string(activation ? "activation" : "gradient") + " for block " + std::to_string(block) +
+                    " from the " + std::string(core::tier_name(from)) + " does not enter a segment of route " +
+                    r.str() + " on the " + std::string(core::tier_name(here_)));
+}
+
+step_result segment_runner::run(std::uint32_t device, const core::route& r, std::uint32_t epoch, core::tier from,
+                                const transport::message& m, const core::tensor* labels) {
+  if (!host_) throw core::error("a step message before any plan");
+  if (const auto* a = m.as<wire::Activations>()) {
+    const int seg = segment_at(r, a->block(), from, true);
+    // Labels travel up to the loss with the activations, except in U-shape: they stay below.
+    if (r.u_shape() == (a->labels() != nullptr))
+      throw core::error(r.u_shape() ? "labels sent in a U-shaped plan" : "activation without labels for the loss");
+    const core::micro_batch_id id{a->step(), a->micro_batch()};
+    const auto bi = transport::batch_of(*a);
+    const core::tensor x = transport::to_backend(*b_, transport::view_of(*a->activation()));
+    core::tensor y = labels ? *labels : core::tensor{};
+    if (a->labels()) y = transport::to_backend(*b_, transport::view_of(*a->labels()));
+    core::segment_output o;
+    const double secs = timed([&] {
+      o = host_->forward(device, seg, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size),
+                         bi.n_micro_batches, core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch));
+    });
+    batch_[device] = bi;
+    auto res = finish(device, r, epoch, seg, id, bi, std::move(o), y, secs, true);
+    res.n_samples = x.shape()[0];
+    return res;
+  }
+  const auto* g = m.as<wire::Gradients>();
+  if (!g) throw core::error("not a step message: " + std::string(transport::body_name(m.type())));
+  const int seg = segment_at(r, g->block(), from, false);
+  const core::micro_batch_id id{g->step(), g->micro_batch()};
+  const core::tensor dy = transport::to_backend(*b_, transport::view_of(*g->gradient()));
+  core::segment_output o;
+  const double secs = timed([&] { o = host_->backward(device, seg, id, dy); });
+  // The loss computed above travels down with the gradient, to whoever reports it.
+  o.loss = g->loss();
+  o.n_correct = g->n_correct();
+  auto res = finish(device, r, epoch, seg, id, batch_[device], std::move(o), {}, secs, false);
+  res.n_samples = dy.shape()[0];
+  return res;
+}
+
+step_result segment_runner::run_input(std::uint32_t device, const core::route& r, std::uint32_t epoch,
+                                      core::micro_batch_id id, const core::tensor& x, const core::tensor& y,
+                                      const transport::batch_info& bi) {
+  core::segment_output o;
+  const double secs = timed([&] {
+    o = host_->forward(device, 0, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size),
+                       bi.n_micro_batches, core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch));
+  });
+  batch_[device] = bi;
+  return finish(device, r, epoch, 0, id, bi, std::move(o), y, secs, true);
+}
+
+step_result segment_runner::finish(std::uint32_t device, const core::route& r, std::uint32_t epoch, int seg,
+                                   core::micro_batch_id id, const transport::batch_info& bi, core::segment_output o,
+                                   const core::tensor& labels, double seconds, bool forward) {
+  step_result res;
+  double& spent = seg_seconds_[{device, seg}];
+  spent += seconds;
+  if (o.stepped) {
+    // One whole step of this segment: the live profile learns what it costs here, in
+    // micro-batches of the profiled size.
+    const double mb = static_cast<double>(bi.batch_size) / std::max(1u, bi.n_micro_batches);
+    if (r.begin(seg) < r.end(seg) && live_.n_blocks() == model_.n_blocks() && mb > 0) {
+      live_.observe(r.begin(seg), r.end(seg), spent * profile_batch_ / mb,
+                    static_cast<int>(std::max(1u, bi.n_micro_batches)));
+      ++n_observed_;
+    }
+    spent = 0;
+    res.stepped = true;
+  }
+  res.loss = o.loss;
+  res.n_correct = o.n_correct;
+  res.loss_here = forward && o.dir == core::segment_output::direction::down;
+  if (o.dir == core::segment_output::direction::up) {
+    const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.end(seg))};
+    const bool pass_labels = !r.u_shape() && labels.defined();
+    res.out = transport::make_activations(key, bi, *b_, o.value, pass_labels ? &labels : nullptr);
+    res.to = r.path[static_cast<std::size_t>(seg + 1)];
+  } else if (o.dir == core::segment_output::direction::down) {
+    const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.begin(seg))};
+    res.out = transport::make_gradients(key, *b_, o.value, o.loss, o.n_correct);
+    res.to = r.path[static_cast<std::size_t>(seg - 1)];
+  }
+  return res;
+}
+
+void segment_runner::submit(std::uint32_t device, std::function<void()> task) {
+  if ((host_ && host_->n_missing(device) > 0) || held_.count(device)) {
+    held_[device].push_back(std::move(task));
+    return;
+  }
+  task();
+}
+
+void segment_runner::release(std::uint32_t device) {
+  const auto it = held_.find(device);
+  if (it == held_.end() || host_->n_missing(device) > 0) return;
+  auto tasks = std::move(it->second);
+  held_.erase(it);
+  for (auto& t : tasks) t();
+}
+
+void segment_runner::discard(std::uint32_t device, bool segments) {
+  held_.erase(device);
+  seg_seconds_.clear();
+  if (!host_) return;
+  if (segments)
+    host_->drop_device(device);
+  else
+    host_->discard_pending(device);
+}
+
+std::vector<std::pair<core::tier, transport::message_builder>> segment_runner::rehost(
+    std::uint32_t device, const core::route& from, const core::route& to, const transport::migrate_desc& md) {
+  std::vector<std::pair<core::tier, transport::message_builder>> out;
+  std::vector<core::block_state> leaving;
+  timed([&] { leaving = host_->rehost(device, from, to, here_); });
+  for (const auto& bs : leaving)
+    out.emplace_back(core::tier_of_block(to, bs.begin), transport::make_migrate(md, to, bs));
+  release(device);
+  return out;
+}
+
+void segment_runner::install(std::uint32_t device, const wire::Migrate& m) {
+  core::block_state st = transport::block_state_of(m, model_);
+  timed([&] { host_->install_blocks(device, std::move(st)); });
+  release(device);
+}
+
+void segment_runner::load(std::uint32_t device, const core::route& r, std::span<const float> params,
+                          std::span<const float> buffers, bool shared) {
+  for (int seg : r.segments_on(here_)) {
+    if (!host_->hosts(device, r, seg)) host_->host(device, r, seg, shared);
+    transport::install(host_->stage_of(device, seg), params, buffers);
+  }
+}
+
+void segment_runner::add_replicas(core::model_average& avg, std::uint32_t device, const core::route& r, double weight,
+                                  std::set<std::pair<int, int>>* seen) {
+  for (int seg : r.segments_on(here_)) {
+    if (r.begin(seg) == r.end(seg) || !host_->hosts(device, seg)) continue;
+    if (seen && !seen->insert({r.begin(seg), r.end(seg)}).second) continue;
+    core::stage& st = host_->stage_of(device, seg);
+    std::vector<float> p(static_cast<std::size_t>(st.n_params())), b(static_cast<std::size_t>(st.n_buffers()));
+    if (!p.empty()) b_->download(st.params(), p.data());
+    if (!b.empty()) b_->download(st.buffers(), b.data());
+    avg.add(r.begin(seg), r.end(seg), weight, p, b);
+  }
+}
+
+void segment_runner::profile(std::uint32_t batch, const transport::training_settings& t) {
+  const auto t0 = clock::now();
+  core::profile_options po;
+  po.batch = static_cast<int>(std::max(1u, batch));
+  po.seed = t.seed;
+  auto base = core::profile_blocks(*b_, model_, t.opt, po);
+  double total = 0;
+  for (auto& blk : base) {
+    blk.forward_seconds *= slowdown_;
+    blk.backward_seconds *= slowdown_;
+    total += blk.forward_seconds + blk.backward_seconds;
+  }
+  live_ = core::live_profile(std::move(base));
+  profile_batch_ = static_cast<std::uint32_t>(po.batch);
+  n_observed_ = n_observed_mark_ = 0;
+  spdlog::info("{} {}: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", core::tier_name(here_),
+               node_id_, model_.n_blocks(), b_->name(), std::chrono::duration<double>(clock::now() - t0).count(),
+               total * 1e3, po.batch);
+}
+
+bool segment_runner::reprofile_if_idle() {
+  if (!profiled() || n_observed_ != n_observed_mark_) {
+    n_observed_mark_ = n_observed_;
+    return false;
+  }
+  profile(profile_batch_, training_);
+  return true;
+}
+
+transport::node_profile segment_runner::snapshot(std::uint64_t memory_budget) const {
+  return transport::current_profile(live_, node_id_, profile_batch_, b_->name(), memory_budget);
+}
+
+double segment_runner::take_compute_seconds() {
+  return std::exchange(compute_s_, 0.0);
+}
+
+}  // namespace cleave::runtime

@@ -1,0 +1,209 @@
+// Sessions: the acceptor's accept loop and one coroutine per session; the upstream link's
+// connect / serve / back off loop.
+#include "cleave/runtime/sessions.h"
+
+#include <spdlog/spdlog.h>
+
+#include <asio/experimental/as_tuple.hpp>
+#include <random>
+
+#include "cleave/core/error.h"
+#include "cleave/transport/protocol.h"
+
+namespace cleave::runtime {
+
+namespace {
+
+asio::awaitable<void> close_channel(session_ptr s) {
+  co_await s->ch.close();
+}
+
+transport::listener_options listen_options(std::vector<std::string> allowed, const link_settings& links) {
+  transport::listener_options lo;
+  lo.allowed_identities = std::move(allowed);
+  lo.channel.idle_timeout = links.idle_timeout;
+  return lo;
+}
+
+// The Hello a session must open with: protocol version and a role its certificate allows.
+void check_hello(session& s, const transport::message& m) {
+  const auto* h = m.as<wire::Hello>();
+  if (!h) throw core::error("the first message was " + std::string(transport::body_name(m.type())) + ", not a Hello");
+  if (h->protocol_version() != transport::protocol_version)
+    throw core::error("protocol version " + std::to_string(h->protocol_version()) + ", expected " +
+                      std::to_string(transport::protocol_version));
+  s.role = static_cast<transport::node_role>(h->role());
+  s.id = h->node_id();
+  if (s.ch.peer_role() && *s.ch.peer_role() != s.role)
+    throw core::error("Hello claims role " + std::string(transport::role_name(s.role)) + " but the certificate says " +
+                      std::string(transport::role_name(*s.ch.peer_role())));
+}
+
+}  // namespace
+
+acceptor::acceptor(executors& ex, const transport::tls_context& tls, const std::string& host, std::uint16_t port,
+                   std::vector<std::string> allowed, const link_settings& links, handlers h)
+    : ex_(ex),
+      listener_(ex.io().get_executor(), tls, asio::ip::tcp::endpoint(asio::ip::make_address(host), port),
+                listen_options(std::move(allowed), links)),
+      h_(std::move(h)) {
+  ex_.spawn(accept_loop(), "accepting connections");
+}
+
+asio::awaitable<void> acceptor::accept_loop() {
+  while (!ex_.stopping()) {
+    auto r = co_await listener_.accept();
+    if (!r) co_return;  // closed
+    auto s = std::make_shared<session>();
+    s->ch = std::move(r.value());
+    s->identity = s->ch.peer_identity();
+    s->serial = ++n_sessions_;
+    ex_.spawn(serve(std::move(s)), "a session");
+  }
+}
+
+asio::awaitable<void> acceptor::serve(session_ptr s) {
+  auto first = co_await s->ch.receive();
+  if (!first) co_return;
+  std::string refused;
+  try {
+    check_hello(*s, *first);
+    h_.on_hello(s, *first);
+  } catch (const core::error& e) {
+    refused = e.what();
+  }
+  if (!refused.empty()) {
+    spdlog::warn("{}: refused {} ({}): {}", ex_.who(), s->identity, s->ch.remote(), refused);
+    s->post(transport::make_error(wire::ErrorCode::refused, refused));
+    s->open = false;
+    co_await s->ch.close();
+    co_return;
+  }
+  sessions_.push_back(s);
+  while (s->open) {
+    auto m = co_await s->ch.receive();
+    if (!s->open) break;
+    if (!m) {
+      close(s, m.error().reason());
+      break;
+    }
+    try {
+      h_.on_message(s, std::move(m.value()));
+    } catch (const core::error& e) {
+      s->post(transport::make_error(wire::ErrorCode::bad_message, e.what()));
+      close(s, e.what());
+    }
+  }
+}
+
+void acceptor::close(const session_ptr& s, const std::string& why) {
+  if (!s->open) return;
+  s->open = false;
+  sessions_.remove(s);
+  h_.on_closed(s, why);
+  ex_.spawn(close_channel(s), "closing a session");
+}
+
+asio::awaitable<void> acceptor::shutdown() {
+  listener_.close();
+  const auto all = sessions_;
+  sessions_.clear();
+  for (const auto& s : all) {
+    s->open = false;
+    co_await s->ch.close();
+  }
+}
+
+upstream::upstream(executors& ex, const transport::tls_context& tls, std::string host, std::uint16_t port,
+                   std::string name, const link_settings& links, handlers h)
+    : ex_(ex),
+      tls_(tls),
+      host_(std::move(host)),
+      name_(std::move(name)),
+      port_(port),
+      links_(links),
+      h_(std::move(h)) {}
+
+bool upstream::post(transport::message_builder&& m) const {
+  const auto s = current();
+  return s && s->post(std::move(m));
+}
+
+session_ptr upstream::current() const {
+  std::lock_guard lock(mu_);
+  return cur_;
+}
+
+asio::awaitable<void> upstream::run() {
+  constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
+  using clock = std::chrono::steady_clock;
+  std::minstd_rand jitter(std::random_device{}());
+  double backoff = 0.2;
+  asio::steady_timer pause(ex_.io());
+  // Between attempts: the backoff, spread over [50%, 100%] so that many nodes that lost one
+  // server do not come back in lockstep.
+  auto wait = [&]() -> asio::awaitable<void> {
+    const double s = backoff * std::uniform_real_distribution<double>(0.5, 1.0)(jitter);
+    pause.expires_after(std::chrono::microseconds(static_cast<std::int64_t>(s * 1e6)));
+    co_await pause.async_wait(nothrow);
+    backoff = std::min(links_.reconnect_max_s, backoff * 2);
+  };
+  while (!ex_.stopping()) {
+    transport::connect_options opts;
+    opts.channel.idle_timeout = links_.idle_timeout;
+    if (!name_.empty()) opts.server_identity = name_;
+    auto r = co_await transport::connect(tls_, host_, port_, opts);
+    if (ex_.stopping()) co_return;
+    if (!r) {
+      spdlog::warn("{}: cannot reach {}:{}: {}; retrying in {:.1f} s", ex_.who(), host_, port_, r.error().reason(),
+                   backoff);
+      co_await wait();
+      continue;
+    }
+    auto s = std::make_shared<session>();
+    s->ch = std::move(r.value());
+    s->identity = s->ch.peer_identity();
+    const auto since = clock::now();
+    spdlog::info("{}: connected to {} ({})", ex_.who(), s->identity, s->ch.remote());
+    {
+      std::lock_guard lock(mu_);
+      cur_ = s;
+    }
+    h_.on_connected(s);
+    std::string why;
+    while (why.empty()) {
+      auto m = co_await s->ch.receive();
+      if (ex_.stopping()) co_return;
+      if (!m) {
+        why = m.error().reason();
+        break;
+      }
+      try {
+        h_.on_message(std::move(m.value()));
+      } catch (const core::error& e) {
+        spdlog::error("{}: bad message from {}: {}", ex_.who(), s->identity, e.what());
+        s->post(transport::make_error(wire::ErrorCode::bad_message, e.what()));
+        why = e.what();
+      }
+    }
+    {
+      std::lock_guard lock(mu_);
+      cur_.reset();
+    }
+    s->open = false;
+    h_.on_lost(why);
+    co_await s->ch.close();
+    // A link that held for a while comes back at once; one that keeps failing backs off.
+    if (clock::now() - since > std::chrono::seconds(5)) backoff = 0.2;
+    co_await wait();
+  }
+}
+
+asio::awaitable<void> upstream::shutdown() {
+  if (auto s = current()) {
+    s->open = false;
+    co_await s->ch.close();
+  }
+}
+
+}  // namespace cleave::runtime
