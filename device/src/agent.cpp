@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <optional>
 
@@ -293,6 +294,7 @@ void agent::impl::on_global_weights(std::shared_ptr<transport::message> m) {
     const auto& g = *m->as<wire::GlobalWeights>();
     const auto w = transport::weights_of(g, runner_->model());
     runner_->load(c_.id, r, w.params, w.buffers);
+    if (c_.on_weights) c_.on_weights(g.round());
     if (g.round() > 0)
       spdlog::info("device {}: global weights of round {} installed (test accuracy {:.4f})", c_.id, g.round(),
                    g.test_accuracy());
@@ -374,8 +376,10 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
     return static_cast<double>(stats.compute_us) * 1e-6;
   };
   const double compute = co_await ex_.compute(std::move(upload));
+  const double loss = n_loss_ ? loss_sum_ / static_cast<double>(n_loss_) : std::nan("");
   spdlog::info("device {}: round {}: {} steps in {:.1f} s (compute {:.1f} s), loss {:.4f}", c_.id, round, steps, secs,
-               compute, n_loss_ ? loss_sum_ / static_cast<double>(n_loss_) : 0.0);
+               compute, loss);
+  if (c_.on_round) c_.on_round(round, loss);
 }
 
 asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t gen) {

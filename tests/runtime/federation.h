@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -141,6 +143,62 @@ inline device::agent_config agent_cfg(const workspace& w, std::uint32_t id, std:
   a.data = w.data.string();
   a.partition = "all";
   return a;
+}
+
+// A process of the cleave binary with these arguments (its output to `log` when given).
+inline pid_t spawn_cleave(const std::vector<std::string>& args, const fs::path& log = {}) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (!log.empty()) {
+      std::FILE* f = std::freopen(log.c_str(), "w", stderr);
+      if (f) ::dup2(::fileno(f), STDOUT_FILENO);
+    }
+    std::vector<char*> argv{const_cast<char*>(CLEAVE_BINARY)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(CLEAVE_BINARY, argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// A device agent as a process of the cleave binary; `extra` arguments go last.
+inline pid_t spawn_agent(const workspace& w, int id, std::uint16_t port, const std::string& be, double slowdown,
+                         const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {"--log-level",
+                                   "warn",
+                                   "agent",
+                                   "--certs",
+                                   w.certs.string(),
+                                   "--id",
+                                   std::to_string(id),
+                                   "--connect",
+                                   "127.0.0.1:" + std::to_string(port),
+                                   "--data",
+                                   w.data.string(),
+                                   "--partition",
+                                   "all",
+                                   "--backend",
+                                   be,
+                                   "--slowdown",
+                                   std::to_string(slowdown)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return spawn_cleave(args);
+}
+
+// Waits up to `seconds` for a child to exit; kills it if it does not (an agent that never got
+// in before the server finished keeps trying to reconnect). True when it exited by itself.
+inline bool exited_within(pid_t pid, double seconds, int& status) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > until) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
 }
 
 }  // namespace cleave::testing

@@ -19,28 +19,6 @@ using namespace cleave::testing;
 
 namespace {
 
-// A device agent as a process of the cleave binary.
-pid_t spawn_agent(const workspace& w, int id, std::uint16_t port, const std::string& be, double slowdown) {
-  const std::vector<std::string> args = {CLEAVE_BINARY, "--log-level",
-                                         "warn",        "agent",
-                                         "--certs",     w.certs.string(),
-                                         "--id",        std::to_string(id),
-                                         "--connect",   "127.0.0.1:" + std::to_string(port),
-                                         "--data",      w.data.string(),
-                                         "--partition", "all",
-                                         "--backend",   be,
-                                         "--slowdown",  std::to_string(slowdown)};
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(CLEAVE_BINARY, argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
 // Device 1's activation of two zero samples (with labels) entering `block`.
 transport::message_builder activation_of(core::backend& b, std::uint32_t epoch, std::uint64_t step, std::uint32_t block,
                                          const core::shape& in) {
@@ -48,21 +26,6 @@ transport::message_builder activation_of(core::backend& b, std::uint32_t epoch, 
   core::tensor y = b.zeros({2}, core::dtype::i32);
   const transport::step_key key{epoch, step, 0, 1, block};
   return transport::make_activations(key, {2, 1}, b, x, &y);
-}
-
-// Waits up to `seconds` for a child to exit; kills it if it does not (an agent that never got
-// in before the server finished keeps trying to reconnect). True when it exited by itself.
-bool exited_within(pid_t pid, double seconds, int& status) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > until) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return true;
 }
 
 }  // namespace

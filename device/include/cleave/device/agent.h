@@ -44,6 +44,10 @@ struct agent_config {
   int profile_every = 20;           // steps between the profiles sent upstream
   // Sees every frame this device sends (tests of what leaves the device).
   std::function<void(std::span<const std::byte> frame)> on_send;
+  // Sees every round this device finished (with its mean loss, NaN where none came back) and
+  // every global model it installed (with the round that model comes from).
+  std::function<void(std::uint64_t round, double loss)> on_round;
+  std::function<void(std::uint64_t round)> on_weights;
 };
 
 class agent {

@@ -1,0 +1,286 @@
+// Link and process faults an operator meets, reproduced with a fault-injecting proxy and the
+// real binaries: resets and half-open links between a device and the server, an edge killed
+// and restarted, SIGTERM under load, a stopped agent resumed after its link timed out.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cmath>
+#include <future>
+
+#include "fault_proxy.h"
+#include "federation.h"
+
+using namespace cleave;
+using namespace cleave::testing;
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// Round reports as they come (the server's thread), and a wait for the k-th.
+struct reports {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<server::round_report> all;
+  std::vector<clock::time_point> at;
+  void add(const server::round_report& r) {
+    std::lock_guard lock(mu);
+    all.push_back(r);
+    at.push_back(clock::now());
+    cv.notify_all();
+  }
+  bool wait_for(std::size_t n, double seconds) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return all.size() >= n; });
+  }
+  std::vector<server::round_report> copy() {
+    std::lock_guard lock(mu);
+    return all;
+  }
+};
+
+server::server_config fault_server(const workspace& w, reports& rep, std::promise<std::uint16_t>& port) {
+  auto sc = server_cfg(w, test_backend());
+  sc.on_round = [&rep](const server::round_report& r) { rep.add(r); };
+  sc.on_listening = [&port](std::uint16_t p) { port.set_value(p); };
+  return sc;
+}
+
+device::agent_config fault_agent(const workspace& w, std::uint32_t id, std::uint16_t port) {
+  auto a = agent_cfg(w, id, port, test_backend(), "");
+  a.links.idle_timeout = std::chrono::milliseconds(1000);
+  a.links.reconnect_max_s = 0.5;
+  return a;
+}
+
+std::uint16_t free_port() {
+  asio::io_context io;
+  asio::ip::tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+}  // namespace
+
+TEST_CASE("a connection reset mid-round counts the device out at once and it trains again from the next round") {
+  workspace w("reset", 2);
+  reports rep;
+  std::promise<std::uint16_t> port;
+  auto sc = fault_server(w, rep, port);
+  sc.rounds = 4;
+  sc.local_steps = 40;
+  sc.min_devices = 2;
+  sc.round_deadline_s = 60;
+  std::promise<void> round2;
+  std::atomic<bool> round2_seen{false};  // a round nobody finished runs again
+  sc.on_round_start = [&](std::uint64_t r, int) {
+    if (r == 2 && !round2_seen.exchange(true)) round2.set_value();
+  };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  fault_proxy proxy(sp);
+  auto a1 = fault_agent(w, 1, proxy.port());
+  std::mutex mu;
+  std::vector<std::pair<std::uint64_t, std::size_t>> weights;  // (round of the weights, rounds reported then)
+  a1.on_weights = [&](std::uint64_t r) {
+    std::lock_guard lock(mu);
+    weights.emplace_back(r, rep.copy().size());
+  };
+  device::agent d1(a1), d2(fault_agent(w, 2, sp));
+  runner r1([&] { d1.run(); }), r2([&] { d2.run(); });
+  round2.get_future().wait();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  proxy.reset_all();
+  rs.join();
+  r1.join();
+  r2.join();
+  CHECK(rs.error() == "");
+  const auto all = rep.copy();
+  REQUIRE(all.size() == 4);
+  // Round 2 closes without device 1 as soon as device 2 is done: nobody waits for the deadline.
+  CHECK(all[1].n_participants == 2);
+  CHECK(all[1].seconds < 0.5 * sc.round_deadline_s);
+  CHECK(all[3].n_devices == 2);
+  CHECK(proxy.n_accepted() >= 2);
+  std::lock_guard lock(mu);
+  for (const auto& [r, reported] : weights) CHECK(r <= reported);  // never labelled with a round still running
+}
+
+TEST_CASE("a half-open link: the device reconnects and the server keeps it in every later round") {
+  workspace w("halfopen", 2);
+  reports rep;
+  std::promise<std::uint16_t> port;
+  auto sc = fault_server(w, rep, port);
+  sc.rounds = 8;
+  sc.local_steps = 40;
+  sc.min_devices = 2;
+  // The device notices first (1 s) and is back on a new connection long before the server's
+  // side of the old one times out (3 s) in a later round.
+  sc.links.idle_timeout = std::chrono::milliseconds(3000);
+  std::promise<void> round2;
+  std::atomic<bool> round2_seen{false};  // a round nobody finished runs again
+  sc.on_round_start = [&](std::uint64_t r, int) {
+    if (r == 2 && !round2_seen.exchange(true)) round2.set_value();
+  };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  fault_proxy proxy(sp);
+  // Boards slow enough that training goes on well past the server's timeout of the old channel.
+  auto slow = [&](std::uint32_t id, std::uint16_t p) {
+    auto a = fault_agent(w, id, p);
+    a.slowdown = 10;
+    return a;
+  };
+  device::agent d1(slow(1, proxy.port())), d2(slow(2, sp));
+  runner r1([&] { d1.run(); }), r2([&] { d2.run(); });
+  round2.get_future().wait();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  proxy.half_open();
+  const auto fault = clock::now();
+  rs.join();
+  r1.join();
+  r2.join();
+  CHECK(rs.error() == "");
+  const auto all = rep.copy();
+  REQUIRE(all.size() == 8);
+  // The old channel timed out on the server while training went on: that changed nothing.
+  std::lock_guard lock(rep.mu);
+  REQUIRE(rep.at.back() - fault > std::chrono::milliseconds(4000));
+  int after = 0;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (rep.at[i] - fault > std::chrono::milliseconds(3500)) {
+      ++after;
+      CHECK(all[i].n_devices == 2);
+    }
+  CHECK(after >= 1);
+  CHECK(proxy.n_accepted() == 2);
+}
+
+TEST_CASE("an edge killed and restarted: no round runs without devices and devices behind it report their loss") {
+  workspace w("edge", 2);
+  reports rep;
+  std::promise<std::uint16_t> port;
+  auto sc = fault_server(w, rep, port);
+  sc.rounds = 5;
+  sc.local_steps = 20;
+  sc.min_devices = 2;
+  sc.edge_cuts = "3,6";
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  fault_proxy up(sp);  // counts the edge's connections to the server
+  const std::uint16_t ep = free_port();
+  const std::vector<std::string> edge_args = {"--log-level",
+                                              "warn",
+                                              "edge",
+                                              "--certs",
+                                              w.certs.string(),
+                                              "--listen",
+                                              "127.0.0.1:" + std::to_string(ep),
+                                              "--server",
+                                              "127.0.0.1:" + std::to_string(up.port()),
+                                              "--backend",
+                                              test_backend()};
+  pid_t edge = spawn_cleave(edge_args);
+  std::mutex mu;
+  std::vector<double> losses;
+  auto behind = [&](std::uint32_t id) {
+    auto a = fault_agent(w, id, ep);
+    a.upstream_name = "edge-1";
+    a.on_round = [&](std::uint64_t, double loss) {
+      std::lock_guard lock(mu);
+      losses.push_back(loss);
+    };
+    return a;
+  };
+  device::agent d1(behind(1)), d2(behind(2));
+  runner r1([&] { d1.run(); }), r2([&] { d2.run(); });
+  REQUIRE(rep.wait_for(2, 120));
+  ::kill(edge, SIGKILL);
+  ::waitpid(edge, nullptr, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const std::size_t before = rep.copy().size();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  CHECK(rep.copy().size() <= before + 1);  // at most the round in flight closed; then it waits
+  edge = spawn_cleave(edge_args);
+  rs.join();
+  r1.join();
+  r2.join();
+  int status = 0;
+  CHECK(exited_within(edge, 30, status));
+  CHECK(rs.error() == "");
+  const auto all = rep.copy();
+  REQUIRE(all.size() == 5);
+  for (const auto& r : all) CHECK(r.n_devices >= 1);
+  CHECK(all.back().n_devices == 2);
+  CHECK(up.n_accepted() == 2);  // the restarted edge connected once and stayed
+  std::lock_guard lock(mu);
+  REQUIRE(!losses.empty());
+  for (double l : losses) CHECK((std::isfinite(l) && l > 0));
+}
+
+TEST_CASE("SIGTERM stops 24 agents under load cleanly") {
+  workspace w("sigterm", 24);
+  reports rep;
+  std::promise<std::uint16_t> port;
+  auto sc = fault_server(w, rep, port);
+  sc.rounds = 3;
+  sc.local_steps = 1000;
+  sc.min_devices = 24;
+  sc.batch = 16;
+  std::promise<void> round1;
+  std::atomic<bool> round1_seen{false};  // a round nobody finished runs again
+  sc.on_round_start = [&](std::uint64_t r, int) {
+    if (r == 1 && !round1_seen.exchange(true)) round1.set_value();
+  };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  std::vector<pid_t> agents;
+  for (int i = 1; i <= 24; ++i) agents.push_back(spawn_agent(w, i, sp, "reference", 1.0));
+  REQUIRE(round1.get_future().wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (pid_t a : agents) ::kill(a, SIGTERM);
+  int crashed = 0;
+  for (pid_t a : agents) {
+    int status = 0;
+    CHECK(exited_within(a, 60, status));
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++crashed;
+  }
+  CHECK(crashed == 0);
+  srv.stop();
+  rs.join();
+}
+
+TEST_CASE("an agent stopped longer than its link's timeout resumes, reconnects and does not die of SIGPIPE") {
+  workspace w("sigpipe", 1);
+  reports rep;
+  std::promise<std::uint16_t> port;
+  auto sc = fault_server(w, rep, port);
+  sc.rounds = 3;
+  sc.local_steps = 30;
+  sc.links.idle_timeout = std::chrono::milliseconds(1000);
+  std::promise<void> round1;
+  std::atomic<bool> round1_seen{false};  // a round nobody finished runs again
+  sc.on_round_start = [&](std::uint64_t r, int) {
+    if (r == 1 && !round1_seen.exchange(true)) round1.set_value();
+  };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  const pid_t agent = spawn_agent(w, 1, sp, test_backend(), 20.0, {"--idle-timeout", "1"});
+  REQUIRE(round1.get_future().wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+  ::kill(agent, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // the server closes its side meanwhile
+  ::kill(agent, SIGCONT);
+  // It finds its link gone, reconnects and trains the remaining rounds to the end.
+  rs.join();
+  CHECK(rs.error() == "");
+  int status = 0;
+  CHECK(exited_within(agent, 30, status));
+  CHECK_MESSAGE(WIFEXITED(status), "the agent died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0));
+  CHECK(WEXITSTATUS(status) == 0);
+  REQUIRE(rep.copy().size() == 3);
+  CHECK(rep.copy().back().n_devices == 1);
+}
