@@ -10,7 +10,6 @@
 #include <arpa/inet.h>
 #include <algorithm>
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>

@@ -77,6 +77,10 @@ class server_node::impl {
   asio::awaitable<bool> wait_for_members();
   asio::awaitable<void> drive_rounds();
   asio::awaitable<bool> run_round(std::uint64_t number);
+  // Close and average (server replicas of the finished devices + uploads), evaluate, broadcast,
+  // checkpoint.
+  asio::awaitable<void> close_round(std::vector<std::pair<std::uint32_t, core::route>> routes, int n_participants,
+                                    double train_seconds, clock::time_point t0, float lr, std::uint64_t bytes0);
   void report(const core::eval_report& ev, int n_participants, double train_seconds, clock::time_point t0, float lr);
   void save_checkpoint(std::uint64_t round);
   void send_global(const runtime::session_ptr& to, std::uint32_t device_id);

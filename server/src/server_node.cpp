@@ -385,6 +385,14 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
     });
     co_return false;
   }
+  co_await close_round(std::move(routes), static_cast<int>(participants.size()), train_seconds, t0, lr, bytes0);
+  co_return true;
+}
+
+asio::awaitable<void> server_node::impl::close_round(std::vector<std::pair<std::uint32_t, core::route>> routes,
+                                                     int n_participants, double train_seconds, clock::time_point t0,
+                                                     float lr, std::uint64_t bytes0) {
+  const std::set<std::uint32_t> in = round_.done;
   for (auto& [id, r] : routes) r = devices_.at(id).route;  // re-splits during the round
   // Close and average (server replicas of the finished devices + uploads), then evaluate.
   struct averaged {
@@ -412,14 +420,13 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
   global_b_ = std::move(result.buffers);
   round_.server_compute = result.compute;
   round_.edge_bytes += channel_bytes() - std::min(channel_bytes(), bytes0);
-  report(result.eval, static_cast<int>(participants.size()), train_seconds, t0, lr);
+  report(result.eval, n_participants, train_seconds, t0, lr);
   // Broadcast to every holder, then the checkpoint.
   for (const auto& s : acceptor_->sessions())
     if (s->role == transport::node_role::edge || (devices_.count(s->id) && devices_.at(s->id).via == s))
       send_global(s, 0);
-  if (!c_.checkpoint.empty()) save_checkpoint(number);
+  if (!c_.checkpoint.empty()) save_checkpoint(round_.number);
   round_.at = phase::idle;
-  co_return true;
 }
 
 void server_node::impl::report(const core::eval_report& ev, int n_participants, double train_seconds,

@@ -4,11 +4,12 @@
 
 #include <algorithm>
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
+#include <asio/require.hpp>
+#include <asio/strand.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cstring>
 
@@ -38,6 +39,20 @@ void ewma(std::atomic<double>& avg, double sample) {
 
 std::string peer_label(const tls_stream& s) {
   return (s.peer_identity().empty() ? std::string("?") : s.peer_identity()) + "@" + s.remote();
+}
+
+// Whether the calling thread runs the io_context behind `ex` (for a strand: behind its inner
+// executor). An executor of another kind cannot be asked: then true, so post() never blocks
+// there, and backpressure comes from send() alone.
+bool runs_io_of(const asio::any_io_executor& ex) {
+  using io_executor = asio::io_context::executor_type;
+  using tracked_io_executor =
+      std::decay_t<decltype(asio::require(std::declval<io_executor>(), asio::execution::outstanding_work.tracked))>;
+  if (const auto* e = ex.target<io_executor>()) return e->running_in_this_thread();
+  if (const auto* e = ex.target<tracked_io_executor>()) return e->running_in_this_thread();
+  if (const auto* e = ex.target<asio::strand<io_executor>>()) return e->get_inner_executor().running_in_this_thread();
+  if (const auto* e = ex.target<asio::strand<asio::any_io_executor>>()) return runs_io_of(e->get_inner_executor());
+  return true;
 }
 
 }  // namespace
@@ -81,10 +96,15 @@ channel_impl::~channel_impl() = default;
 void channel_impl::start() {
   // The first Ping tells a TLS 1.3 client that the server accepted its certificate.
   queue_ping();
-  asio::co_spawn(ex_, reader(shared_from_this()), asio::detached);
-  asio::co_spawn(ex_, writer(shared_from_this()), asio::detached);
+  // An exception escaping a coroutine (a bug, an allocation failure) ends this channel only:
+  // it is logged and the channel aborted with it as the reason (the handler runs on ex_).
+  const auto close_on = [weak = weak_from_this()](const std::string& why) {
+    if (auto self = weak.lock()) self->abort(errc::connection, why);
+  };
+  asio::co_spawn(ex_, reader(shared_from_this()), log_failure("channel reader", close_on));
+  asio::co_spawn(ex_, writer(shared_from_this()), log_failure("channel writer", close_on));
   if (opts_.heartbeat.count() > 0 || opts_.idle_timeout.count() > 0)
-    asio::co_spawn(ex_, heartbeat(shared_from_this()), asio::detached);
+    asio::co_spawn(ex_, heartbeat(shared_from_this()), log_failure("channel heartbeat", close_on));
 }
 
 void channel_impl::set_reason(errc code, const std::string& reason) {
@@ -112,11 +132,7 @@ void channel_impl::wake_all() {
 void channel_impl::begin_close(const std::string& reason) {
   if (closing_ || closed_) return;
   closing_ = true;
-  {
-    std::lock_guard lock(post_mu_);
-    post_closed_ = true;
-  }
-  post_cv_.notify_all();
+  stop_accepting();
   set_reason(errc::closed, reason);
   auto weak = weak_from_this();
   close_watchdog_ = std::make_unique<watchdog>(ex_, opts_.close_timeout, [weak] {
@@ -141,6 +157,16 @@ void channel_impl::finish() {
   closing_ = true;
   stream_->close();
   if (close_watchdog_) close_watchdog_->disarm();
+  // Nothing queued will be written now: free it, and release blocked posters.
+  std::deque<outgoing> dropped;
+  {
+    std::lock_guard lock(data_mu_);
+    accepting_ = false;
+    for (const auto& o : data_q_) bytes_queued_ -= o.buf.size();
+    dropped.swap(data_q_);
+    bytes_in_flight_.store(bytes_queued_);
+  }
+  space_cv_.notify_all();
   std::string reason;
   errc code;
   {
@@ -149,64 +175,95 @@ void channel_impl::finish() {
     code = close_code_;
   }
   open_.store(false);
-  {
-    std::lock_guard lock(post_mu_);
-    post_closed_ = true;
-  }
-  post_cv_.notify_all();
   const auto level = (code == errc::closed) ? spdlog::level::info : spdlog::level::warn;
   logger()->log(level, "channel {} closed: {} (sent {} msgs / {} B, received {} msgs / {} B)", peer_label(*stream_),
                 reason, messages_sent_.load(), bytes_sent_.load(), messages_received_.load(), bytes_received_.load());
   wake_all();
 }
 
-asio::awaitable<status> channel_impl::send(flatbuffers::DetachedBuffer frame) {
+std::optional<failure> channel_impl::check_frame_size(std::size_t size) const {
+  if (size >= frame_header_bytes && size - frame_header_bytes <= opts_.limits.max_frame_bytes) return std::nullopt;
+  return failure(errc::too_large, "message of " + std::to_string(size) + " bytes exceeds the frame limit of " +
+                                      std::to_string(opts_.limits.max_frame_bytes) + " bytes");
+}
+
+void channel_impl::push_data(flatbuffers::DetachedBuffer frame) {
   const std::size_t size = frame.size();
-  if (closing_ || closed_) co_return failure(close_code_, "channel closed: " + close_reason_);
-  if (size < frame_header_bytes || size - frame_header_bytes > opts_.limits.max_frame_bytes)
-    co_return failure(errc::too_large, "message of " + std::to_string(size) + " bytes exceeds the frame limit of " +
-                                           std::to_string(opts_.limits.max_frame_bytes) + " bytes");
-  while (bytes_queued_ > 0 && bytes_queued_ + size > opts_.max_bytes_in_flight && !closing_)
-    co_await space_wake_.wait();
-  if (closing_ || closed_) co_return failure(close_code_, "channel closed: " + close_reason_);
   data_q_.push_back(outgoing{std::move(frame), clock::now()});
   bytes_queued_ += size;
   bytes_in_flight_.store(bytes_queued_);
+}
+
+failure channel_impl::closed_failure() const {
+  std::lock_guard lock(reason_mu_);
+  // An empty reason: the handle was dropped and the close has not run yet.
+  return failure(close_code_, "channel closed: " + (close_reason_.empty() ? "released" : close_reason_));
+}
+
+asio::awaitable<status> channel_impl::send(flatbuffers::DetachedBuffer frame) {
+  const std::size_t size = frame.size();
+  if (closing_ || closed_) co_return closed_failure();
+  if (auto too_large = check_frame_size(size)) co_return *too_large;
+  for (;;) {
+    bool queued = false;
+    bool refused = closing_ || closed_;
+    if (!refused) {
+      std::lock_guard lock(data_mu_);
+      refused = !accepting_;
+      if (!refused && fits(size)) {
+        push_data(std::move(frame));
+        queued = true;
+      }
+    }
+    if (refused) co_return closed_failure();
+    if (queued) break;
+    co_await space_wake_.wait();  // woken as the writer frees space, and by every close
+  }
   writer_wake_.notify();
   co_return status{};
 }
 
+bool channel_impl::on_io_thread() const {
+  return runs_io_of(ex_);
+}
+
 bool channel_impl::post(flatbuffers::DetachedBuffer frame) {
   const std::size_t size = frame.size();
-  if (size < frame_header_bytes || size - frame_header_bytes > opts_.limits.max_frame_bytes) return false;
+  if (check_frame_size(size)) return false;
+  // A thread of the channel's io_context must not wait: the writer that would free the space
+  // may need that very thread. It may go over the bound instead.
+  const bool may_block = !on_io_thread();
   {
-    std::unique_lock lock(post_mu_);
-    // The I/O thread never waits on itself: it may go over the bound by one message.
-    const auto* io = ex_.target<asio::io_context::executor_type>();
-    if (!(io && io->running_in_this_thread()))
-      post_cv_.wait(lock, [&] {
-        return post_closed_ || posted_bytes_ == 0 || posted_bytes_ + size <= opts_.max_bytes_in_flight;
-      });
-    if (post_closed_) return false;
-    posted_bytes_ += size;
+    std::unique_lock lock(data_mu_);
+    if (may_block) space_cv_.wait(lock, [&] { return !accepting_ || fits(size); });
+    if (!accepting_) return false;
+    push_data(std::move(frame));
   }
-  auto buf = std::make_shared<flatbuffers::DetachedBuffer>(std::move(frame));
-  asio::dispatch(ex_, [self = shared_from_this(), buf, size] {
-    if (self->closing_ || self->closed_) return self->posted_written(size);
-    self->data_q_.push_back(outgoing{std::move(*buf), clock::now(), true});
-    self->bytes_queued_ += size;
-    self->bytes_in_flight_.store(self->bytes_queued_);
-    self->writer_wake_.notify();
-  });
+  wake_writer_from_any_thread();
   return true;
 }
 
-void channel_impl::posted_written(std::size_t bytes) {
+void channel_impl::wake_writer_from_any_thread() {
+  // The wakeup timer is not thread-safe: notify on the executor (inline when already there).
+  // One pending wakeup serves every message queued before it runs.
+  if (writer_wake_posted_.exchange(true)) return;
+  asio::dispatch(ex_, [self = shared_from_this()] {
+    self->writer_wake_posted_.exchange(false);
+    self->writer_wake_.notify();
+  });
+}
+
+void channel_impl::stop_accepting() {
   {
-    std::lock_guard lock(post_mu_);
-    posted_bytes_ -= std::min(posted_bytes_, bytes);
+    std::lock_guard lock(data_mu_);
+    accepting_ = false;
   }
-  post_cv_.notify_all();
+  space_cv_.notify_all();
+}
+
+std::size_t channel_impl::queued_messages() const {
+  std::lock_guard lock(data_mu_);
+  return data_q_.size();
 }
 
 void channel_impl::queue_control(message_builder&& m) {
@@ -406,9 +463,50 @@ asio::awaitable<status> channel_impl::write_frame(outgoing& item) {
   co_return status{};
 }
 
+// However the writer ends (closed, failed, or destroyed with its io_context), posters waiting
+// for space must not wait for it any longer.
+class release_posters {
+ public:
+  explicit release_posters(channel_impl& c) : c_(c) {}
+  ~release_posters() { c_.stop_accepting(); }
+  release_posters(const release_posters&) = delete;
+  release_posters& operator=(const release_posters&) = delete;
+
+ private:
+  channel_impl& c_;
+};
+
+void channel_impl::data_written(std::size_t size) {
+  {
+    std::lock_guard lock(data_mu_);
+    bytes_queued_ -= size;
+    bytes_in_flight_.store(bytes_queued_);
+  }
+  space_cv_.notify_all();
+  space_wake_.notify();
+}
+
 asio::awaitable<void> channel_impl::writer(std::shared_ptr<channel_impl> self) {
+  release_posters release(*this);
   while (!closed_) {
-    if (control_q_.empty() && data_q_.empty()) {
+    // Control frames first; a data frame leaves the queue (under the lock) before it is written,
+    // its bytes still counted until written.
+    outgoing item;
+    bool control = false;
+    bool have = false;
+    if (!control_q_.empty()) {
+      item = std::move(control_q_.front());
+      control_q_.pop_front();
+      control = have = true;
+    } else {
+      std::lock_guard lock(data_mu_);
+      if (!data_q_.empty()) {
+        item = std::move(data_q_.front());
+        data_q_.pop_front();
+        have = true;
+      }
+    }
+    if (!have) {
       if (closing_) {
         co_await stream_->shutdown();
         writer_done_ = true;
@@ -418,26 +516,19 @@ asio::awaitable<void> channel_impl::writer(std::shared_ptr<channel_impl> self) {
       co_await writer_wake_.wait();
       continue;
     }
-    const bool control = !control_q_.empty();
-    outgoing& item = control ? control_q_.front() : data_q_.front();
     const std::size_t size = item.buf.size();
     status st = co_await write_frame(item);
+    if (!control) data_written(size);
     if (!st) {
       abort(st.error().code(), st.error().reason());
       break;
     }
     if (control) {
-      const auto* root = flatbuffers::GetSizePrefixedRoot<wire::Message>(control_q_.front().buf.data());
+      const auto* root = flatbuffers::GetSizePrefixedRoot<wire::Message>(item.buf.data());
       if (root->body_type() == wire::Body::Ping) --pings_queued_;
       if (root->body_type() == wire::Body::Pong) --pongs_queued_;
-      control_q_.pop_front();
     } else {
-      if (data_q_.front().posted) posted_written(size);
-      data_q_.pop_front();
-      bytes_queued_ -= size;
-      bytes_in_flight_.store(bytes_queued_);
       ++messages_sent_;
-      space_wake_.notify();
     }
   }
   writer_done_ = true;
@@ -457,7 +548,7 @@ asio::awaitable<void> channel_impl::heartbeat(std::shared_ptr<channel_impl> self
     }
     if (opts_.heartbeat.count() > 0 && pings_queued_ == 0) {
       // An idle link is probed now and then: its bandwidth may have changed since last seen.
-      const bool probe = opts_.bandwidth_probe.count() > 0 && data_q_.empty() &&
+      const bool probe = opts_.bandwidth_probe.count() > 0 && bytes_in_flight_.load() == 0 &&
                          clock::now() - last_big_send_ >= opts_.bandwidth_probe;
       if (probe) last_big_send_ = clock::now();
       queue_ping(probe ? bandwidth_min_frame : 0);
@@ -474,6 +565,9 @@ channel::channel(std::shared_ptr<detail::channel_impl> impl) : impl_(std::move(i
 channel::~channel() {
   if (!impl_) return;
   auto impl = std::move(impl_);
+  // Refused from here on (a poster blocked on this channel is released now), even before the
+  // close runs on the executor.
+  impl->stop_accepting();
   const auto ex = impl->executor();
   asio::dispatch(ex, [impl = std::move(impl)] { impl->begin_close("channel released"); });
 }
@@ -486,14 +580,17 @@ channel& channel::operator=(channel&& other) noexcept {
   return *this;
 }
 
-bool channel::post(message_builder&& m) const {
-  return impl_ && impl_->post(m.release());
-}
-
 asio::awaitable<status> channel::send(message_builder&& m) {
   CLEAVE_ASSERT(impl_, "send on an empty channel");
   flatbuffers::DetachedBuffer frame = m.release();
   co_return co_await impl_->send(std::move(frame));
+}
+
+bool channel::post(message_builder&& m) const {
+  // A copy: a poster that waits keeps the channel alive even if the handle is dropped meanwhile.
+  const auto impl = impl_;
+  if (!impl) return false;
+  return impl->post(m.release());
 }
 
 asio::awaitable<result<message>> channel::receive() {

@@ -1,5 +1,7 @@
 // The state behind a channel handle and its three coroutines: reader (frames in, Ping/Pong,
 // inbox), writer (queues out, emulation, TLS close) and heartbeat (Pings, idle timeout).
+// Everything runs on the channel's executor except post() and the data queue it shares with
+// the writer (under data_mu_).
 #pragma once
 
 #include <array>
@@ -13,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "cleave/transport/channel.h"
@@ -58,7 +61,13 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
 
   void start();
   asio::awaitable<status> send(flatbuffers::DetachedBuffer frame);
-  bool post(flatbuffers::DetachedBuffer frame);  // thread-safe
+  // Thread-safe; see channel::post.
+  bool post(flatbuffers::DetachedBuffer frame);
+  // Thread-safe: refuses posts from now on and releases blocked posters (a dropped handle, a
+  // closing channel, a writer that ended).
+  void stop_accepting();
+  // Application messages queued and not yet written (thread-safe).
+  std::size_t queued_messages() const;
   asio::awaitable<result<message>> receive();
   asio::awaitable<void> close();
   // Starts a clean close without waiting for it.
@@ -82,7 +91,6 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   struct outgoing {
     flatbuffers::DetachedBuffer buf;
     clock::time_point queued;
-    bool posted = false;  // counted in posted_bytes_
   };
 
   asio::awaitable<void> reader(std::shared_ptr<channel_impl> self);
@@ -90,6 +98,17 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   asio::awaitable<void> heartbeat(std::shared_ptr<channel_impl> self);
   asio::awaitable<status> read_exact(std::byte* p, std::size_t n, std::size_t& done);
   asio::awaitable<status> write_frame(outgoing& item);
+  std::optional<failure> check_frame_size(std::size_t size) const;
+  // Under data_mu_: whether a message of `size` bytes fits under max_bytes_in_flight (a single
+  // message larger than the bound goes alone).
+  bool fits(std::size_t size) const { return bytes_queued_ == 0 || bytes_queued_ + size <= opts_.max_bytes_in_flight; }
+  // Under data_mu_: appends a data frame.
+  void push_data(flatbuffers::DetachedBuffer frame);
+  failure closed_failure() const;
+  // The writer wrote (or dropped) a data frame of `size` bytes: frees its space.
+  void data_written(std::size_t size);
+  void wake_writer_from_any_thread();
+  bool on_io_thread() const;
   void queue_control(message_builder&& m);
   void queue_ping(std::size_t padding = 0);
   void handle_pong(const wire::Pong& p);
@@ -103,16 +122,16 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   channel_options opts_;
   net_emulator emulator_;
 
+  // The data queue: filled by send() and post() from any thread, drained by the writer. Bytes
+  // count from queueing until written (the writer takes a message out before writing it).
+  mutable std::mutex data_mu_;
+  std::condition_variable space_cv_;  // posters off the executor wait here for space or the close
   std::deque<outgoing> data_q_;
-  // Bytes posted from any thread and not yet written: posters off the executor wait on post_cv_
-  // while it is over the bound.
-  std::mutex post_mu_;
-  std::condition_variable post_cv_;
-  std::size_t posted_bytes_ = 0;
-  bool post_closed_ = false;
-  void posted_written(std::size_t bytes);
-  std::deque<outgoing> control_q_;
   std::size_t bytes_queued_ = 0;
+  bool accepting_ = true;
+  std::atomic<bool> writer_wake_posted_{false};  // coalesces wakeups posted from other threads
+
+  std::deque<outgoing> control_q_;  // executor only
   std::deque<message> inbox_;
   std::size_t inbox_bytes_ = 0;
 

@@ -2,7 +2,6 @@
 #include "cleave/transport/listener.h"
 
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/use_awaitable.hpp>
@@ -39,7 +38,15 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
 
   const asio::any_io_executor& executor() const { return ex_; }
 
-  void start() { asio::co_spawn(ex_, accept_loop(shared_from_this()), asio::detached); }
+  void start() {
+    // An exception escaping the accept loop (a bug) is logged and closes the listener, so that
+    // accept() reports the end instead of waiting forever.
+    const auto close_on = [weak = weak_from_this()](const std::string&) {
+      if (auto self = weak.lock()) self->close();
+    };
+    asio::co_spawn(ex_, accept_loop(shared_from_this()),
+                   log_failure("listener on port " + std::to_string(endpoint_.port()), close_on));
+  }
 
   asio::awaitable<result<channel>> accept() {
     for (;;) {
@@ -80,7 +87,9 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
         continue;
       }
       ++pending_;
-      asio::co_spawn(ex_, handshake(self, std::move(socket)), asio::detached);
+      // An exception escaping a handshake (a bug) refuses that connection only: its slot is freed.
+      asio::co_spawn(ex_, handshake(self, std::move(socket)),
+                     log_failure("TLS handshake", [self](const std::string& why) { self->refuse("?", why); }));
     }
   }
 

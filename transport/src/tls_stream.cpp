@@ -1,10 +1,14 @@
 // Non-blocking OpenSSL on an Asio socket: each SSL call that would block waits for readiness.
 #include "cleave/transport/tls_stream.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
 #include <algorithm>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/use_awaitable.hpp>
+
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "openssl_util.h"
@@ -90,6 +94,76 @@ failure ssl_failure(SSL* ssl, int ret, const char* op) {
   }
 }
 
+// A socket BIO whose writes use send(MSG_NOSIGNAL). OpenSSL's socket BIO writes with write(2),
+// and a write to a socket the peer reset raises SIGPIPE, which kills the process; here it fails
+// with EPIPE and the stream reports a lost connection. Reads stay with OpenSSL's socket BIO (a
+// read raises no signal). ctrl answers what the buffer BIO above and SSL ask a socket BIO (as
+// crypto/bio/bss_sock.c does): the descriptor, the close flag, flush and dup.
+int nosignal_fd(BIO* b) {
+  return static_cast<int>(reinterpret_cast<std::intptr_t>(BIO_get_data(b)));
+}
+
+int nosignal_write(BIO* b, const char* data, int n) {
+  errno = 0;
+  const ssize_t r = ::send(nosignal_fd(b), data, static_cast<std::size_t>(n), MSG_NOSIGNAL);
+  BIO_clear_retry_flags(b);
+  if (r <= 0 && BIO_sock_should_retry(static_cast<int>(r))) BIO_set_retry_write(b);
+  return static_cast<int>(r);
+}
+
+long nosignal_ctrl(BIO* b, int cmd, long num, void* ptr) {
+  switch (cmd) {
+    case BIO_C_SET_FD:
+      BIO_set_data(b, reinterpret_cast<void*>(static_cast<std::intptr_t>(*static_cast<int*>(ptr))));
+      BIO_set_shutdown(b, static_cast<int>(num));
+      BIO_set_init(b, 1);
+      return 1;
+    case BIO_C_GET_FD:
+      if (!BIO_get_init(b)) return -1;
+      if (ptr) *static_cast<int*>(ptr) = nosignal_fd(b);
+      return nosignal_fd(b);
+    case BIO_CTRL_GET_CLOSE:
+      return BIO_get_shutdown(b);
+    case BIO_CTRL_SET_CLOSE:
+      BIO_set_shutdown(b, static_cast<int>(num));
+      return 1;
+    case BIO_CTRL_DUP:
+    case BIO_CTRL_FLUSH:
+      return 1;
+    default:
+      return 0;  // pending bytes, kTLS and the rest: none, as for a socket BIO
+  }
+}
+
+int nosignal_create(BIO* b) {
+  BIO_set_data(b, nullptr);
+  BIO_set_shutdown(b, BIO_NOCLOSE);
+  BIO_set_init(b, 0);
+  return 1;
+}
+
+int nosignal_destroy(BIO* b) {
+  if (!b) return 0;
+  if (BIO_get_init(b) && BIO_get_shutdown(b)) ::close(nosignal_fd(b));
+  BIO_set_init(b, 0);
+  return 1;
+}
+
+// Made once, never freed (BIOs of live streams use it until exit).
+const BIO_METHOD* nosignal_socket_method() {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR,
+                                 "socket (send with MSG_NOSIGNAL)");
+    CLEAVE_CHECK_SSL(m);
+    CLEAVE_CHECK_SSL(BIO_meth_set_write(m, nosignal_write) == 1);
+    CLEAVE_CHECK_SSL(BIO_meth_set_ctrl(m, nosignal_ctrl) == 1);
+    CLEAVE_CHECK_SSL(BIO_meth_set_create(m, nosignal_create) == 1);
+    CLEAVE_CHECK_SSL(BIO_meth_set_destroy(m, nosignal_destroy) == 1);
+    return m;
+  }();
+  return method;
+}
+
 }  // namespace
 
 tls_stream::tls_stream(asio::ip::tcp::socket socket, const tls_context& ctx, side s)
@@ -103,10 +177,11 @@ tls_stream::tls_stream(asio::ip::tcp::socket socket, const tls_context& ctx, sid
   ssl_ = SSL_new(ctx.native());
   CLEAVE_CHECK_SSL(ssl_);
   // Reads go straight to the socket (with OpenSSL's read-ahead buffer); writes go through a
-  // buffer BIO so that many 16 KiB records leave in one system call (flushed by write_all).
+  // buffer BIO so that many 16 KiB records leave in one system call (flushed by write_all), to
+  // a socket BIO that never raises SIGPIPE.
   const int fd = static_cast<int>(socket_.native_handle());
   BIO* rbio = BIO_new_socket(fd, BIO_NOCLOSE);
-  BIO* sock = BIO_new_socket(fd, BIO_NOCLOSE);
+  BIO* sock = BIO_new(nosignal_socket_method());
   BIO* buffer = BIO_new(BIO_f_buffer());
   if (!rbio || !sock || !buffer) {
     BIO_free(rbio);
@@ -114,6 +189,7 @@ tls_stream::tls_stream(asio::ip::tcp::socket socket, const tls_context& ctx, sid
     BIO_free(buffer);
     throw_openssl("BIO_new", __FILE__, __LINE__);
   }
+  BIO_set_fd(sock, fd, BIO_NOCLOSE);
   CLEAVE_CHECK_SSL(BIO_set_write_buffer_size(buffer, write_buffer_bytes) == 1);
   wbio_ = BIO_push(buffer, sock);
   SSL_set_bio(ssl_, rbio, wbio_);

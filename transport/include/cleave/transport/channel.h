@@ -24,7 +24,7 @@ class tls_stream;
 
 struct channel_options {
   frame_limits limits;                            // inbound frames
-  std::size_t max_bytes_in_flight = 64u << 20;    // queued + being written; send() waits above it
+  std::size_t max_bytes_in_flight = 64u << 20;    // queued + being written; send() and post() wait above it
   std::size_t max_inbox_bytes = 256u << 20;       // received, not yet taken by receive()
   std::chrono::milliseconds heartbeat{1000};      // Ping period (0: none)
   std::chrono::milliseconds idle_timeout{10000};  // close when nothing arrives for this long (0: never)
@@ -66,9 +66,11 @@ namespace detail {
 class channel_impl;
 }
 
-// A handle to a connection. All members except stats(), emulator() and is_open() must be
-// called on the channel's executor (its io_context thread). Dropping the handle closes the
-// channel cleanly in the background (queued messages are still sent, within close_timeout).
+// A handle to a connection. All members except post(), stats(), emulator(), is_open() and
+// close_reason() must be called on the channel's executor (its io_context thread); post() may be
+// called from any thread while no thread modifies the handle. Dropping the handle closes the
+// channel cleanly in the background (queued messages are still sent, within close_timeout) and
+// refuses posts from then on.
 class channel {
  public:
   channel() = default;
@@ -83,11 +85,11 @@ class channel {
   // message may exceed that bound). Fails when the channel is closed or the message exceeds
   // the peer-side frame limit this channel was given (limits.max_frame_bytes).
   asio::awaitable<status> send(message_builder&& m);
-  // Thread-safe: queues a finished message behind everything posted or sent before. Called off
-  // the channel's executor it blocks while more than max_bytes_in_flight are queued, until the
-  // writer drains or the channel closes (backpressure reaches the producing thread); on the
-  // executor it never blocks. False, and the message dropped, once the channel is closing or
-  // when the message exceeds the frame limit.
+  // Thread-safe: queues a finished message behind everything posted or sent before. Called off the
+  // channel's executor it blocks while more than max_bytes_in_flight are queued, until the writer
+  // drains or the channel closes (backpressure reaches the producing thread); on the executor it
+  // never blocks (a node's I/O thread must not wait on itself). False, and the message dropped,
+  // when the channel is closed or the message exceeds the frame limit.
   bool post(message_builder&& m) const;
   // The next message, verified and decoded; fails once the channel is closed and every
   // message that arrived before has been taken. One receiver at a time.
