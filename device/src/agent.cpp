@@ -393,8 +393,9 @@ asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t ge
     post(transport::make_cutover(c_.id, next.epoch, step));
     return std::pair{moved.size(), runner_->host().n_missing(c_.id)};
   };
-  const auto n = co_await ex_.compute(std::move(switch_plan));
+  // The new plan is in force from here: blocks for it may arrive before the switch is done.
   plan_ = next;
+  const auto n = co_await ex_.compute(std::move(switch_plan));
   missing_ = n.second;
   // The blocks coming down from the edge or the server.
   co_await wake_.wait_until([&] { return missing_ == 0 || over(gen); });
