@@ -13,4 +13,14 @@ void assert_fail(const char* expr, const char* file, int line, const std::string
   std::abort();
 }
 
+std::string message_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 }  // namespace cleave::core

@@ -266,6 +266,7 @@ void agent::impl::on_plan(const wire::Plan& p) {
   // A new plan (a join or a rejoin): segments start from the seed; the global weights follow.
   if (in_round_) abandon("a new plan arrived");
   pending_.reset();
+  missing_ = 0;  // the new plan's segments start from the seed here
   const bool reprofile = p.micro_batch_size() != micro_batch_size_;
   micro_batch_size_ = p.micro_batch_size();
   n_micro_batches_ = std::max(1u, p.n_micro_batches());
@@ -345,6 +346,7 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
   auto reset_clock = [this] { return runner_->take_compute_seconds(); };
   co_await ex_.compute(std::move(reset_clock));
   std::uint64_t n_samples = 0;
+  co_await wake_.wait_until([&] { return missing_ == 0 || over(gen); });  // blocks still migrating here
   for (std::uint32_t i = 0; i < steps && !over(gen); ++i) {
     const std::uint64_t step = round * steps + i;
     if (pending_ && !co_await cut_over(step, gen)) break;
@@ -444,11 +446,7 @@ void agent::impl::send_profile(std::uint64_t step, std::uint32_t epoch, std::uin
     std::lock_guard lock(profile_mu_);
     latest_profile_ = prof;
   }
-  if (const auto s = up_->current()) {
-    const auto st = s->ch.stats();
-    prof.links.push_back({up_id, static_cast<float>(transport::link_rtt_us(st)),
-                          static_cast<float>(transport::link_bytes_per_second(st))});
-  }
+  if (const auto s = up_->current()) prof.links.push_back(s->measured_link(up_id));
   post(transport::make_profile(prof, epoch, step));
 }
 

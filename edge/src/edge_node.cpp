@@ -233,8 +233,7 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
     flushing_ = false;
     avg_ = std::make_unique<core::model_average>(model_);
     stats_ = {};
-    bytes_mark_ = 0;
-    for (const auto& s : below_->sessions()) bytes_mark_ += s->ch.stats().bytes_sent + s->ch.stats().bytes_received;
+    bytes_mark_ = below_->bytes_moved();
     for (auto& [id, d] : devices_) d.expected = d.done = false;
     if (r.devices())
       for (auto id : *r.devices())
@@ -403,16 +402,8 @@ void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier f
 
 void edge_node::impl::send_profile(transport::node_profile prof) {
   latest_profile_ = prof;
-  for (const auto& s : below_->sessions()) {
-    const auto st = s->ch.stats();
-    prof.links.push_back({s->id, static_cast<float>(transport::link_rtt_us(st)),
-                          static_cast<float>(transport::link_bytes_per_second(st))});
-  }
-  if (const auto s = up_->current()) {
-    const auto st = s->ch.stats();
-    prof.links.push_back(
-        {0, static_cast<float>(transport::link_rtt_us(st)), static_cast<float>(transport::link_bytes_per_second(st))});
-  }
+  for (const auto& s : below_->sessions()) prof.links.push_back(s->measured_link(s->id));
+  if (const auto s = up_->current()) prof.links.push_back(s->measured_link(0));
   up_->post(transport::make_profile(prof, 0, 0));
 }
 
@@ -454,8 +445,7 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
   };
   const double compute = co_await ex_.compute(std::move(add_own));
   if (round != round_ || !collecting_) co_return;
-  std::uint64_t bytes = 0;
-  for (const auto& s : below_->sessions()) bytes += s->ch.stats().bytes_sent + s->ch.stats().bytes_received;
+  const std::uint64_t bytes = below_->bytes_moved();
   const auto runs = avg_->runs();
   transport::replica_desc d;
   d.round = round;

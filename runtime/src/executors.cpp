@@ -2,6 +2,8 @@
 // node stops (asked, signalled, or failed).
 #include "cleave/runtime/executors.h"
 
+#include "cleave/core/error.h"
+
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -55,13 +57,7 @@ void executors::stop(std::string why) {
 }
 
 void executors::fail(std::exception_ptr e, const std::string& what) {
-  std::string text = "unknown error";
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    text = x.what();
-  } catch (...) {
-  }
+  const std::string text = core::message_of(e);
   spdlog::error("{}: {} failed: {}", who_, what, text);
   if (!failure_) failure_ = e;
   begin_stop(what + " failed: " + text);

@@ -155,7 +155,7 @@ void segment_runner::release(std::uint32_t device) {
 
 void segment_runner::discard(std::uint32_t device, bool segments) {
   held_.erase(device);
-  seg_seconds_.clear();
+  std::erase_if(seg_seconds_, [device](const auto& kv) { return kv.first.first == device; });
   if (!host_) return;
   if (segments)
     host_->drop_device(device);

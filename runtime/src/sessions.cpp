@@ -57,7 +57,6 @@ asio::awaitable<void> acceptor::accept_loop() {
     auto s = std::make_shared<session>();
     s->ch = std::move(r.value());
     s->identity = s->ch.peer_identity();
-    s->serial = ++n_sessions_;
     ex_.spawn(serve(std::move(s)), "a session");
   }
 }
@@ -94,6 +93,15 @@ asio::awaitable<void> acceptor::serve(session_ptr s) {
       close(s, e.what());
     }
   }
+}
+
+std::uint64_t acceptor::bytes_moved() const {
+  std::uint64_t b = 0;
+  for (const auto& s : sessions_) {
+    const auto st = s->ch.stats();
+    b += st.bytes_sent + st.bytes_received;
+  }
+  return b;
 }
 
 void acceptor::close(const session_ptr& s, const std::string& why) {

@@ -85,7 +85,6 @@ class server_node::impl {
   void save_checkpoint(std::uint64_t round);
   void send_global(const runtime::session_ptr& to, std::uint32_t device_id);
   int n_connected() const;
-  std::uint64_t channel_bytes() const;
   // Re-splits: announce a new route, switch at the device's Cutover, receive moved blocks.
   void propose(std::uint32_t device, const core::route& r, const std::string& why);
   void on_cutover(const runtime::session_ptr& s, const wire::Cutover& c);

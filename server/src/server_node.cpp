@@ -73,12 +73,6 @@ int server_node::impl::n_connected() const {
   return n;
 }
 
-std::uint64_t server_node::impl::channel_bytes() const {
-  std::uint64_t b = 0;
-  for (const auto& s : acceptor_->sessions()) b += s->ch.stats().bytes_sent + s->ch.stats().bytes_received;
-  return b;
-}
-
 void server_node::impl::on_hello(const runtime::session_ptr& s, const transport::message& hello) {
   if (s->role == transport::node_role::device) return register_device(s, *hello.as<wire::Hello>());
   if (s->role != transport::node_role::edge) throw core::error("a server cannot join another server");
@@ -326,7 +320,7 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
       if (runner_->reprofile_if_idle()) publish_profile();
     });
   maybe_replan("round " + std::to_string(number));
-  const std::uint64_t bytes0 = channel_bytes();
+  const std::uint64_t bytes0 = acceptor_->bytes_moved();
   const float lr = round_lr(number);
   std::vector<std::uint32_t> participants;
   std::vector<std::pair<std::uint32_t, core::route>> routes;
@@ -419,7 +413,8 @@ asio::awaitable<void> server_node::impl::close_round(std::vector<std::pair<std::
   global_p_ = std::move(result.params);
   global_b_ = std::move(result.buffers);
   round_.server_compute = result.compute;
-  round_.edge_bytes += channel_bytes() - std::min(channel_bytes(), bytes0);
+  const std::uint64_t bytes = acceptor_->bytes_moved();
+  round_.edge_bytes += bytes - std::min(bytes, bytes0);
   report(result.eval, n_participants, train_seconds, t0, lr);
   // Broadcast to every holder, then the checkpoint.
   for (const auto& s : acceptor_->sessions())

@@ -119,9 +119,8 @@ void server_node::impl::maybe_replan(const std::string& why) {
     if (devices_.at(e.id).next || !devices_.at(e.id).measured) return;
   // This side's view of its links.
   for (const auto& s : acceptor_->sessions()) {
-    const auto st = s->ch.stats();
-    book_->report_link({transport::node_role::server, 0}, {s->role, s->id}, transport::link_rtt_us(st) * 1e-6,
-                       transport::link_bytes_per_second(st));
+    const auto l = s->measured_link(s->id);
+    book_->report_link({transport::node_role::server, 0}, {s->role, s->id}, l.rtt_us * 1e-6, l.bandwidth_bytes_per_s);
   }
   std::string missing;
   const auto prob = book_->problem(devs, missing);

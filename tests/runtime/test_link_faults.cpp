@@ -39,6 +39,24 @@ struct reports {
   }
 };
 
+// Tells when round `n` first starts (a round nobody finished starts again).
+struct round_started {
+  explicit round_started(std::uint64_t n) : n_(n) {}
+  std::function<void(std::uint64_t, int)> hook() {
+    return [this](std::uint64_t r, int) {
+      if (r == n_ && !seen_.exchange(true)) p_.set_value();
+    };
+  }
+  bool wait(double seconds) {
+    return p_.get_future().wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready;
+  }
+
+ private:
+  std::uint64_t n_;
+  std::atomic<bool> seen_{false};
+  std::promise<void> p_;
+};
+
 server::server_config fault_server(const workspace& w, reports& rep, std::promise<std::uint16_t>& port) {
   auto sc = server_cfg(w, test_backend());
   sc.on_round = [&rep](const server::round_report& r) { rep.add(r); };
@@ -70,11 +88,8 @@ TEST_CASE("a connection reset mid-round counts the device out at once and it tra
   sc.local_steps = 40;
   sc.min_devices = 2;
   sc.round_deadline_s = 60;
-  std::promise<void> round2;
-  std::atomic<bool> round2_seen{false};  // a round nobody finished runs again
-  sc.on_round_start = [&](std::uint64_t r, int) {
-    if (r == 2 && !round2_seen.exchange(true)) round2.set_value();
-  };
+  round_started round2(2);
+  sc.on_round_start = round2.hook();
   server::server_node srv(sc);
   runner rs([&] { srv.run(); });
   const auto sp = port.get_future().get();
@@ -88,7 +103,7 @@ TEST_CASE("a connection reset mid-round counts the device out at once and it tra
   };
   device::agent d1(a1), d2(fault_agent(w, 2, sp));
   runner r1([&] { d1.run(); }), r2([&] { d2.run(); });
-  round2.get_future().wait();
+  REQUIRE(round2.wait(120));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   proxy.reset_all();
   rs.join();
@@ -117,11 +132,8 @@ TEST_CASE("a half-open link: the device reconnects and the server keeps it in ev
   // The device notices first (1 s) and is back on a new connection long before the server's
   // side of the old one times out (3 s) in a later round.
   sc.links.idle_timeout = std::chrono::milliseconds(3000);
-  std::promise<void> round2;
-  std::atomic<bool> round2_seen{false};  // a round nobody finished runs again
-  sc.on_round_start = [&](std::uint64_t r, int) {
-    if (r == 2 && !round2_seen.exchange(true)) round2.set_value();
-  };
+  round_started round2(2);
+  sc.on_round_start = round2.hook();
   server::server_node srv(sc);
   runner rs([&] { srv.run(); });
   const auto sp = port.get_future().get();
@@ -134,7 +146,7 @@ TEST_CASE("a half-open link: the device reconnects and the server keeps it in ev
   };
   device::agent d1(slow(1, proxy.port())), d2(slow(2, sp));
   runner r1([&] { d1.run(); }), r2([&] { d2.run(); });
-  round2.get_future().wait();
+  REQUIRE(round2.wait(120));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   proxy.half_open();
   const auto fault = clock::now();
@@ -229,17 +241,14 @@ TEST_CASE("SIGTERM stops 24 agents under load cleanly") {
   sc.local_steps = 1000;
   sc.min_devices = 24;
   sc.batch = 16;
-  std::promise<void> round1;
-  std::atomic<bool> round1_seen{false};  // a round nobody finished runs again
-  sc.on_round_start = [&](std::uint64_t r, int) {
-    if (r == 1 && !round1_seen.exchange(true)) round1.set_value();
-  };
+  round_started round1(1);
+  sc.on_round_start = round1.hook();
   server::server_node srv(sc);
   runner rs([&] { srv.run(); });
   const auto sp = port.get_future().get();
   std::vector<pid_t> agents;
   for (int i = 1; i <= 24; ++i) agents.push_back(spawn_agent(w, i, sp, "reference", 1.0));
-  REQUIRE(round1.get_future().wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+  REQUIRE(round1.wait(120));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   for (pid_t a : agents) ::kill(a, SIGTERM);
   int crashed = 0;
@@ -261,16 +270,13 @@ TEST_CASE("an agent stopped longer than its link's timeout resumes, reconnects a
   sc.rounds = 3;
   sc.local_steps = 30;
   sc.links.idle_timeout = std::chrono::milliseconds(1000);
-  std::promise<void> round1;
-  std::atomic<bool> round1_seen{false};  // a round nobody finished runs again
-  sc.on_round_start = [&](std::uint64_t r, int) {
-    if (r == 1 && !round1_seen.exchange(true)) round1.set_value();
-  };
+  round_started round1(1);
+  sc.on_round_start = round1.hook();
   server::server_node srv(sc);
   runner rs([&] { srv.run(); });
   const auto sp = port.get_future().get();
   const pid_t agent = spawn_agent(w, 1, sp, test_backend(), 20.0, {"--idle-timeout", "1"});
-  REQUIRE(round1.get_future().wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+  REQUIRE(round1.wait(60));
   ::kill(agent, SIGSTOP);
   std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // the server closes its side meanwhile
   ::kill(agent, SIGCONT);

@@ -5,6 +5,8 @@
 
 #include <mutex>
 
+#include "cleave/core/error.h"
+
 namespace cleave::transport {
 
 std::shared_ptr<spdlog::logger> logger() {
@@ -24,13 +26,7 @@ std::function<void(std::exception_ptr)> log_failure(std::string what,
                                                     std::function<void(const std::string&)> on_error) {
   return [what = std::move(what), on_error = std::move(on_error)](std::exception_ptr e) {
     if (!e) return;
-    std::string text = "unknown error";
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      text = x.what();
-    } catch (...) {
-    }
+    const std::string text = core::message_of(e);
     logger()->error("{} failed: {}", what, text);
     if (on_error) on_error(what + " failed: " + text);
   };

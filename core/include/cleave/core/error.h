@@ -2,6 +2,7 @@
 // operation (cleave::core::error) carrying a message a user can act on.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -12,6 +13,9 @@ class error : public std::runtime_error {
  public:
   explicit error(const std::string& what) : std::runtime_error(what) {}
 };
+
+// The message of a caught exception ("unknown error" for one that is not a std::exception).
+std::string message_of(std::exception_ptr e);
 
 [[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
 

@@ -28,11 +28,16 @@ struct session {
   std::string identity;   // the certificate's name
   transport::node_role role = transport::node_role::device;
   std::uint32_t id = 0;  // node id from its Hello
-  std::uint64_t serial = 0;
-  bool open = true;  // I/O thread
+  bool open = true;      // I/O thread
 
   // Thread-safe; false when the channel is closed (the reader reports why).
   bool post(transport::message_builder&& m) const { return ch.post(std::move(m)); }
+  // The link as this end measured it, for a profile naming the node at the other end.
+  transport::link_profile_desc measured_link(std::uint32_t peer_id) const {
+    const auto st = ch.stats();
+    return {peer_id, static_cast<float>(transport::link_rtt_us(st)),
+            static_cast<float>(transport::link_bytes_per_second(st))};
+  }
 };
 using session_ptr = std::shared_ptr<session>;
 
@@ -57,6 +62,8 @@ class acceptor {
   std::uint16_t port() const { return listener_.port(); }
   // Every open session (I/O thread).
   const std::list<session_ptr>& sessions() const { return sessions_; }
+  // Bytes sent and received on the open sessions' channels.
+  std::uint64_t bytes_moved() const;
   // Ends a session: on_closed runs now, its channel closes in the background.
   void close(const session_ptr& s, const std::string& why);
   // Stops accepting and closes every session cleanly (what was posted still goes out).
@@ -70,7 +77,6 @@ class acceptor {
   transport::listener listener_;
   handlers h_;
   std::list<session_ptr> sessions_;
-  std::uint64_t n_sessions_ = 0;
 };
 
 class upstream {
