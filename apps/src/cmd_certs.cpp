@@ -44,7 +44,7 @@ void run_init(const init_args& a) {
 }
 
 void run_issue(const issue_args& a) {
-  const auto role = transport::role_from_name(a.role);
+  const auto role = core::tier_from_name(a.role);
   if (!role) throw core::error("unknown role '" + a.role + "': use server, edge or device");
   transport::issue_options opts;
   opts.role = *role;

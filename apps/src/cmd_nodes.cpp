@@ -226,15 +226,15 @@ void run_demo(const demo_options& o) {
   const fs::path certs = work / "certs";
   spdlog::info("demo: 1 server, 1 edge, {} devices on loopback; work directory {}", o.devices, work.string());
   if (!fs::exists(certs / std::string(transport::ca_cert_file))) transport::init_ca(certs);
-  auto issue = [&](const std::string& name, transport::node_role role) {
+  auto issue = [&](const std::string& name, core::tier role) {
     if (fs::exists(certs / (name + ".crt"))) return;
     transport::issue_options io;
     io.role = role;
     transport::issue_certificate(certs, name, io);
   };
-  issue("server", transport::node_role::server);
-  issue("edge-1", transport::node_role::edge);
-  for (int i = 1; i <= o.devices; ++i) issue("device-" + std::to_string(i), transport::node_role::device);
+  issue("server", core::tier::server);
+  issue("edge-1", core::tier::edge);
+  for (int i = 1; i <= o.devices; ++i) issue("device-" + std::to_string(i), core::tier::device);
   spdlog::info("demo: certificates for the CA, server, edge-1 and device-1..{} in {}", o.devices, certs.string());
 
   // All nodes share this machine's cores: give each oneDNN node its share of threads (OpenMP

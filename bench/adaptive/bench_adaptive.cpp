@@ -22,10 +22,10 @@
 #include <thread>
 
 #include "cleave/core/model.h"
-#include "cleave/core/plan.h"
 #include "cleave/device/agent.h"
 #include "cleave/edge/edge_node.h"
 #include "cleave/server/server_node.h"
+#include "cleave/split/plan.h"
 #include "cleave/transport/certs.h"
 
 namespace fs = std::filesystem;
@@ -139,18 +139,18 @@ federation_result run(const scenario& sc, server::server_config c, const std::st
 }
 
 // "device[0,3) edge[3,8) server[8,12)" -> route
-core::route parse_route(const std::string& s, int n_blocks) {
+split::route parse_route(const std::string& s, int n_blocks) {
   std::vector<int> cuts;
   std::size_t pos = 0;
   while ((pos = s.find(',', pos)) != std::string::npos) cuts.push_back(std::stoi(s.substr(++pos)));
   cuts.pop_back();  // the last segment's end is n_blocks
-  return core::make_route(false, true, cuts, n_blocks);
+  return split::make_route(false, true, cuts, n_blocks);
 }
 
 // Each plan forced in turn for `window` steps in one federation on the changed scenario (slow
 // links from round 1): the first step pays for the switch, the others are timed.
 std::vector<double> measure(const scenario& sc,
-                            const std::vector<std::pair<std::string, std::vector<core::route>>>& plans, int window) {
+                            const std::vector<std::pair<std::string, std::vector<split::route>>>& plans, int window) {
   std::fprintf(stderr, "static plans: %zu, %d steps each\n", plans.size(), window);
   step_clock clk;
   server::server_config c;
@@ -158,7 +158,7 @@ std::vector<double> measure(const scenario& sc,
   c.local_steps = static_cast<int>(plans.size() + 1) * window;
   c.adaptive = false;
   const auto first = static_cast<std::uint64_t>(c.local_steps);  // round 1 starts here
-  c.force_route = [&](std::uint32_t dev, std::uint64_t step, const core::route&) -> std::optional<core::route> {
+  c.force_route = [&](std::uint32_t dev, std::uint64_t step, const split::route&) -> std::optional<split::route> {
     clk.mark(dev, step);
     const std::size_t k = std::min<std::size_t>((step - first) / static_cast<std::uint64_t>(window), plans.size() - 1);
     return plans[k].second[static_cast<std::size_t>(dev - 1)];
@@ -201,14 +201,14 @@ int main(int argc, char** argv) {
     spdlog::set_level(spdlog::level::warn);
     sc.certs = fs::temp_directory_path() / ("cleave-bench-adaptive-" + std::to_string(::getpid()));
     transport::init_ca(sc.certs);
-    auto issue = [&](const std::string& name, transport::node_role role) {
+    auto issue = [&](const std::string& name, core::tier role) {
       transport::issue_options o;
       o.role = role;
       transport::issue_certificate(sc.certs, name, o);
     };
-    issue("server", transport::node_role::server);
-    issue("edge-1", transport::node_role::edge);
-    for (int d = 1; d <= n_devices; ++d) issue("device-" + std::to_string(d), transport::node_role::device);
+    issue("server", core::tier::server);
+    issue("edge-1", core::tier::edge);
+    for (int d = 1; d <= n_devices; ++d) issue("device-" + std::to_string(d), core::tier::device);
     const int n_blocks = 12;  // lenet5
 
     // 1. The adaptive run.
@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
     ac.local_steps = sc.steps;
     ac.adaptive = true;
     step_clock live;  // only watches: the steps are timed the same way as the static plans'
-    ac.force_route = [&](std::uint32_t dev, std::uint64_t step, const core::route&) -> std::optional<core::route> {
+    ac.force_route = [&](std::uint32_t dev, std::uint64_t step, const split::route&) -> std::optional<split::route> {
       live.mark(dev, step);
       return std::nullopt;
     };
@@ -243,14 +243,14 @@ int main(int argc, char** argv) {
     predicted /= n;
 
     // 2. Static plans on the changed scenario (slow links from round 1), forced in turn.
-    std::vector<std::pair<std::string, std::vector<core::route>>> plans;
+    std::vector<std::pair<std::string, std::vector<split::route>>> plans;
     for (int c1 = 1; c1 <= n_blocks; ++c1)
       for (int c2 = c1; c2 <= n_blocks; ++c2) {
-        const auto r = core::make_route(false, true, {c1, c2}, n_blocks);
-        plans.emplace_back("uniform " + r.str(), std::vector<core::route>(n_devices, r));
+        const auto r = split::make_route(false, true, {c1, c2}, n_blocks);
+        plans.emplace_back("uniform " + r.str(), std::vector<split::route>(n_devices, r));
       }
     auto per_device = [&](const server::round_report& rep) {
-      std::vector<core::route> routes;
+      std::vector<split::route> routes;
       for (const auto& [id, s] : rep.routes) routes.push_back(parse_route(s, n_blocks));
       return routes;
     };
@@ -267,7 +267,7 @@ int main(int argc, char** argv) {
     std::vector<std::size_t> finalists(order.begin(), order.begin() + std::min<std::size_t>(5, order.size()));
     finalists.push_back(initial_index);
     finalists.push_back(final_index);
-    std::vector<std::pair<std::string, std::vector<core::route>>> again;
+    std::vector<std::pair<std::string, std::vector<split::route>>> again;
     for (auto k : finalists) again.push_back(plans[k]);
     const int long_window = 10;
     const auto remeasured = measure(sc, again, long_window);

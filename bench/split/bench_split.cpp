@@ -119,9 +119,8 @@ int main(int argc, char** argv) {
     spdlog::set_level(spdlog::level::warn);
     const fs::path certs = fs::temp_directory_path() / ("cleave-bench-split-" + std::to_string(::getpid()));
     transport::init_ca(certs);
-    for (auto [name, role] :
-         {std::pair{"server", transport::node_role::server}, std::pair{"edge-1", transport::node_role::edge},
-          std::pair{"device-1", transport::node_role::device}}) {
+    for (auto [name, role] : {std::pair{"server", core::tier::server}, std::pair{"edge-1", core::tier::edge},
+                              std::pair{"device-1", core::tier::device}}) {
       transport::issue_options o;
       o.role = role;
       transport::issue_certificate(certs, name, o);

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cleave/core/random.h"
-#include "cleave/core/splitter.h"
+#include "cleave/split/splitter.h"
 
 using namespace cleave;
 
@@ -15,10 +15,10 @@ namespace {
 
 // n blocks; every device behind one of n_edges edges (none when 0); measured-looking figures:
 // boards 1-10 ms a block, edges 4x and the server 20x faster, Wi-Fi-like device links, fast edge links.
-core::split_problem random_problem(std::uint64_t seed, int n, int n_edges, int n_devices, bool u_shape) {
+split::split_problem random_problem(std::uint64_t seed, int n, int n_edges, int n_devices, bool u_shape) {
   core::rng r(seed);
   auto uni = [&](double a, double b) { return a + (b - a) * static_cast<double>(r.uniform()); };
-  core::split_problem p;
+  split::split_problem p;
   p.n_blocks = n;
   p.u_shape = u_shape;
   p.n_micro_batches = 4;
@@ -41,7 +41,7 @@ core::split_problem random_problem(std::uint64_t seed, int n, int n_edges, int n
     p.edge_links.push_back({uni(5e8, 1.25e9), uni(2e-4, 1e-3)});
   }
   for (int d = 0; d < n_devices; ++d) {
-    core::device_costs dev;
+    split::device_costs dev;
     dev.board = {scaled(uni(0.5, 2.0)), uni(1.5e8, 4e8)};
     dev.edge = n_edges > 0 ? static_cast<int>(r.below(static_cast<std::uint64_t>(n_edges))) : -1;
     dev.link = {uni(5e6, 5e7), uni(2e-3, 2e-2)};
@@ -65,8 +65,8 @@ double median_seconds(const std::function<void()>& f, int warmups, int runs) {
   return t[t.size() / 2];
 }
 
-double time_plan_best(const core::split_problem& p) {
-  return median_seconds([&] { core::plan_best(p); }, 3, 20);
+double time_plan_best(const split::split_problem& p) {
+  return median_seconds([&] { split::plan_best(p); }, 3, 20);
 }
 
 }  // namespace
@@ -74,7 +74,7 @@ double time_plan_best(const core::split_problem& p) {
 int main() {
   const auto big = random_problem(1, 100, 4, 64, false);
   const double t_big = time_plan_best(big);
-  const auto plan = core::plan_best(big);
+  const auto plan = split::plan_best(big);
   std::printf("plan_best 100 blocks, D E S (4 edges), 64 devices: %.3f ms (target 10 ms), predicted step %.1f ms\n",
               t_big * 1e3, plan.cost.step_seconds * 1e3);
 
@@ -90,9 +90,9 @@ int main() {
   for (const bool u : {false, true}) {
     const int n = u ? 12 : 20;
     const auto small = random_problem(5, n, 2, 8, u);
-    const double t_all = median_seconds([&] { core::plan_exhaustive(small); }, 1, 5);
-    const double t_best = median_seconds([&] { core::plan_best(small); }, 3, 20);
-    const bool same = core::plan_best(small).routes == core::plan_exhaustive(small).routes;
+    const double t_all = median_seconds([&] { split::plan_exhaustive(small); }, 1, 5);
+    const double t_best = median_seconds([&] { split::plan_best(small); }, 3, 20);
+    const bool same = split::plan_best(small).routes == split::plan_exhaustive(small).routes;
     std::printf("%d blocks, %s, 8 devices: plan_exhaustive %.3f ms, plan_best %.3f ms, ratio %.0fx, same routes: %s\n",
                 n, u ? "D E S E D" : "D E S", t_all * 1e3, t_best * 1e3, t_all / t_best, same ? "yes" : "NO");
   }

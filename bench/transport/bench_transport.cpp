@@ -416,7 +416,7 @@ int main(int argc, char** argv) {
   } cleanup{dir};
   init_ca(dir);
   issue_options server_opts;
-  server_opts.role = node_role::server;
+  server_opts.role = core::tier::server;
   server_opts.dns_names = {"localhost"};
   issue_certificate(dir, "server-1", server_opts);
   issue_options device_opts;

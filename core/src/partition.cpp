@@ -112,4 +112,35 @@ std::vector<shard> partition_classes(const std::vector<std::int32_t>& labels, in
   return out;
 }
 
+shard pick_shard(const std::string& partition, const std::vector<std::int32_t>& labels, int n_classes, int n_shards,
+                 int index, std::uint64_t seed) {
+  if (n_shards < 1 || index < 0 || index >= n_shards)
+    throw error("shard " + std::to_string(index) + " of " + std::to_string(n_shards) + " does not exist");
+  const std::string& p = partition;
+  auto number = [&](std::size_t at, const char* form) {
+    try {
+      return std::stod(p.substr(at));
+    } catch (...) {
+      throw error("partition '" + p + "': expected " + form);
+    }
+  };
+  const auto n = static_cast<std::int64_t>(labels.size());
+  if (p == "all") {
+    shard s(labels.size());
+    for (std::int64_t i = 0; i < n; ++i) s[static_cast<std::size_t>(i)] = i;
+    return s;
+  }
+  std::vector<shard> all;
+  if (p == "iid")
+    all = partition_iid(n, n_shards, seed);
+  else if (p.rfind("dirichlet:", 0) == 0)
+    all = partition_dirichlet(labels, n_classes, n_shards, number(10, "dirichlet:ALPHA, e.g. dirichlet:0.5"), seed);
+  else if (p.rfind("classes:", 0) == 0)
+    all =
+        partition_classes(labels, n_classes, n_shards, static_cast<int>(number(8, "classes:K, e.g. classes:2")), seed);
+  else
+    throw error("partition '" + p + "': expected iid, dirichlet:ALPHA, classes:K or all");
+  return all[static_cast<std::size_t>(index)];
+}
+
 }  // namespace cleave::core

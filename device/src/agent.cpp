@@ -16,53 +16,11 @@
 #include "cleave/core/random.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/segment_runner.h"
-#include "cleave/transport/emulation.h"
 #include "cleave/transport/protocol.h"
 
 namespace cleave::device {
 
-namespace {
-
 using clock = std::chrono::steady_clock;
-
-// The shard this device holds.
-core::shard pick_shard(const agent_config& c, const core::dataset& train) {
-  if (c.n_shards < 1 || c.shard < 0 || c.shard >= c.n_shards)
-    throw core::error("shard " + std::to_string(c.shard) + " of " + std::to_string(c.n_shards) + " does not exist");
-  const std::string& p = c.partition;
-  auto number = [&](std::size_t at, const char* form) {
-    try {
-      return std::stod(p.substr(at));
-    } catch (...) {
-      throw core::error("partition '" + p + "': expected " + form);
-    }
-  };
-  std::vector<core::shard> all;
-  if (p == "all") {
-    core::shard s(static_cast<std::size_t>(train.size()));
-    for (std::int64_t i = 0; i < train.size(); ++i) s[static_cast<std::size_t>(i)] = i;
-    return s;
-  }
-  if (p == "iid")
-    all = core::partition_iid(train.size(), c.n_shards, c.partition_seed);
-  else if (p.rfind("dirichlet:", 0) == 0)
-    all = core::partition_dirichlet(train.y, train.n_classes, c.n_shards,
-                                    number(10, "dirichlet:ALPHA, e.g. dirichlet:0.5"), c.partition_seed);
-  else if (p.rfind("classes:", 0) == 0)
-    all = core::partition_classes(train.y, train.n_classes, c.n_shards,
-                                  static_cast<int>(number(8, "classes:K, e.g. classes:2")), c.partition_seed);
-  else
-    throw core::error("partition '" + p + "': expected iid, dirichlet:ALPHA, classes:K or all");
-  return all[static_cast<std::size_t>(c.shard)];
-}
-
-struct plan_state {
-  core::route route;
-  std::uint32_t epoch = 0;
-  std::uint32_t edge_id = 0;  // the edge on the route (0: none)
-};
-
-}  // namespace
 
 std::uint64_t default_order_seed(std::uint64_t partition_seed, std::uint32_t id) {
   return core::mix64(partition_seed ^ (0xde71ce00ULL + id));
@@ -93,14 +51,13 @@ class agent::impl {
   asio::awaitable<bool> cut_over(std::uint64_t step, std::uint64_t gen);
   bool over(std::uint64_t gen) const { return gen != round_gen_ || ex_.stopping(); }
   void abandon(const std::string& why);
-  void apply_schedule(std::uint64_t round);
   void post(transport::message_builder&& m);
 
   // ---- compute thread ----
-  void forward_step(const plan_state& p, std::uint64_t step);
+  void forward_step(const runtime::route_state& p, std::uint64_t step);
   void next_batch(std::int64_t n, float* x, std::int32_t* y);
   void send_profile(std::uint64_t step, std::uint32_t epoch, std::uint32_t up_id);
-  void upload_replicas(const core::route& r, std::uint64_t round, std::uint64_t n_samples,
+  void upload_replicas(const split::route& r, std::uint64_t round, std::uint64_t n_samples,
                        const transport::round_stats& stats);
 
   agent_config c_;
@@ -108,12 +65,14 @@ class agent::impl {
   runtime::signal wake_;  // a micro-batch came back, blocks arrived, the round ended
   std::optional<transport::tls_context> tls_;
   std::optional<runtime::upstream> up_;
+  std::optional<runtime::link_schedule> schedule_;
   std::unique_ptr<core::backend> be_;
   std::optional<runtime::segment_runner> runner_;
 
   // I/O thread.
-  core::model_spec model_;  // of the current plan
-  std::optional<plan_state> plan_, pending_;
+  core::model_spec model_;                    // of the current plan
+  std::optional<runtime::route_state> plan_;  // with a re-split announced, switched at a step boundary
+  std::uint32_t edge_id_ = 0;                 // the edge on the route (0: none)
   std::uint32_t micro_batch_size_ = 0, n_micro_batches_ = 1;
   std::uint64_t round_ = 0, round_gen_ = 0;
   bool in_round_ = false;
@@ -122,8 +81,6 @@ class agent::impl {
   double loss_sum_ = 0;
   std::uint64_t n_loss_ = 0, n_correct_ = 0;
   int steps_since_profile_ = 0;
-  transport::emulation_schedule schedule_;
-  std::optional<transport::link_caps> caps_;
 
   // Compute thread.
   core::dataset_split data_;
@@ -131,10 +88,10 @@ class agent::impl {
   std::int64_t position_ = 0;  // samples drawn from this device's data stream
   std::vector<std::int64_t> order_;
   std::int64_t order_epoch_ = -1;
-  std::map<core::micro_batch_id, core::tensor> labels_;  // U-shape: labels waiting for the top
+  std::map<split::micro_batch_id, core::tensor> labels_;  // U-shape: labels waiting for the top
   std::uint64_t memory_budget_ = 0;
   std::mutex profile_mu_;
-  std::optional<transport::node_profile> latest_profile_;  // sent again after a reconnect
+  std::optional<split::node_profile> latest_profile_;  // sent again after a reconnect
 };
 
 agent::agent(agent_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
@@ -156,12 +113,12 @@ void agent::impl::post(transport::message_builder&& m) {
 
 void agent::impl::on_connected(const runtime::session_ptr& s) {
   transport::hello_info h;
-  h.role = transport::node_role::device;
+  h.role = core::tier::device;
   h.node_id = c_.id;
   h.name = c_.name;
   h.n_samples = static_cast<std::uint64_t>(shard_.size());
   post(transport::make_hello(h));
-  if (caps_) s->ch.emulator().set(*caps_);
+  schedule_->apply(*s);
   std::lock_guard lock(profile_mu_);
   if (latest_profile_) post(transport::make_profile(*latest_profile_, plan_ ? plan_->epoch : 0, 0));
 }
@@ -222,16 +179,6 @@ void agent::impl::on_message(transport::message m) {
       });
       return;
     }
-    case wire::Body::Error: {
-      const auto& err = *m.as<wire::Error>();
-      const std::string text = err.message() ? err.message()->str() : "";
-      if (err.code() == wire::ErrorCode::shutting_down) {
-        ex_.stop(text.empty() ? "training finished" : text);
-        return;
-      }
-      spdlog::warn("device {}: upstream error: {}", c_.id, text);
-      return;
-    }
     default:
       return;  // Welcome, heartbeats
   }
@@ -251,39 +198,33 @@ void agent::impl::on_plan(const wire::Plan& p) {
     }
     model_ = std::move(m);
   }
-  plan_state next{transport::route_for(p, c_.id, model_.n_blocks()), p.epoch(), 0};
+  const split::route route = transport::route_for(p, c_.id, model_.n_blocks());
   for (const auto* dp : *p.devices())
     if (dp->device_id() == c_.id && dp->stages())
       for (const auto* st : *dp->stages())
-        if (st->role() == wire::Role::edge) next.edge_id = st->node_id();
-  if (p.resplit() && plan_) {
-    if (p.epoch() <= plan_->epoch)
-      throw core::error("re-split to plan " + std::to_string(p.epoch()) + ", not newer than " +
-                        std::to_string(plan_->epoch));
-    pending_ = next;  // switched at the next step boundary
-    return;
-  }
+        if (st->role() == wire::Role::edge) edge_id_ = st->node_id();
+  if (p.resplit() && plan_) return plan_->announce(route, p.epoch());  // switched at the next step boundary
   // A new plan (a join or a rejoin): segments start from the seed; the global weights follow.
   if (in_round_) abandon("a new plan arrived");
-  pending_.reset();
   missing_ = 0;  // the new plan's segments start from the seed here
   const bool reprofile = p.micro_batch_size() != micro_batch_size_;
   micro_batch_size_ = p.micro_batch_size();
   n_micro_batches_ = std::max(1u, p.n_micro_batches());
-  plan_ = next;
-  spdlog::info("device {}: plan {}: {} (batch {} x {})", c_.id, next.epoch, next.route.str(), micro_batch_size_,
+  plan_.emplace().reset(route, p.epoch());
+  spdlog::info("device {}: plan {}: {} (batch {} x {})", c_.id, p.epoch(), route.str(), micro_batch_size_,
                n_micro_batches_);
-  ex_.post_compute([this, json, training = transport::training_of(p), next, reprofile, mbs = micro_batch_size_] {
-    const bool fresh = runner_->set_model(json, training);
-    runner_->discard(c_.id, true);
-    for (int seg : next.route.segments_on(core::tier::device)) runner_->host().host(c_.id, next.route, seg);
-    // Every block timed on this board before training, so the server's plan is informed from
-    // the first round.
-    if (fresh || reprofile) {
-      runner_->profile(mbs, training);
-      send_profile(0, next.epoch, next.edge_id);
-    }
-  });
+  ex_.post_compute(
+      [this, json, training = transport::training_of(p), route, epoch = p.epoch(), reprofile, mbs = micro_batch_size_] {
+        const bool fresh = runner_->set_model(json, training);
+        runner_->discard(c_.id, true);
+        for (int seg : route.segments_on(core::tier::device)) runner_->host().host(c_.id, route, seg);
+        // Every block timed on this board before training, so the server's plan is informed from
+        // the first round.
+        if (fresh || reprofile) {
+          runner_->profile(mbs, training);
+          send_profile(0, epoch, edge_id_);
+        }
+      });
 }
 
 void agent::impl::on_global_weights(std::shared_ptr<transport::message> m) {
@@ -303,15 +244,15 @@ void agent::impl::on_global_weights(std::shared_ptr<transport::message> m) {
 }
 
 void agent::impl::on_step(transport::message m) {
-  const bool grad = m.type() == wire::Body::Gradients;
-  const std::uint32_t epoch = grad ? m.as<wire::Gradients>()->epoch() : m.as<wire::Activations>()->epoch();
-  const std::uint32_t dev = grad ? m.as<wire::Gradients>()->device_id() : m.as<wire::Activations>()->device_id();
-  if (!in_round_ || !plan_ || epoch != plan_->epoch || dev != c_.id) return;  // of a round or plan that is over
+  const auto key = *transport::step_key_of(m);
+  const std::uint32_t epoch = key.epoch;
+  if (!in_round_ || !plan_ || epoch != plan_->epoch || key.device_id != c_.id)
+    return;  // of a round or plan that is over
   auto held = std::make_shared<transport::message>(std::move(m));
   const std::uint64_t gen = round_gen_;
   auto task = [this, held, gen, r = plan_->route, epoch] {
     const auto* a = held->as<wire::Activations>();
-    std::map<core::micro_batch_id, core::tensor>::iterator lab;
+    std::map<split::micro_batch_id, core::tensor>::iterator lab;
     if (a) {  // U-shape: the top segment, with the labels kept here
       lab = labels_.find({a->step(), a->micro_batch()});
       if (lab == labels_.end()) return;  // of a step abandoned
@@ -338,7 +279,8 @@ void agent::impl::on_step(transport::message m) {
 asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t steps, float lr, std::uint64_t gen) {
   round_ = round;
   in_round_ = true;
-  apply_schedule(round);
+  for (const auto& ev : schedule_->advance(round, {up_->current()}))
+    ex_.post_compute([this, s = ev.slowdown] { runner_->set_slowdown(s); });
   loss_sum_ = 0;
   n_loss_ = n_correct_ = 0;
   const auto t0 = clock::now();
@@ -349,7 +291,7 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
   co_await wake_.wait_until([&] { return missing_ == 0 || over(gen); });  // blocks still migrating here
   for (std::uint32_t i = 0; i < steps && !over(gen); ++i) {
     const std::uint64_t step = round * steps + i;
-    if (pending_ && !co_await cut_over(step, gen)) break;
+    if (plan_->next && !co_await cut_over(step, gen)) break;
     back_ = 0;
     auto forward = [this, p = *plan_, step] {
       forward_step(p, step);
@@ -362,7 +304,7 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
     n_samples += static_cast<std::uint64_t>(micro_batch_size_) * n_mb;
     if (++steps_since_profile_ >= c_.profile_every) {
       steps_since_profile_ = 0;
-      ex_.post_compute([this, step, p = *plan_] { send_profile(step, p.epoch, p.edge_id); });
+      ex_.post_compute([this, step, epoch = plan_->epoch] { send_profile(step, epoch, edge_id_); });
     }
   }
   if (over(gen)) co_return;
@@ -374,7 +316,7 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
   auto upload = [this, p = *plan_, round, steps, n_samples, stats]() mutable {
     stats.compute_us = static_cast<std::uint64_t>(runner_->take_compute_seconds() * 1e6);
     upload_replicas(p.route, round, n_samples, stats);
-    send_profile(round * steps + steps, p.epoch, p.edge_id);
+    send_profile(round * steps + steps, p.epoch, edge_id_);
     return static_cast<double>(stats.compute_us) * 1e-6;
   };
   const double compute = co_await ex_.compute(std::move(upload));
@@ -386,29 +328,27 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
 
 asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t gen) {
   const auto t0 = clock::now();
-  const plan_state next = *pending_, from = *plan_;
-  pending_.reset();
-  const transport::migrate_desc md{next.epoch, step, c_.id, next.edge_id, core::tier::device, c_.id};
-  auto switch_plan = [this, from, next, md, step] {
-    auto moved = runner_->rehost(c_.id, from.route, next.route, md);
-    for (auto& [to, msg] : moved) post(std::move(msg));
-    post(transport::make_cutover(c_.id, next.epoch, step));
+  // The new plan is in force from here: blocks for it may arrive before the switch is done.
+  const split::route from = plan_->cut_over(plan_->next_epoch), to = plan_->route;
+  const transport::migrate_desc md{plan_->epoch, step, c_.id, edge_id_, core::tier::device, c_.id};
+  auto switch_plan = [this, from, to, md] {
+    auto moved = runner_->rehost(c_.id, from, to, md);
+    for (auto& [tier, msg] : moved) post(std::move(msg));
+    post(transport::make_cutover(c_.id, md.epoch, md.step));
     return std::pair{moved.size(), runner_->host().n_missing(c_.id)};
   };
-  // The new plan is in force from here: blocks for it may arrive before the switch is done.
-  plan_ = next;
   const auto n = co_await ex_.compute(std::move(switch_plan));
   missing_ = n.second;
   // The blocks coming down from the edge or the server.
   co_await wake_.wait_until([&] { return missing_ == 0 || over(gen); });
   if (over(gen)) co_return false;
-  spdlog::info("device {}: plan {} from step {}: {} -> {} ({} block range{} sent, {:.1f} ms)", c_.id, next.epoch, step,
-               from.route.str(), next.route.str(), n.first, n.first == 1 ? "" : "s",
+  spdlog::info("device {}: plan {} from step {}: {} -> {} ({} block range{} sent, {:.1f} ms)", c_.id, md.epoch, step,
+               from.str(), to.str(), n.first, n.first == 1 ? "" : "s",
                std::chrono::duration<double, std::milli>(clock::now() - t0).count());
   co_return true;
 }
 
-void agent::impl::forward_step(const plan_state& p, std::uint64_t step) {
+void agent::impl::forward_step(const runtime::route_state& p, std::uint64_t step) {
   const std::uint32_t mbs = micro_batch_size_, n_mb = n_micro_batches_;
   const std::int64_t per = data_.train.item.numel();
   std::vector<float> xb(static_cast<std::size_t>(mbs * n_mb * per));
@@ -450,7 +390,7 @@ void agent::impl::send_profile(std::uint64_t step, std::uint32_t epoch, std::uin
   post(transport::make_profile(prof, epoch, step));
 }
 
-void agent::impl::upload_replicas(const core::route& r, std::uint64_t round, std::uint64_t n_samples,
+void agent::impl::upload_replicas(const split::route& r, std::uint64_t round, std::uint64_t n_samples,
                                   const transport::round_stats& stats) {
   const auto segs = r.segments_on(core::tier::device);
   const std::uint32_t me = c_.id;
@@ -469,26 +409,14 @@ void agent::impl::upload_replicas(const core::route& r, std::uint64_t round, std
   }
 }
 
-void agent::impl::apply_schedule(std::uint64_t round) {
-  for (const auto& ev : schedule_.at(static_cast<int>(round), c_.name)) {
-    spdlog::info("device {}: {}", c_.id, ev.str());
-    if (ev.what == transport::emulation_event::kind::slowdown) {
-      ex_.post_compute([this, s = ev.slowdown] { runner_->set_slowdown(s); });
-      continue;
-    }
-    if (!transport::name_matches(ev.b, c_.upstream_name.empty() ? "*" : c_.upstream_name) && ev.b != "*") continue;
-    caps_ = ev.caps;
-    if (const auto s = up_->current()) s->ch.emulator().set(ev.caps);
-  }
-}
-
 int agent::impl::run() {
-  schedule_ = transport::parse_schedule(c_.schedule);  // configuration errors first
+  schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
   data_ = core::load_dataset(c_.data);
-  shard_ = pick_shard(c_, data_.train);
-  memory_budget_ = c_.memory_budget ? c_.memory_budget : core::default_memory_budget();
+  shard_ =
+      core::pick_shard(c_.partition, data_.train.y, data_.train.n_classes, c_.n_shards, c_.shard, c_.partition_seed);
+  memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   runner_.emplace(*be_, core::tier::device, c_.id, c_.slowdown);
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_.size(),
                c_.data, c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());

@@ -8,10 +8,9 @@
 #include <map>
 
 #include "cleave/backend/registry.h"
-#include "cleave/core/aggregate.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/segment_runner.h"
-#include "cleave/transport/emulation.h"
+#include "cleave/split/aggregate.h"
 #include "cleave/transport/protocol.h"
 
 namespace cleave::edge {
@@ -30,10 +29,7 @@ class edge_node::impl {
   struct device_state {
     runtime::session_ptr s;        // its current session (null: not connected here)
     std::vector<std::byte> hello;  // passed on to the server again after a reconnect
-    core::route route;
-    std::uint32_t epoch = 0;
-    std::optional<core::route> next;  // a re-split waiting for the device's Cutover
-    std::uint32_t next_epoch = 0;
+    runtime::route_state rs;
     bool planned = false, expected = false, done = false;
     std::uint64_t n_samples = 0;  // its upload's, this round
   };
@@ -51,9 +47,10 @@ class edge_node::impl {
   void on_cutover(device_state& d, const transport::message& m);
   // Both: a step message for `dev` from tier `from`, run on the compute thread.
   void step(std::uint32_t dev, transport::message m, core::tier from);
+  // Blocks migrating here for the device of session s; a bad one closes that session.
+  void install(const runtime::session_ptr& s, transport::message m);
   void relay_down(std::uint32_t dev, const transport::message& m);
-  void send_profile(transport::node_profile prof);
-  void apply_schedule(std::uint64_t round);
+  void send_profile(split::node_profile prof);
   void maybe_flush(bool deadline);
   asio::awaitable<void> flush(std::vector<std::uint32_t> done, std::uint64_t round);
 
@@ -61,6 +58,7 @@ class edge_node::impl {
   runtime::executors ex_;
   std::optional<transport::tls_context> tls_;
   std::optional<runtime::upstream> up_;
+  std::optional<runtime::link_schedule> schedule_;
   std::optional<runtime::acceptor> below_;
   std::unique_ptr<core::backend> be_;
   std::optional<runtime::segment_runner> runner_;  // compute thread
@@ -68,16 +66,13 @@ class edge_node::impl {
   core::model_spec model_;
   std::uint64_t memory_budget_ = 0;
   int n_steps_ = 0;  // compute thread: device steps seen
-  std::optional<transport::node_profile> latest_profile_;
-  transport::emulation_schedule schedule_;
-  std::vector<transport::emulation_event> link_events_;
-  std::uint64_t schedule_round_ = 0;
+  std::optional<split::node_profile> latest_profile_;
   std::map<std::uint32_t, device_state> devices_;
 
   // The round being relayed.
   std::uint64_t round_ = 0;
   bool collecting_ = false, flushing_ = false;
-  std::unique_ptr<core::model_average> avg_;
+  std::unique_ptr<split::model_average> avg_;
   clock::time_point last_progress_{};
   std::chrono::milliseconds patience_{0};
   asio::steady_timer flush_timer_;
@@ -114,10 +109,10 @@ void edge_node::impl::on_server(transport::message m) {
       if (model_json_.empty()) return;  // no device here yet: nothing to install or pass on
       const auto& g = *m.as<wire::GlobalWeights>();
       transport::weights_of(g, model_);  // checked here, where a bad one drops the link
-      std::vector<std::pair<std::uint32_t, core::route>> targets;
+      std::vector<std::pair<std::uint32_t, split::route>> targets;
       for (auto& [id, d] : devices_)
         if (d.planned && (g.device_id() == 0 || g.device_id() == id)) {
-          targets.emplace_back(id, d.route);
+          targets.emplace_back(id, d.rs.route);
           relay_down(id, m);
         }
       auto held = std::make_shared<transport::message>(std::move(m));
@@ -128,9 +123,7 @@ void edge_node::impl::on_server(transport::message m) {
       return;
     }
     case wire::Body::RoundStart:
-      apply_schedule(m.as<wire::RoundStart>()->round());
-      on_round_start(*m.as<wire::RoundStart>());
-      return;
+      return on_round_start(*m.as<wire::RoundStart>());
     case wire::Body::Migrate: {
       const auto& mg = *m.as<wire::Migrate>();
       const auto it = devices_.find(mg.device_id());
@@ -138,33 +131,17 @@ void edge_node::impl::on_server(transport::message m) {
       const auto to = transport::tier_of(mg.to_role());
       if (to == core::tier::server) throw core::error("Migrate from the server addressed to the server");
       if (to == core::tier::device) return relay_down(mg.device_id(), m);
-      auto held = std::make_shared<transport::message>(std::move(m));
-      ex_.post_compute([this, held, s = it->second.s] {
-        try {
-          runner_->install(s->id, *held->as<wire::Migrate>());
-        } catch (const core::error& e) {
-          ex_.post_io([this, s, why = std::string(e.what())] { below_->close(s, why); });
-        }
-      });
-      return;
+      return install(it->second.s, std::move(m));
     }
     case wire::Body::Activations:
-      return step(m.as<wire::Activations>()->device_id(), std::move(m), core::tier::server);
     case wire::Body::Gradients:
-      return step(m.as<wire::Gradients>()->device_id(), std::move(m), core::tier::server);
+      return step(transport::step_key_of(m)->device_id, std::move(m), core::tier::server);
     case wire::Body::Leave: {  // the server refused a device
       const auto* l = m.as<wire::Leave>();
       const auto it = devices_.find(l->node_id());
       if (it == devices_.end() || !it->second.s) return;
       it->second.s->post(transport::make_error(wire::ErrorCode::refused, l->reason() ? l->reason()->str() : ""));
       below_->close(it->second.s, "refused by the server");
-      return;
-    }
-    case wire::Body::Error: {
-      const auto& e = *m.as<wire::Error>();
-      const std::string text = e.message() ? e.message()->str() : "";
-      if (e.code() == wire::ErrorCode::shutting_down) return ex_.stop(text);
-      spdlog::warn("edge {}: server reports: {}", c_.id, text);
       return;
     }
     case wire::Body::Ping:
@@ -198,16 +175,12 @@ void edge_node::impl::on_plan(const transport::message& m) {
     const std::uint32_t id = dp->device_id();
     const auto it = devices_.find(id);
     if (it == devices_.end() || !it->second.s) continue;
-    const core::route r = transport::route_for(p, id, model_.n_blocks());
+    const split::route r = transport::route_for(p, id, model_.n_blocks());
     auto& st = it->second;
     if (p.resplit() && st.planned) {
-      if (p.epoch() <= st.epoch) throw core::error("re-split of device " + std::to_string(id) + " to an old plan");
-      st.next = r;
-      st.next_epoch = p.epoch();
+      st.rs.announce(r, p.epoch());
     } else {
-      st.route = r;
-      st.epoch = p.epoch();
-      st.next.reset();
+      st.rs.reset(r, p.epoch());
       st.planned = true;
       ex_.post_compute([this, id, r] {
         runner_->discard(id, true);
@@ -229,9 +202,12 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
         }
       });
     round_ = r.round();
+    auto open = below_->open();
+    open.push_back(up_->current());
+    schedule_->advance(round_, open);
     collecting_ = true;
     flushing_ = false;
-    avg_ = std::make_unique<core::model_average>(model_);
+    avg_ = std::make_unique<split::model_average>(model_);
     stats_ = {};
     bytes_mark_ = below_->bytes_moved();
     for (auto& [id, d] : devices_) d.expected = d.done = false;
@@ -258,7 +234,7 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
 }
 
 void edge_node::impl::on_hello(const runtime::session_ptr& s, const transport::message& hello) {
-  if (s->role != transport::node_role::device) throw core::error("only devices connect to an edge");
+  if (s->role != core::tier::device) throw core::error("only devices connect to an edge");
   auto& d = devices_[s->id];
   if (d.s) {
     // The same device on a new connection: the old one is half-open or about to close.
@@ -273,8 +249,7 @@ void edge_node::impl::on_hello(const runtime::session_ptr& s, const transport::m
   d.planned = d.expected = d.done = false;
   d.hello.assign(hello.frame().begin(), hello.frame().end());
   spdlog::info("edge {}: device {} ({}) connected", c_.id, s->id, s->identity);
-  for (const auto& ev : link_events_)
-    if (transport::name_matches(ev.b, s->identity)) s->ch.emulator().set(ev.caps);
+  schedule_->apply(*s);
   up_->post(transport::copy_of(hello));
 }
 
@@ -295,10 +270,8 @@ void edge_node::impl::on_device(const runtime::session_ptr& s, transport::messag
   auto& d = devices_.at(s->id);
   switch (m.type()) {
     case wire::Body::Activations:
-      if (m.as<wire::Activations>()->device_id() != s->id) throw core::error("step message for another device");
-      return step(s->id, std::move(m), core::tier::device);
     case wire::Body::Gradients:
-      if (m.as<wire::Gradients>()->device_id() != s->id) throw core::error("step message for another device");
+      if (transport::step_key_of(m)->device_id != s->id) throw core::error("step message for another device");
       return step(s->id, std::move(m), core::tier::device);
     case wire::Body::ReplicaUpload:
       return on_replica(d, *m.as<wire::ReplicaUpload>());
@@ -312,15 +285,7 @@ void edge_node::impl::on_device(const runtime::session_ptr& s, transport::messag
         up_->post(transport::copy_of(m));
         return;
       }
-      auto held = std::make_shared<transport::message>(std::move(m));
-      ex_.post_compute([this, held, s] {
-        try {
-          runner_->install(s->id, *held->as<wire::Migrate>());
-        } catch (const core::error& e) {
-          ex_.post_io([this, s, why = std::string(e.what())] { below_->close(s, why); });
-        }
-      });
-      return;
+      return install(s, std::move(m));
     }
     case wire::Body::Cutover:
       return on_cutover(d, m);
@@ -355,70 +320,52 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
 
 void edge_node::impl::on_cutover(device_state& d, const transport::message& m) {
   const auto& c = *m.as<wire::Cutover>();
-  if (c.device_id() != d.s->id || !d.next || c.epoch() != d.next_epoch)
-    throw core::error("Cutover to plan " + std::to_string(c.epoch()) + ", which was not announced");
-  const core::route from = d.route, to = *d.next;
-  d.route = to;
-  d.epoch = d.next_epoch;
-  d.next.reset();
-  const transport::migrate_desc md{d.epoch, c.step(), d.s->id, c_.id, core::tier::edge, c_.id};
+  if (c.device_id() != d.s->id) throw core::error("Cutover of another device");
+  const split::route from = d.rs.cut_over(c.epoch()), to = d.rs.route;
+  const transport::migrate_desc md{d.rs.epoch, c.step(), d.s->id, c_.id, core::tier::edge, c_.id};
   auto cutover = std::make_shared<transport::message_builder>(transport::copy_of(m));
-  ex_.post_compute([this, s = d.s, from, to, md, cutover] {
-    try {
-      for (auto& [tier, msg] : runner_->rehost(s->id, from, to, md))
-        tier == core::tier::device ? s->post(std::move(msg)) : up_->post(std::move(msg));
-      // After this edge's own blocks, so the server has them when it re-hosts.
-      up_->post(std::move(*cutover));
-    } catch (const core::error& e) {
-      ex_.post_io([this, s, why = std::string(e.what())] { below_->close(s, why); });
-    }
-  });
+  ex_.post_compute(
+      [this, s = d.s, from, to, md, cutover] {
+        for (auto& [tier, msg] : runner_->rehost(s->id, from, to, md))
+          tier == core::tier::device ? s->post(std::move(msg)) : up_->post(std::move(msg));
+        // After this edge's own blocks, so the server has them when it re-hosts.
+        up_->post(std::move(*cutover));
+      },
+      [this, s = d.s](const std::string& why) { below_->close(s, why); });
 }
 
 void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier from) {
   const auto it = devices_.find(dev);
   if (it == devices_.end() || !it->second.planned || !it->second.s) return;  // gone meanwhile
   const auto& d = it->second;
-  const std::uint32_t epoch =
-      m.type() == wire::Body::Activations ? m.as<wire::Activations>()->epoch() : m.as<wire::Gradients>()->epoch();
-  if (epoch != d.epoch) {
+  const std::uint32_t epoch = transport::step_key_of(m)->epoch;
+  if (epoch != d.rs.epoch) {
     if (from == core::tier::server) throw core::error("step message of plan " + std::to_string(epoch));
-    return below_->close(d.s, "step message of plan " + std::to_string(epoch) + ", now " + std::to_string(d.epoch));
+    return below_->close(d.s, "step message of plan " + std::to_string(epoch) + ", now " + std::to_string(d.rs.epoch));
   }
   auto held = std::make_shared<transport::message>(std::move(m));
-  auto task = [this, s = d.s, r = d.route, epoch, from, held] {
-    try {
-      auto res = runner_->run(s->id, r, epoch, from, *held);
-      if (res.out) res.to == core::tier::server ? up_->post(std::move(*res.out)) : s->post(std::move(*res.out));
-      // Profiles go up at a steady pace, also when only relaying (their links' figures count).
-      if (res.stepped && runner_->profiled() && ++n_steps_ % std::max(1, c_.profile_every) == 0)
-        ex_.post_io([this, snap = runner_->snapshot(memory_budget_)]() mutable { send_profile(std::move(snap)); });
-    } catch (const core::error& e) {
-      ex_.post_io([this, s, why = std::string(e.what())] { below_->close(s, why); });
-    }
+  auto task = [this, s = d.s, r = d.rs.route, epoch, from, held] {
+    auto res = runner_->run(s->id, r, epoch, from, *held);
+    if (res.out) res.to == core::tier::server ? up_->post(std::move(*res.out)) : s->post(std::move(*res.out));
+    // Profiles go up at a steady pace, also when only relaying (their links' figures count).
+    if (res.stepped && runner_->profiled() && ++n_steps_ % std::max(1, c_.profile_every) == 0)
+      ex_.post_io([this, snap = runner_->snapshot(memory_budget_)]() mutable { send_profile(std::move(snap)); });
   };
-  ex_.post_compute([this, dev, task = std::move(task)] { runner_->submit(dev, task); });
+  auto guarded = ex_.guarded(std::move(task), [this, s = d.s](const std::string& why) { below_->close(s, why); });
+  ex_.post_compute([this, dev, task = std::move(guarded)] { runner_->submit(dev, task); });
 }
 
-void edge_node::impl::send_profile(transport::node_profile prof) {
+void edge_node::impl::install(const runtime::session_ptr& s, transport::message m) {
+  auto held = std::make_shared<transport::message>(std::move(m));
+  ex_.post_compute([this, held, s] { runner_->install(s->id, *held->as<wire::Migrate>()); },
+                   [this, s](const std::string& why) { below_->close(s, why); });
+}
+
+void edge_node::impl::send_profile(split::node_profile prof) {
   latest_profile_ = prof;
   for (const auto& s : below_->sessions()) prof.links.push_back(s->measured_link(s->id));
   if (const auto s = up_->current()) prof.links.push_back(s->measured_link(0));
   up_->post(transport::make_profile(prof, 0, 0));
-}
-
-void edge_node::impl::apply_schedule(std::uint64_t round) {
-  if (schedule_.empty() || round <= schedule_round_) return;
-  schedule_round_ = round;
-  for (const auto& ev : schedule_.at(static_cast<int>(round), c_.name)) {
-    if (ev.what != transport::emulation_event::kind::link) continue;
-    spdlog::info("edge {}: {}", c_.id, ev.str());
-    link_events_.push_back(ev);
-    for (const auto& s : below_->sessions())
-      if (transport::name_matches(ev.b, s->identity)) s->ch.emulator().set(ev.caps);
-    if (const auto s = up_->current(); s && transport::name_matches(ev.b, c_.upstream_name))
-      s->ch.emulator().set(ev.caps);
-  }
 }
 
 void edge_node::impl::maybe_flush(bool deadline) {
@@ -437,8 +384,8 @@ void edge_node::impl::maybe_flush(bool deadline) {
 
 asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, std::uint64_t round) {
   // This edge's own replicas of the devices that finished join their uploads.
-  std::vector<std::tuple<std::uint32_t, core::route, double>> own;
-  for (auto id : done) own.emplace_back(id, devices_.at(id).route, static_cast<double>(devices_.at(id).n_samples));
+  std::vector<std::tuple<std::uint32_t, split::route, double>> own;
+  for (auto id : done) own.emplace_back(id, devices_.at(id).rs.route, static_cast<double>(devices_.at(id).n_samples));
   auto add_own = [this, own, avg = avg_.get()] {
     for (const auto& [id, r, n] : own) runner_->add_replicas(*avg, id, r, n);
     return runner_->take_compute_seconds();
@@ -474,23 +421,22 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
 
 void edge_node::impl::on_upstream_connected(const runtime::session_ptr& s) {
   transport::hello_info h;
-  h.role = transport::node_role::edge;
+  h.role = core::tier::edge;
   h.node_id = c_.id;
   h.name = c_.name;
   s->post(transport::make_hello(h));
   if (latest_profile_) send_profile(*latest_profile_);
-  for (const auto& ev : link_events_)
-    if (transport::name_matches(ev.b, c_.upstream_name)) s->ch.emulator().set(ev.caps);
+  schedule_->apply(*s);
   // Devices already here are announced again (the server may have restarted).
   for (auto& [id, d] : devices_)
     if (d.s) s->post(transport::message_builder::from_frame(d.hello));
 }
 
 int edge_node::impl::run() {
-  schedule_ = transport::parse_schedule(c_.schedule);  // configuration errors first
+  schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
-  memory_budget_ = c_.memory_budget ? c_.memory_budget : core::default_memory_budget();
+  memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   runner_.emplace(*be_, core::tier::edge, c_.id);
   below_.emplace(ex_, *tls_, c_.listen_host, c_.port, c_.allowed, c_.links,
                  runtime::acceptor::handlers{

@@ -15,6 +15,26 @@ namespace cleave::runtime {
 
 using clock = std::chrono::steady_clock;
 
+void route_state::reset(split::route r, std::uint32_t e) {
+  route = std::move(r);
+  epoch = e;
+  next.reset();
+}
+
+void route_state::announce(split::route r, std::uint32_t e) {
+  if (e <= epoch)
+    throw core::error("re-split to plan " + std::to_string(e) + ", not newer than " + std::to_string(epoch));
+  next = std::move(r);
+  next_epoch = e;
+}
+
+split::route route_state::cut_over(std::uint32_t e) {
+  if (!next || e != next_epoch) throw core::error("Cutover to plan " + std::to_string(e) + ", which was not announced");
+  split::route from = std::move(route);
+  reset(std::move(*next), e);
+  return from;
+}
+
 segment_runner::segment_runner(core::backend& b, core::tier here, std::uint32_t node_id, double slowdown)
     : b_(&b), here_(here), node_id_(node_id), slowdown_(slowdown) {}
 
@@ -23,7 +43,7 @@ bool segment_runner::set_model(const std::string& json, const transport::trainin
   model_ = core::parse_model_spec(json, "plan");
   model_json_ = json;
   training_ = t;
-  host_ = std::make_unique<core::segment_host>(*b_, model_, t.opt, t.seed);
+  host_ = std::make_unique<split::segment_host>(*b_, model_, t.opt, t.seed);
   held_.clear();
   live_ = {};
   return true;
@@ -40,7 +60,7 @@ double segment_runner::timed(const std::function<void()>& f) {
   return secs * slowdown_;
 }
 
-int segment_runner::segment_at(const core::route& r, std::uint32_t block, core::tier from, bool activation) const {
+int segment_runner::segment_at(const split::route& r, std::uint32_t block, core::tier from, bool activation) const {
   // Entered from below at its first block, or from above at its end; the neighbour tier tells
   // apart a U-shape's two segments on one tier.
   for (int s : r.segments_on(here_)) {
@@ -53,7 +73,7 @@ int segment_runner::segment_at(const core::route& r, std::uint32_t block, core::
                     r.str() + " on the " + std::string(core::tier_name(here_)));
 }
 
-step_result segment_runner::run(std::uint32_t device, const core::route& r, std::uint32_t epoch, core::tier from,
+step_result segment_runner::run(std::uint32_t device, const split::route& r, std::uint32_t epoch, core::tier from,
                                 const transport::message& m, const core::tensor* labels) {
   if (!host_) throw core::error("a step message before any plan");
   if (const auto* a = m.as<wire::Activations>()) {
@@ -61,12 +81,12 @@ step_result segment_runner::run(std::uint32_t device, const core::route& r, std:
     // Labels travel up to the loss with the activations, except in U-shape: they stay below.
     if (r.u_shape() == (a->labels() != nullptr))
       throw core::error(r.u_shape() ? "labels sent in a U-shaped plan" : "activation without labels for the loss");
-    const core::micro_batch_id id{a->step(), a->micro_batch()};
+    const split::micro_batch_id id{a->step(), a->micro_batch()};
     const auto bi = transport::batch_of(*a);
     const core::tensor x = transport::to_backend(*b_, transport::view_of(*a->activation()));
     core::tensor y = labels ? *labels : core::tensor{};
     if (a->labels()) y = transport::to_backend(*b_, transport::view_of(*a->labels()));
-    core::segment_output o;
+    split::segment_output o;
     const double secs = timed([&] {
       o = host_->forward(device, seg, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size),
                          bi.n_micro_batches, core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch));
@@ -79,9 +99,9 @@ step_result segment_runner::run(std::uint32_t device, const core::route& r, std:
   const auto* g = m.as<wire::Gradients>();
   if (!g) throw core::error("not a step message: " + std::string(transport::body_name(m.type())));
   const int seg = segment_at(r, g->block(), from, false);
-  const core::micro_batch_id id{g->step(), g->micro_batch()};
+  const split::micro_batch_id id{g->step(), g->micro_batch()};
   const core::tensor dy = transport::to_backend(*b_, transport::view_of(*g->gradient()));
-  core::segment_output o;
+  split::segment_output o;
   const double secs = timed([&] { o = host_->backward(device, seg, id, dy); });
   // The loss computed above travels down with the gradient, to whoever reports it.
   o.loss = g->loss();
@@ -91,10 +111,10 @@ step_result segment_runner::run(std::uint32_t device, const core::route& r, std:
   return res;
 }
 
-step_result segment_runner::run_input(std::uint32_t device, const core::route& r, std::uint32_t epoch,
-                                      core::micro_batch_id id, const core::tensor& x, const core::tensor& y,
+step_result segment_runner::run_input(std::uint32_t device, const split::route& r, std::uint32_t epoch,
+                                      split::micro_batch_id id, const core::tensor& x, const core::tensor& y,
                                       const transport::batch_info& bi) {
-  core::segment_output o;
+  split::segment_output o;
   const double secs = timed([&] {
     o = host_->forward(device, 0, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size),
                        bi.n_micro_batches, core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch));
@@ -103,8 +123,8 @@ step_result segment_runner::run_input(std::uint32_t device, const core::route& r
   return finish(device, r, epoch, 0, id, bi, std::move(o), y, secs, true);
 }
 
-step_result segment_runner::finish(std::uint32_t device, const core::route& r, std::uint32_t epoch, int seg,
-                                   core::micro_batch_id id, const transport::batch_info& bi, core::segment_output o,
+step_result segment_runner::finish(std::uint32_t device, const split::route& r, std::uint32_t epoch, int seg,
+                                   split::micro_batch_id id, const transport::batch_info& bi, split::segment_output o,
                                    const core::tensor& labels, double seconds, bool forward) {
   step_result res;
   double& spent = seg_seconds_[{device, seg}];
@@ -123,13 +143,13 @@ step_result segment_runner::finish(std::uint32_t device, const core::route& r, s
   }
   res.loss = o.loss;
   res.n_correct = o.n_correct;
-  res.loss_here = forward && o.dir == core::segment_output::direction::down;
-  if (o.dir == core::segment_output::direction::up) {
+  res.loss_here = forward && o.dir == split::segment_output::direction::down;
+  if (o.dir == split::segment_output::direction::up) {
     const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.end(seg))};
     const bool pass_labels = !r.u_shape() && labels.defined();
     res.out = transport::make_activations(key, bi, *b_, o.value, pass_labels ? &labels : nullptr);
     res.to = r.path[static_cast<std::size_t>(seg + 1)];
-  } else if (o.dir == core::segment_output::direction::down) {
+  } else if (o.dir == split::segment_output::direction::down) {
     const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.begin(seg))};
     res.out = transport::make_gradients(key, *b_, o.value, o.loss, o.n_correct);
     res.to = r.path[static_cast<std::size_t>(seg - 1)];
@@ -164,23 +184,23 @@ void segment_runner::discard(std::uint32_t device, bool segments) {
 }
 
 std::vector<std::pair<core::tier, transport::message_builder>> segment_runner::rehost(
-    std::uint32_t device, const core::route& from, const core::route& to, const transport::migrate_desc& md) {
+    std::uint32_t device, const split::route& from, const split::route& to, const transport::migrate_desc& md) {
   std::vector<std::pair<core::tier, transport::message_builder>> out;
-  std::vector<core::block_state> leaving;
+  std::vector<split::block_state> leaving;
   timed([&] { leaving = host_->rehost(device, from, to, here_); });
   for (const auto& bs : leaving)
-    out.emplace_back(core::tier_of_block(to, bs.begin), transport::make_migrate(md, to, bs));
+    out.emplace_back(split::tier_of_block(to, bs.begin), transport::make_migrate(md, to, bs));
   release(device);
   return out;
 }
 
 void segment_runner::install(std::uint32_t device, const wire::Migrate& m) {
-  core::block_state st = transport::block_state_of(m, model_);
+  split::block_state st = transport::block_state_of(m, model_);
   timed([&] { host_->install_blocks(device, std::move(st)); });
   release(device);
 }
 
-void segment_runner::load(std::uint32_t device, const core::route& r, std::span<const float> params,
+void segment_runner::load(std::uint32_t device, const split::route& r, std::span<const float> params,
                           std::span<const float> buffers, bool shared) {
   for (int seg : r.segments_on(here_)) {
     if (!host_->hosts(device, r, seg)) host_->host(device, r, seg, shared);
@@ -188,7 +208,7 @@ void segment_runner::load(std::uint32_t device, const core::route& r, std::span<
   }
 }
 
-void segment_runner::add_replicas(core::model_average& avg, std::uint32_t device, const core::route& r, double weight,
+void segment_runner::add_replicas(split::model_average& avg, std::uint32_t device, const split::route& r, double weight,
                                   std::set<std::pair<int, int>>* seen) {
   for (int seg : r.segments_on(here_)) {
     if (r.begin(seg) == r.end(seg) || !host_->hosts(device, seg)) continue;
@@ -203,17 +223,17 @@ void segment_runner::add_replicas(core::model_average& avg, std::uint32_t device
 
 void segment_runner::profile(std::uint32_t batch, const transport::training_settings& t) {
   const auto t0 = clock::now();
-  core::profile_options po;
+  split::profile_options po;
   po.batch = static_cast<int>(std::max(1u, batch));
   po.seed = t.seed;
-  auto base = core::profile_blocks(*b_, model_, t.opt, po);
+  auto base = split::profile_blocks(*b_, model_, t.opt, po);
   double total = 0;
   for (auto& blk : base) {
     blk.forward_seconds *= slowdown_;
     blk.backward_seconds *= slowdown_;
     total += blk.forward_seconds + blk.backward_seconds;
   }
-  live_ = core::live_profile(std::move(base));
+  live_ = split::live_profile(std::move(base));
   profile_batch_ = static_cast<std::uint32_t>(po.batch);
   n_observed_ = n_observed_mark_ = 0;
   spdlog::info("{} {}: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", core::tier_name(here_),
@@ -230,8 +250,8 @@ bool segment_runner::reprofile_if_idle() {
   return true;
 }
 
-transport::node_profile segment_runner::snapshot(std::uint64_t memory_budget) const {
-  return transport::current_profile(live_, node_id_, profile_batch_, b_->name(), memory_budget);
+split::node_profile segment_runner::snapshot(std::uint64_t memory_budget) const {
+  return split::current_profile(live_, node_id_, profile_batch_, b_->name(), memory_budget);
 }
 
 double segment_runner::take_compute_seconds() {

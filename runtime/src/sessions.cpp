@@ -32,14 +32,40 @@ void check_hello(session& s, const transport::message& m) {
   if (h->protocol_version() != transport::protocol_version)
     throw core::error("protocol version " + std::to_string(h->protocol_version()) + ", expected " +
                       std::to_string(transport::protocol_version));
-  s.role = static_cast<transport::node_role>(h->role());
+  s.role = static_cast<core::tier>(h->role());
   s.id = h->node_id();
   if (s.ch.peer_role() && *s.ch.peer_role() != s.role)
-    throw core::error("Hello claims role " + std::string(transport::role_name(s.role)) + " but the certificate says " +
-                      std::string(transport::role_name(*s.ch.peer_role())));
+    throw core::error("Hello claims role " + std::string(core::tier_name(s.role)) + " but the certificate says " +
+                      std::string(core::tier_name(*s.ch.peer_role())));
 }
 
 }  // namespace
+
+link_schedule::link_schedule(const executors& ex, const std::string& text_or_path, std::string node_name)
+    : ex_(ex), schedule_(transport::parse_schedule(text_or_path)), name_(std::move(node_name)) {}
+
+std::vector<transport::emulation_event> link_schedule::advance(std::uint64_t round,
+                                                               const std::vector<session_ptr>& open) {
+  std::vector<transport::emulation_event> others;
+  if (schedule_.empty() || round <= round_) return others;
+  round_ = round;
+  for (const auto& ev : schedule_.at(static_cast<int>(round), name_)) {
+    spdlog::info("{}: {}", ex_.who(), ev.str());
+    if (ev.what != transport::emulation_event::kind::link) {
+      others.push_back(ev);
+      continue;
+    }
+    links_.push_back(ev);
+    for (const auto& s : open)
+      if (s && transport::name_matches(ev.b, s->identity)) s->ch.emulator().set(ev.caps);
+  }
+  return others;
+}
+
+void link_schedule::apply(session& s) const {
+  for (const auto& ev : links_)
+    if (transport::name_matches(ev.b, s.identity)) s.ch.emulator().set(ev.caps);
+}
 
 acceptor::acceptor(executors& ex, const transport::tls_context& tls, const std::string& host, std::uint16_t port,
                    std::vector<std::string> allowed, const link_settings& links, handlers h)
@@ -187,7 +213,10 @@ asio::awaitable<void> upstream::run() {
         break;
       }
       try {
-        h_.on_message(std::move(m.value()));
+        if (const auto* err = m->as<wire::Error>())
+          on_error(*err);
+        else
+          h_.on_message(std::move(m.value()));
       } catch (const core::error& e) {
         spdlog::error("{}: bad message from {}: {}", ex_.who(), s->identity, e.what());
         s->post(transport::make_error(wire::ErrorCode::bad_message, e.what()));
@@ -205,6 +234,12 @@ asio::awaitable<void> upstream::run() {
     if (clock::now() - since > std::chrono::seconds(5)) backoff = 0.2;
     co_await wait();
   }
+}
+
+void upstream::on_error(const wire::Error& e) {
+  const std::string text = e.message() ? e.message()->str() : "";
+  if (e.code() == wire::ErrorCode::shutting_down) return ex_.stop(text.empty() ? "training finished" : text);
+  spdlog::warn("{}: {} reports: {}", ex_.who(), name_.empty() ? host_ : name_, text);
 }
 
 asio::awaitable<void> upstream::shutdown() {

@@ -11,17 +11,15 @@
 #include <map>
 #include <set>
 
-#include "adaptive.h"
 #include "cleave/backend/registry.h"
-#include "cleave/core/aggregate.h"
 #include "cleave/core/checkpoint.h"
-#include "cleave/core/splitter.h"
 #include "cleave/core/trainer.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/segment_runner.h"
-#include "cleave/transport/emulation.h"
+#include "cleave/split/aggregate.h"
+#include "cleave/split/profile_book.h"
+#include "cleave/split/splitter.h"
 #include "cleave/transport/protocol.h"
-#include "default_cuts.h"
 
 namespace cleave::server {
 
@@ -41,10 +39,7 @@ class server_node::impl {
     runtime::session_ptr via;  // the session it is attached through: its own, or its edge's
     bool behind_edge = false;
     bool connected = false;
-    core::route route;
-    std::uint32_t epoch = 0;
-    std::optional<core::route> next;  // announced, waiting for the device's Cutover
-    std::uint32_t next_epoch = 0;
+    runtime::route_state rs;
     std::uint64_t last_step = ~0ULL;  // the last step seen
     bool measured = true;             // has reported a profile since its last re-split
   };
@@ -56,7 +51,7 @@ class server_node::impl {
     phase at = phase::idle;
     std::set<std::uint32_t> members;  // asked to train and still counted
     std::set<std::uint32_t> done;     // replicas in
-    std::unique_ptr<core::model_average> avg;
+    std::unique_ptr<split::model_average> avg;
     double loss_sum = 0, device_compute = 0, edge_compute = 0, server_compute = 0;
     std::uint64_t n_loss = 0, n_correct = 0, edge_bytes = 0;
     int n_resplits = 0;
@@ -79,14 +74,14 @@ class server_node::impl {
   asio::awaitable<bool> run_round(std::uint64_t number);
   // Close and average (server replicas of the finished devices + uploads), evaluate, broadcast,
   // checkpoint.
-  asio::awaitable<void> close_round(std::vector<std::pair<std::uint32_t, core::route>> routes, int n_participants,
+  asio::awaitable<void> close_round(std::vector<std::pair<std::uint32_t, split::route>> routes, int n_participants,
                                     double train_seconds, clock::time_point t0, float lr, std::uint64_t bytes0);
   void report(const core::eval_report& ev, int n_participants, double train_seconds, clock::time_point t0, float lr);
   void save_checkpoint(std::uint64_t round);
   void send_global(const runtime::session_ptr& to, std::uint32_t device_id);
   int n_connected() const;
   // Re-splits: announce a new route, switch at the device's Cutover, receive moved blocks.
-  void propose(std::uint32_t device, const core::route& r, const std::string& why);
+  void propose(std::uint32_t device, const split::route& r, const std::string& why);
   void on_cutover(const runtime::session_ptr& s, const wire::Cutover& c);
   void on_migrate(const runtime::session_ptr& s, transport::message m);
   // A device's compute failed here (bad blocks or steps it or its edge sent): the device's
@@ -95,12 +90,10 @@ class server_node::impl {
   // The adaptive splitter: profiles in, plans out.
   void on_profile(const runtime::session_ptr& s, const wire::Profile& m);
   void maybe_replan(const std::string& why);
-  std::vector<profile_book::device_entry> planned_devices() const;
+  std::vector<split::profile_book::device_entry> planned_devices() const;
   double predicted_step(const std::set<std::uint32_t>& ids);
-  void apply_schedule(std::uint64_t round);
-  void apply_caps(const runtime::session_ptr& s);
   void publish_profile();  // compute thread: the server's live profile to the book
-  core::route route_for_device(bool behind_edge) const;
+  split::route route_for_device(bool behind_edge) const;
   transport::message_builder plan_message(std::uint32_t device, bool resplit = false) const;
 
   server_config c_;
@@ -116,9 +109,8 @@ class server_node::impl {
   std::unique_ptr<core::trainer> eval_;            // compute thread
   int n_stepped_ = 0;                              // compute thread
   std::uint64_t memory_budget_ = 0;
-  std::unique_ptr<profile_book> book_;
-  transport::emulation_schedule schedule_;
-  std::vector<transport::emulation_event> link_events_;  // links of this node changed by the schedule
+  std::unique_ptr<split::profile_book> book_;
+  std::optional<runtime::link_schedule> schedule_;
 
   std::map<std::uint32_t, device_state> devices_;
   std::uint32_t plan_epoch_ = 1;

@@ -36,16 +36,14 @@ const std::vector<float>& server_node::global_buffers() const {
   return impl_->global_b_;
 }
 
-core::route server_node::impl::route_for_device(bool behind_edge) const {
-  const std::string& text = behind_edge ? c_.edge_cuts : c_.cuts;
-  const auto cuts = text.empty() ? default_cuts(model_, c_.u_shape, behind_edge) : core::parse_cuts(text);
-  return core::make_route(c_.u_shape, behind_edge, cuts, model_.n_blocks());
+split::route server_node::impl::route_for_device(bool behind_edge) const {
+  return split::configured_route(model_, c_.u_shape, behind_edge, behind_edge ? c_.edge_cuts : c_.cuts);
 }
 
 transport::message_builder server_node::impl::plan_message(std::uint32_t device, bool resplit) const {
   const auto& d = devices_.at(device);
   transport::plan_desc p;
-  p.epoch = resplit ? d.next_epoch : d.epoch;
+  p.epoch = resplit ? d.rs.next_epoch : d.rs.epoch;
   p.resplit = resplit;
   p.model_json = model_.json;
   p.training = {c_.opt, c_.seed};
@@ -53,7 +51,7 @@ transport::message_builder server_node::impl::plan_message(std::uint32_t device,
   p.n_micro_batches = static_cast<std::uint32_t>(c_.micro_batches);
   p.device_id = device;
   p.edge_id = d.behind_edge ? d.via->id : 0;
-  p.route = resplit ? *d.next : d.route;
+  p.route = resplit ? *d.rs.next : d.rs.route;
   return transport::make_plan(p);
 }
 
@@ -74,10 +72,10 @@ int server_node::impl::n_connected() const {
 }
 
 void server_node::impl::on_hello(const runtime::session_ptr& s, const transport::message& hello) {
-  if (s->role == transport::node_role::device) return register_device(s, *hello.as<wire::Hello>());
-  if (s->role != transport::node_role::edge) throw core::error("a server cannot join another server");
+  if (s->role == core::tier::device) return register_device(s, *hello.as<wire::Hello>());
+  if (s->role != core::tier::edge) throw core::error("a server cannot join another server");
   spdlog::info("server: edge {} ({}) connected", s->id, s->identity);
-  apply_caps(s);
+  schedule_->apply(*s);
   transport::welcome_info w;
   w.node_id = s->id;
   w.plan_epoch = plan_epoch_;
@@ -86,7 +84,7 @@ void server_node::impl::on_hello(const runtime::session_ptr& s, const transport:
 
 void server_node::impl::register_device(const runtime::session_ptr& via, const wire::Hello& h) {
   const std::uint32_t id = h.node_id();
-  const bool behind_edge = via->role == transport::node_role::edge;
+  const bool behind_edge = via->role == core::tier::edge;
   if (id == 0 || id >= 1000000) throw core::error("device id " + std::to_string(id) + " out of range");
   auto& d = devices_[id];
   const auto old = d.connected ? d.via : nullptr;
@@ -96,7 +94,11 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
     throw core::error("device " + std::to_string(id) + " is already connected through " + old->identity);
   const bool in_round = round_.members.erase(id) > 0;
   round_.done.erase(id);
-  d = device_state{via, behind_edge, true, route_for_device(behind_edge), plan_epoch_};
+  d = device_state{};
+  d.via = via;
+  d.behind_edge = behind_edge;
+  d.connected = true;
+  d.rs.reset(route_for_device(behind_edge), plan_epoch_);
   if (old && old != via) {
     spdlog::warn("server: device {} reconnected{}; its older connection is superseded", id,
                  in_round ? " and is counted out of round " + std::to_string(round_.number) : "");
@@ -105,14 +107,14 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
   // A fresh start: whatever the compute thread still holds of this device goes.
   ex_.post_compute([this, id] { runner_->discard(id, true); });
   spdlog::info("server: device {} joined{} ({} samples): {}", id,
-               behind_edge ? " through " + via->identity : std::string(), h.n_samples(), d.route.str());
+               behind_edge ? " through " + via->identity : std::string(), h.n_samples(), d.rs.route.str());
   transport::welcome_info w;
   w.node_id = id;
   w.plan_epoch = plan_epoch_;
   via->post(transport::make_welcome(w));
   via->post(plan_message(id));
   send_global(via, id);
-  if (!behind_edge) apply_caps(via);
+  if (!behind_edge) schedule_->apply(*via);
   wake_.notify();
 }
 
@@ -120,7 +122,7 @@ void server_node::impl::device_gone(std::uint32_t id, const std::string& reason)
   auto it = devices_.find(id);
   if (it == devices_.end() || !it->second.connected) return;
   it->second.connected = false;
-  it->second.next.reset();
+  it->second.rs.next.reset();
   const bool in_round = round_.members.erase(id) > 0;
   spdlog::warn("server: device {} left{}: {}", id, in_round ? " during round " + std::to_string(round_.number) : "",
                reason);
@@ -135,7 +137,7 @@ void server_node::impl::on_closed(const runtime::session_ptr& s, const std::stri
   std::vector<std::uint32_t> gone;
   for (const auto& [id, d] : devices_)
     if (d.connected && d.via == s) gone.push_back(id);
-  const std::string reason = s->role == transport::node_role::edge ? "its edge " + s->identity + " left" : why;
+  const std::string reason = s->role == core::tier::edge ? "its edge " + s->identity + " left" : why;
   for (auto id : gone) device_gone(id, reason);
 }
 
@@ -145,13 +147,13 @@ server_node::impl::device_state& server_node::impl::attached(std::uint32_t dev, 
   if (it == devices_.end() || it->second.via != s || !it->second.connected)
     throw core::error(std::string(what) + " for device " + std::to_string(dev) + ", which is not attached through " +
                       s->identity);
-  if (s->role == transport::node_role::device && dev != s->id)
+  if (s->role == core::tier::device && dev != s->id)
     throw core::error("device " + std::to_string(s->id) + " sent a " + what + " for device " + std::to_string(dev));
   return it->second;
 }
 
 void server_node::impl::on_message(const runtime::session_ptr& s, transport::message m) {
-  const bool edge = s->role == transport::node_role::edge;
+  const bool edge = s->role == core::tier::edge;
   switch (m.type()) {
     case wire::Body::Activations:
     case wire::Body::Gradients:
@@ -161,7 +163,7 @@ void server_node::impl::on_message(const runtime::session_ptr& s, transport::mes
     case wire::Body::Hello: {
       const auto& h = *m.as<wire::Hello>();
       if (!edge) throw core::error("a second Hello on one channel");
-      if (static_cast<transport::node_role>(h.role()) != transport::node_role::device)
+      if (static_cast<core::tier>(h.role()) != core::tier::device)
         throw core::error("an edge may only announce devices");
       try {
         register_device(s, h);
@@ -195,14 +197,14 @@ void server_node::impl::on_message(const runtime::session_ptr& s, transport::mes
 
 void server_node::impl::on_step(const runtime::session_ptr& s, transport::message m) {
   const bool act = m.type() == wire::Body::Activations;
-  const std::uint32_t dev = act ? m.as<wire::Activations>()->device_id() : m.as<wire::Gradients>()->device_id();
-  const std::uint32_t epoch = act ? m.as<wire::Activations>()->epoch() : m.as<wire::Gradients>()->epoch();
-  const std::uint64_t step = act ? m.as<wire::Activations>()->step() : m.as<wire::Gradients>()->step();
+  const auto key = *transport::step_key_of(m);
+  const std::uint32_t dev = key.device_id, epoch = key.epoch;
+  const std::uint64_t step = key.step;
   auto& d = attached(dev, s, "step message");
-  if (epoch != d.epoch) {
+  if (epoch != d.rs.epoch) {
     s->post(transport::make_error(wire::ErrorCode::stale_epoch, "plan epoch " + std::to_string(epoch) + " of device " +
                                                                     std::to_string(dev) + " is over; now " +
-                                                                    std::to_string(d.epoch)));
+                                                                    std::to_string(d.rs.epoch)));
     return;
   }
   if (round_.at != phase::collecting || !round_.members.count(dev) || round_.done.count(dev) ||
@@ -210,43 +212,38 @@ void server_node::impl::on_step(const runtime::session_ptr& s, transport::messag
     return;  // outside its round: of a round closed or a device counted out
   if (act && step != d.last_step) {
     d.last_step = step;
-    if (c_.force_route && !d.next && c_.mode == training_mode::splitfed)
-      if (auto r = c_.force_route(dev, step, d.route); r && !(*r == d.route)) propose(dev, *r, "forced");
+    if (c_.force_route && !d.rs.next && c_.mode == training_mode::splitfed)
+      if (auto r = c_.force_route(dev, step, d.rs.route); r && !(*r == d.rs.route)) propose(dev, *r, "forced");
   }
   auto held = std::make_shared<transport::message>(std::move(m));
   const core::tier from = d.behind_edge ? core::tier::edge : core::tier::device;
-  auto task = [this, s, dev, r = d.route, epoch, from, held, round = round_.number] {
-    try {
-      auto res = runner_->run(dev, r, epoch, from, *held);
-      if (res.out) s->post(std::move(*res.out));
-      if (res.stepped && ++n_stepped_ % 8 == 0) publish_profile();
-      ex_.post_io([this, round, res = std::pair{res.loss_here, res.loss}, n = res.n_samples, ok = res.n_correct] {
-        if (round != round_.number || !res.first) return;
-        round_.loss_sum += res.second * static_cast<double>(n);
-        round_.n_loss += static_cast<std::uint64_t>(n);
-        round_.n_correct += ok;
-      });
-    } catch (const core::error& e) {
-      device_failed(s, dev, e.what());
-    }
+  auto task = [this, s, dev, r = d.rs.route, epoch, from, held, round = round_.number] {
+    auto res = runner_->run(dev, r, epoch, from, *held);
+    if (res.out) s->post(std::move(*res.out));
+    if (res.stepped && ++n_stepped_ % 8 == 0) publish_profile();
+    ex_.post_io([this, round, res = std::pair{res.loss_here, res.loss}, n = res.n_samples, ok = res.n_correct] {
+      if (round != round_.number || !res.first) return;
+      round_.loss_sum += res.second * static_cast<double>(n);
+      round_.n_loss += static_cast<std::uint64_t>(n);
+      round_.n_correct += ok;
+    });
   };
-  ex_.post_compute([this, dev, task = std::move(task)] { runner_->submit(dev, task); });
+  auto guarded = ex_.guarded(std::move(task), [this, s, dev](const std::string& why) { device_failed(s, dev, why); });
+  ex_.post_compute([this, dev, task = std::move(guarded)] { runner_->submit(dev, task); });
 }
 
 void server_node::impl::device_failed(const runtime::session_ptr& s, std::uint32_t dev, const std::string& why) {
-  ex_.post_io([this, s, dev, why] {
-    spdlog::warn("server: device {}: {}", dev, why);
-    if (s->role == transport::node_role::device)
-      acceptor_->close(s, why);
-    else
-      device_gone(dev, why);
-  });
+  spdlog::warn("server: device {}: {}", dev, why);
+  if (s->role == core::tier::device)
+    acceptor_->close(s, why);
+  else
+    device_gone(dev, why);
 }
 
 void server_node::impl::on_replica(const runtime::session_ptr& s, const wire::ReplicaUpload& r) {
   if (round_.at != phase::collecting || r.round() != round_.number) return;  // of a round closed
   const auto devs = transport::devices_of(r);
-  if (s->role == transport::node_role::device && (devs.size() != 1 || devs[0] != s->id))
+  if (s->role == core::tier::device && (devs.size() != 1 || devs[0] != s->id))
     throw core::error("a device may only upload its own replicas");
   for (auto d : devs) attached(d, s, "replica");
   // Devices counted out meanwhile (they left their edge after uploading) stay out.
@@ -259,7 +256,7 @@ void server_node::impl::on_replica(const runtime::session_ptr& s, const wire::Re
                     static_cast<double>(r.n_samples()), w.params, w.buffers);
   if (!r.final_part()) return;
   const auto st = transport::stats_of(r);
-  (s->role == transport::node_role::device ? round_.device_compute : round_.edge_compute) += st.compute_us * 1e-6;
+  (s->role == core::tier::device ? round_.device_compute : round_.edge_compute) += st.compute_us * 1e-6;
   round_.device_compute += st.device_compute_us * 1e-6;
   round_.edge_bytes += st.bytes_moved;
   // The loss is counted where it was computed: by the server itself, or in these statistics.
@@ -312,9 +309,10 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
 // One round; false when nobody finished it (it is run again, not counted as training).
 asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
   const auto t0 = clock::now();
-  apply_schedule(number);
-  round_ = round_state{number, phase::idle};
-  round_.avg = std::make_unique<core::model_average>(model_);
+  schedule_->advance(number, acceptor_->open());
+  round_ = round_state{};
+  round_.number = number;
+  round_.avg = std::make_unique<split::model_average>(model_);
   if (number > 1 && book_)
     ex_.post_compute([this] {
       if (runner_->reprofile_if_idle()) publish_profile();
@@ -323,11 +321,11 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
   const std::uint64_t bytes0 = acceptor_->bytes_moved();
   const float lr = round_lr(number);
   std::vector<std::uint32_t> participants;
-  std::vector<std::pair<std::uint32_t, core::route>> routes;
+  std::vector<std::pair<std::uint32_t, split::route>> routes;
   for (auto& [id, d] : devices_)
     if (d.connected) {
       participants.push_back(id);
-      routes.emplace_back(id, d.route);
+      routes.emplace_back(id, d.rs.route);
     }
   // Every server replica starts the round from the global weights.
   auto install = [this, routes, lr, p = global_p_, b = global_b_] {
@@ -383,11 +381,11 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
   co_return true;
 }
 
-asio::awaitable<void> server_node::impl::close_round(std::vector<std::pair<std::uint32_t, core::route>> routes,
+asio::awaitable<void> server_node::impl::close_round(std::vector<std::pair<std::uint32_t, split::route>> routes,
                                                      int n_participants, double train_seconds, clock::time_point t0,
                                                      float lr, std::uint64_t bytes0) {
   const std::set<std::uint32_t> in = round_.done;
-  for (auto& [id, r] : routes) r = devices_.at(id).route;  // re-splits during the round
+  for (auto& [id, r] : routes) r = devices_.at(id).rs.route;  // re-splits during the round
   // Close and average (server replicas of the finished devices + uploads), then evaluate.
   struct averaged {
     std::vector<float> params, buffers;
@@ -418,8 +416,7 @@ asio::awaitable<void> server_node::impl::close_round(std::vector<std::pair<std::
   report(result.eval, n_participants, train_seconds, t0, lr);
   // Broadcast to every holder, then the checkpoint.
   for (const auto& s : acceptor_->sessions())
-    if (s->role == transport::node_role::edge || (devices_.count(s->id) && devices_.at(s->id).via == s))
-      send_global(s, 0);
+    if (s->role == core::tier::edge || (devices_.count(s->id) && devices_.at(s->id).via == s)) send_global(s, 0);
   if (!c_.checkpoint.empty()) save_checkpoint(round_.number);
   round_.at = phase::idle;
 }
@@ -446,7 +443,7 @@ void server_node::impl::report(const core::eval_report& ev, int n_participants, 
   rep.n_resplits = round_.n_resplits;
   rep.planner_seconds = round_.planner_s;
   for (const auto& [id, d] : devices_)
-    if (d.connected && round_.done.count(id)) rep.routes.emplace_back(id, d.route.str());
+    if (d.connected && round_.done.count(id)) rep.routes.emplace_back(id, d.rs.route.str());
   last_ = rep;
   const bool scheduled = c_.lr_schedule != core::schedule_kind::constant || c_.warmup_rounds > 0;
   spdlog::info(
@@ -486,7 +483,7 @@ round_report server_node::impl::run() {
         "not the optimizer's per-step one");
   if (c_.warmup_rounds < 0 || c_.warmup_rounds >= c_.rounds)
     throw core::error("warm-up rounds must be >= 0 and fewer than the rounds");
-  schedule_ = transport::parse_schedule(c_.schedule);  // configuration errors first
+  schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
   data_ = core::load_dataset(c_.data);
@@ -498,13 +495,13 @@ round_report server_node::impl::run() {
   runner_.emplace(*be_, core::tier::server, 0);
   const transport::training_settings training{c_.opt, c_.seed};
   runner_->set_model(model_.json, training);
-  memory_budget_ = c_.memory_budget ? c_.memory_budget : core::default_memory_budget();
+  memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   if (c_.adaptive && c_.mode == training_mode::splitfed) {
     // The server's own blocks, profiled before anyone joins: the first plan is informed.
     runner_->profile(static_cast<std::uint32_t>(std::max(1, c_.batch / c_.micro_batches)), training);
-    book_ =
-        std::make_unique<profile_book>(model_, std::max(1, c_.batch / c_.micro_batches), c_.micro_batches, c_.u_shape);
-    book_->set_profile({transport::node_role::server, 0}, runner_->snapshot(memory_budget_));
+    book_ = std::make_unique<split::profile_book>(model_, std::max(1, c_.batch / c_.micro_batches), c_.micro_batches,
+                                                  c_.u_shape);
+    book_->set_profile({core::tier::server, 0}, runner_->snapshot(memory_budget_));
   }
   core::train_config tc;
   tc.seed = c_.seed;

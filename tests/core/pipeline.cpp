@@ -4,9 +4,9 @@
 
 #include "../support/backend_harness.h"
 #include "../support/error_of.h"
-#include "cleave/core/aggregate.h"
-#include "cleave/core/pipeline.h"
 #include "cleave/core/trainer.h"
+#include "cleave/split/aggregate.h"
+#include "cleave/split/pipeline.h"
 
 using namespace cleave;
 using core::shape;
@@ -40,14 +40,14 @@ struct split_rig {
   std::vector<float> data = testing::random_vec(steps * n * 784, 2);
   std::vector<std::int32_t> labels;
   std::map<core::tier, std::unique_ptr<core::backend>> be;
-  std::map<core::tier, std::unique_ptr<core::segment_host>> hosts;
+  std::map<core::tier, std::unique_ptr<split::segment_host>> hosts;
 
   explicit split_rig(core::optimizer_config o = {}) : oc(o) {
     labels.resize(static_cast<std::size_t>(steps * n));
     for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>((i * 7) % 10);
     for (auto t : {core::tier::device, core::tier::edge, core::tier::server}) {
       be[t] = backend::make_backend("reference");
-      hosts[t] = std::make_unique<core::segment_host>(*be[t], m, oc, seed);
+      hosts[t] = std::make_unique<split::segment_host>(*be[t], m, oc, seed);
     }
   }
 
@@ -61,16 +61,16 @@ struct split_rig {
     return testing::read(*ref, local.model_stage().params());
   }
 
-  void host(const core::route& r) {
+  void host(const split::route& r) {
     for (auto& [t, h] : hosts)
       for (int seg : r.segments_on(t)) h->host(7, r, seg);
   }
 
   // One step of device 7 along route r: forward up the route, the loss at its end, backward down.
-  void step(const core::route& r, int s, int micro_batches) {
+  void step(const split::route& r, int s, int micro_batches) {
     const int mb_size = n / micro_batches;
     for (int mb = 0; mb < micro_batches; ++mb) {
-      const core::micro_batch_id id{static_cast<std::uint64_t>(s), static_cast<std::uint32_t>(mb)};
+      const split::micro_batch_id id{static_cast<std::uint64_t>(s), static_cast<std::uint32_t>(mb)};
       auto& dev = *be[core::tier::device];
       tensor x = testing::make(dev, {mb_size, 1, 28, 28},
                                std::vector<float>(data.begin() + (s * n + mb * mb_size) * 784,
@@ -81,7 +81,7 @@ struct split_rig {
       tensor v = x;
       core::backend* at = &dev;
       int seg = 0;
-      core::segment_output out;
+      split::segment_output out;
       for (;; ++seg) {
         const auto t = r.path[static_cast<std::size_t>(seg)];
         tensor in = wire(*at, *be[t], v);
@@ -90,9 +90,9 @@ struct split_rig {
                                 static_cast<std::uint32_t>(micro_batches), 0);
         at = be[t].get();
         v = out.value;
-        if (out.dir != core::segment_output::direction::up) break;
+        if (out.dir != split::segment_output::direction::up) break;
       }
-      while (out.dir == core::segment_output::direction::down) {
+      while (out.dir == split::segment_output::direction::down) {
         --seg;
         const auto t = r.path[static_cast<std::size_t>(seg)];
         tensor g = wire(*at, *be[t], v);
@@ -105,7 +105,7 @@ struct split_rig {
   }
 
   // The whole model's parameters reassembled from the segments of route r.
-  std::vector<float> params(const core::route& r) {
+  std::vector<float> params(const split::route& r) {
     std::vector<float> got;
     for (int seg = 0; seg < r.n_segments(); ++seg) {
       const auto t = r.path[static_cast<std::size_t>(seg)];
@@ -129,7 +129,7 @@ TEST_CASE("split training through segment hosts equals local training for every 
         shape_case{true, true, {2, 6, 9, 11}, 1}, shape_case{false, true, {3, 7}, 4}}) {
     split_rig rig;  // SGD 0.05, momentum 0.9
     const auto want = rig.local_params();
-    const auto r = core::make_route(sc.u, sc.edge, sc.cuts, rig.m.n_blocks());
+    const auto r = split::make_route(sc.u, sc.edge, sc.cuts, rig.m.n_blocks());
     CAPTURE(r.str());
     CAPTURE(sc.micro_batches);
     rig.host(r);
@@ -159,17 +159,17 @@ TEST_CASE("moving cuts between steps with weights and optimizer state keeps trai
     if (sc.opt == core::optimizer_kind::adamw) oc.lr = 0.002f;
     split_rig rig(oc);
     const auto want = rig.local_params();
-    auto r = core::make_route(sc.u, sc.edge, sc.cuts[0], rig.m.n_blocks());
+    auto r = split::make_route(sc.u, sc.edge, sc.cuts[0], rig.m.n_blocks());
     rig.host(r);
     int n_moves = 0;
     for (int s = 0; s < rig.steps; ++s) {
       if (s > 0 && s % 3 == 0) {
-        const auto next = core::make_route(sc.u, sc.edge, sc.cuts[(s / 3) % sc.cuts.size()], rig.m.n_blocks());
+        const auto next = split::make_route(sc.u, sc.edge, sc.cuts[(s / 3) % sc.cuts.size()], rig.m.n_blocks());
         CAPTURE(r.str());
         CAPTURE(next.str());
         // Every tier hands over what it loses; the server's share arrives before it re-hosts
         // (as a device's Migrate does before its Cutover), the others' after.
-        std::vector<std::pair<core::tier, core::block_state>> moving;
+        std::vector<std::pair<core::tier, split::block_state>> moving;
         for (auto t : {core::tier::device, core::tier::edge}) {
           for (auto& st : rig.hosts[t]->rehost(7, r, next, t)) {
             core::tier to = next.path[0];
@@ -205,8 +205,8 @@ TEST_CASE("moving cuts between steps with weights and optimizer state keeps trai
 
 TEST_CASE("migrated blocks that do not fit the model or the plan are refused") {
   split_rig rig;
-  const auto r1 = core::make_route(false, false, {4}, rig.m.n_blocks());
-  const auto r2 = core::make_route(false, false, {8}, rig.m.n_blocks());
+  const auto r1 = split::make_route(false, false, {4}, rig.m.n_blocks());
+  const auto r2 = split::make_route(false, false, {8}, rig.m.n_blocks());
   rig.host(r1);
   auto lost = rig.hosts[core::tier::server]->rehost(7, r1, r2, core::tier::server);
   REQUIRE(lost.size() == 1);
@@ -215,7 +215,7 @@ TEST_CASE("migrated blocks that do not fit the model or the plan are refused") {
   auto& dev = *rig.hosts[core::tier::device];
   dev.rehost(7, r1, r2, core::tier::device);
   CHECK(dev.n_missing(7) == 4);
-  core::block_state bad = lost[0];
+  split::block_state bad = lost[0];
   bad.params.pop_back();
   CHECK(testing::error_of([&] { dev.install_blocks(7, bad); }).find("parameters") != std::string::npos);
   bad = lost[0];
@@ -230,12 +230,12 @@ TEST_CASE("block averages are weighted by samples and combine associatively") {
   const auto lay = core::layout_of(m);
   const auto np = lay.param_offset.back();
   const auto a = testing::random_vec(np, 1), b = testing::random_vec(np, 2), c = testing::random_vec(np, 3);
-  core::model_average all(m);
+  split::model_average all(m);
   all.add(0, m.n_blocks(), 10, a, {});
   all.add(0, m.n_blocks(), 30, b, {});
   all.add(0, m.n_blocks(), 20, c, {});
   // An edge pre-averages a and b, then the server combines with c.
-  core::model_average edge(m), server(m);
+  split::model_average edge(m), server(m);
   edge.add(0, m.n_blocks(), 10, a, {});
   edge.add(0, m.n_blocks(), 30, b, {});
   for (const auto& run : edge.runs()) {
@@ -253,7 +253,7 @@ TEST_CASE("block averages are weighted by samples and combine associatively") {
     CHECK(p2[k] == doctest::Approx(p1[k]).epsilon(1e-6));
   }
   // Replicas of part of the model: blocks nobody sent keep their values.
-  core::model_average part(m);
+  split::model_average part(m);
   const auto off = lay.param_offset[2];
   part.add(2, m.n_blocks(), 5, std::vector<float>(b.begin() + off, b.end()), {});
   CHECK(!part.covers_all());
@@ -265,18 +265,18 @@ TEST_CASE("block averages are weighted by samples and combine associatively") {
 
 TEST_CASE("bad cuts are refused with the reason") {
   using cleave::testing::error_of;
-  CHECK(error_of([] { core::parse_cuts("3;7"); }).find("cuts '3;7': expected comma-separated block indices") == 0);
-  CHECK(error_of([] { core::parse_cuts(""); }) == "cuts '': empty");
-  CHECK(error_of([] { core::make_route(false, true, {3}, 12); }) == "3-tier plan needs 2 cuts, got 1");
-  CHECK(error_of([] { core::make_route(false, false, {13}, 12); }).find("cut 13 out of order or outside [0, 12]") !=
+  CHECK(error_of([] { split::parse_cuts("3;7"); }).find("cuts '3;7': expected comma-separated block indices") == 0);
+  CHECK(error_of([] { split::parse_cuts(""); }) == "cuts '': empty");
+  CHECK(error_of([] { split::make_route(false, true, {3}, 12); }) == "3-tier plan needs 2 cuts, got 1");
+  CHECK(error_of([] { split::make_route(false, false, {13}, 12); }).find("cut 13 out of order or outside [0, 12]") !=
         std::string::npos);
-  CHECK(error_of([] { core::make_route(false, true, {7, 3}, 12); }).find("cut 3 out of order") != std::string::npos);
+  CHECK(error_of([] { split::make_route(false, true, {7, 3}, 12); }).find("cut 3 out of order") != std::string::npos);
   CHECK(error_of([] {
-          core::make_route(false, false, {0}, 12);
+          split::make_route(false, false, {0}, 12);
         }).find("the device must hold at least the first block (raw inputs never leave it)") != std::string::npos);
   CHECK(error_of([] {
-          core::make_route(true, false, {4, 12}, 12);
+          split::make_route(true, false, {4, 12}, 12);
         }).find("the device must hold at least the last block (labels never leave it)") != std::string::npos);
-  CHECK(core::make_route(true, true, {2, 6, 11, 11}, 12).str() ==
+  CHECK(split::make_route(true, true, {2, 6, 11, 11}, 12).str() ==
         "device[0,2) edge[2,6) server[6,11) edge[11,11) device[11,12)");
 }

@@ -6,13 +6,13 @@
 
 #include "../support/error_of.h"
 #include "cleave/backend/registry.h"
-#include "cleave/core/profiler.h"
 #include "cleave/core/stage.h"
+#include "cleave/split/profiler.h"
 
 using namespace cleave;
-using core::block_profile;
-using core::live_profile;
 using core::shape;
+using split::block_profile;
+using split::live_profile;
 
 namespace {
 
@@ -40,12 +40,12 @@ double sum_of(const std::vector<block_profile>& b, int begin, int end) {
 TEST_CASE("a profile of lenet5 covers every block with its times, memory and crossing bytes") {
   auto b = backend::make_backend("reference");
   const auto m = core::zoo_model("lenet5", shape{1, 28, 28}, 10);
-  core::profile_options o;
+  split::profile_options o;
   o.batch = 8;
   o.warmup = 1;
   o.reps = 3;
   const core::optimizer_config sgd;  // momentum 0.9: one state tensor per parameter
-  const auto prof = core::profile_blocks(*b, m, sgd, o);
+  const auto prof = split::profile_blocks(*b, m, sgd, o);
   REQUIRE(prof.size() == 12);
   int n_weighted = 0, n_relu = 0, n_pool = 0;
   for (int i = 0; i < m.n_blocks(); ++i) {
@@ -87,7 +87,7 @@ TEST_CASE("a profile of lenet5 covers every block with its times, memory and cro
 TEST_CASE("optimizer state in a profile follows the optimizer: none for plain sgd, two tensors for adamw") {
   auto b = backend::make_backend("reference");
   const auto m = core::zoo_model("mlp", shape{1, 8, 8}, 10);
-  core::profile_options o;
+  split::profile_options o;
   o.batch = 2;
   o.warmup = 0;
   o.reps = 1;
@@ -95,8 +95,8 @@ TEST_CASE("optimizer state in a profile follows the optimizer: none for plain sg
   plain.momentum = 0;
   core::optimizer_config adamw;
   adamw.kind = core::optimizer_kind::adamw;
-  const auto p_plain = core::profile_blocks(*b, m, plain, o);
-  const auto p_adamw = core::profile_blocks(*b, m, adamw, o);
+  const auto p_plain = split::profile_blocks(*b, m, plain, o);
+  const auto p_adamw = split::profile_blocks(*b, m, adamw, o);
   REQUIRE(p_plain.size() == static_cast<std::size_t>(m.n_blocks()));
   for (int i = 0; i < m.n_blocks(); ++i) {
     CAPTURE(i);
@@ -110,16 +110,16 @@ TEST_CASE("optimizer state in a profile follows the optimizer: none for plain sg
 TEST_CASE("profiling refuses options without a batch or a timed run") {
   auto b = backend::make_backend("reference");
   const auto m = core::zoo_model("mlp", shape{1, 8, 8}, 10);
-  core::profile_options o;
+  split::profile_options o;
   o.reps = 0;
-  CHECK(testing::error_of([&] { core::profile_blocks(*b, m, {}, o); }).find("reps 0") != std::string::npos);
+  CHECK(testing::error_of([&] { split::profile_blocks(*b, m, {}, o); }).find("reps 0") != std::string::npos);
   o.reps = 1;
   o.batch = 0;
-  CHECK(testing::error_of([&] { core::profile_blocks(*b, m, {}, o); }).find("batch 0") != std::string::npos);
+  CHECK(testing::error_of([&] { split::profile_blocks(*b, m, {}, o); }).find("batch 0") != std::string::npos);
 }
 
 TEST_CASE("the moving average drops its warm-up samples, then follows new ones") {
-  core::ewma e(0.5, 2);
+  split::ewma e(0.5, 2);
   CHECK_FALSE(e.ready());
   e.add(100);
   e.add(100);
@@ -138,7 +138,7 @@ TEST_CASE("the moving average drops its warm-up samples, then follows new ones")
 }
 
 TEST_CASE("the moving average converges to a new steady value") {
-  core::ewma e;  // alpha 0.3, warm-up 2
+  split::ewma e;  // alpha 0.3, warm-up 2
   for (int i = 0; i < 5; ++i) e.add(1.0);
   CHECK(e.value() == doctest::Approx(1.0));
   for (int i = 0; i < 40; ++i) e.add(10.0);
@@ -146,9 +146,9 @@ TEST_CASE("the moving average converges to a new steady value") {
 }
 
 TEST_CASE("the moving average refuses a weight outside 0 to 1 or a negative warm-up") {
-  CHECK(testing::error_of([] { core::ewma(0.0, 2); }).find("alpha") != std::string::npos);
-  CHECK(testing::error_of([] { core::ewma(1.5, 2); }).find("alpha") != std::string::npos);
-  CHECK(testing::error_of([] { core::ewma(0.3, -1); }).find("warmup -1") != std::string::npos);
+  CHECK(testing::error_of([] { split::ewma(0.0, 2); }).find("alpha") != std::string::npos);
+  CHECK(testing::error_of([] { split::ewma(1.5, 2); }).find("alpha") != std::string::npos);
+  CHECK(testing::error_of([] { split::ewma(0.3, -1); }).find("warmup -1") != std::string::npos);
 }
 
 TEST_CASE("a live profile without observations is the base times times the micro-batches") {
@@ -182,11 +182,11 @@ TEST_CASE("a node four times slower than profiled shows four times the step time
 TEST_CASE("a live profile of a real lenet5 profile follows a 4x slowdown") {
   auto b = backend::make_backend("reference");
   const auto m = core::zoo_model("lenet5", shape{1, 28, 28}, 10);
-  core::profile_options o;
+  split::profile_options o;
   o.batch = 4;
   o.warmup = 0;
   o.reps = 1;
-  const auto prof = core::profile_blocks(*b, m, {}, o);
+  const auto prof = split::profile_blocks(*b, m, {}, o);
   live_profile lp(prof);
   const auto before = lp.step_seconds(2);
   const double total = std::accumulate(before.begin(), before.end(), 0.0);

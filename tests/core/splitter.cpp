@@ -1,6 +1,6 @@
 // The splitter's cost model against hand-computed figures, its planner against exhaustive search on
 // random problems (same cuts, same step time), its input checks, and the re-split policy.
-#include "cleave/core/splitter.h"
+#include "cleave/split/splitter.h"
 
 #include <doctest/doctest.h>
 
@@ -13,8 +13,8 @@
 #include "cleave/core/random.h"
 
 using namespace cleave;
-using core::route;
-using core::split_problem;
+using split::route;
+using split::split_problem;
 
 namespace {
 
@@ -29,10 +29,10 @@ split_problem blank(int n, bool u_shape, const std::vector<int>& edges, int n_ed
   p.fixed_bytes.assign(un, 0.0);
   p.saved_bytes.assign(un, 0.0);
   p.server.block_seconds.assign(un, 0.0);
-  p.edges.assign(static_cast<std::size_t>(n_edges), core::node_costs{std::vector<double>(un, 0.0), 0});
-  p.edge_links.assign(static_cast<std::size_t>(n_edges), core::link_costs{});
+  p.edges.assign(static_cast<std::size_t>(n_edges), split::node_costs{std::vector<double>(un, 0.0), 0});
+  p.edge_links.assign(static_cast<std::size_t>(n_edges), split::link_costs{});
   for (int e : edges) {
-    core::device_costs d;
+    split::device_costs d;
     d.board.block_seconds.assign(un, 0.0);
     d.edge = e;
     p.devices.push_back(d);
@@ -71,7 +71,7 @@ split_problem random_problem(core::rng& r) {
                            : std::max(0.5, std::floor(static_cast<double>(r.uniform(0.2f, 1.5f)) * total * share));
   };
   auto link = [&] {
-    core::link_costs l;
+    split::link_costs l;
     const auto k = r.below(4);
     l.bytes_per_second = k == 0 ? 0.0 : k == 1 ? 1.0 : k == 2 ? 4.0 : r.uniform(0.5f, 8.0f);
     l.rtt_seconds = r.below(2) == 0 ? 0.0 : draw(r, 2);
@@ -95,7 +95,7 @@ split_problem random_problem(core::rng& r) {
 // Every route of device d, in lexicographic order of the cuts.
 std::vector<route> all_routes(const split_problem& p, int d) {
   const bool edge = p.devices[static_cast<std::size_t>(d)].edge >= 0;
-  const std::size_t n_cuts = core::path_of(p, d).size() - 1;
+  const std::size_t n_cuts = split::path_of(p, d).size() - 1;
   std::vector<route> out;
   std::vector<int> cuts(n_cuts, 0);
   const int n = p.n_blocks;
@@ -104,7 +104,7 @@ std::vector<route> all_routes(const split_problem& p, int d) {
   for (;;) {
     if (std::is_sorted(cuts.begin(), cuts.end())) {
       try {
-        out.push_back(core::make_route(p.u_shape, edge, cuts, n));
+        out.push_back(split::make_route(p.u_shape, edge, cuts, n));
       } catch (const core::error&) {
       }
     }
@@ -126,14 +126,14 @@ TEST_CASE("evaluate_route gives the hand-computed step time of a 2-tier route") 
   p.cut_bytes = {0, 100, 50, 10};
   p.devices[0].link = {100.0, 0.25};
   p.n_micro_batches = 2;
-  const auto c = core::evaluate_route(p, 0, core::make_route(false, false, {1}, 3));
+  const auto c = split::evaluate_route(p, 0, split::make_route(false, false, {1}, 3));
   // device 1; hop 2 * 100 / 100 + 2 * 0.25 = 2.5; server (0.5 + 0.5) * 2 devices = 2.
   CHECK(c.compute_seconds == 3.0);
   CHECK(c.transfer_seconds == 2.5);
   CHECK(c.seconds == 5.5);
   CHECK(c.feasible);
   // Everything on the device: 6 seconds, the loss's output still crosses (10 bytes).
-  const auto all = core::evaluate_route(p, 0, core::make_route(false, false, {3}, 3));
+  const auto all = split::evaluate_route(p, 0, split::make_route(false, false, {3}, 3));
   CHECK(all.seconds == doctest::Approx(6.7));
 }
 
@@ -146,7 +146,7 @@ TEST_CASE("evaluate_route uses the device link next to the device and the edge l
   p.cut_bytes = {0, 10, 20, 30, 40, 50};
   p.devices[0].link = {10.0, 1.0};
   p.edge_links[1] = {20.0, 0.5};
-  const auto c = core::evaluate_route(p, 0, core::make_route(true, true, {1, 2, 3, 4}, 5));
+  const auto c = split::evaluate_route(p, 0, split::make_route(true, true, {1, 2, 3, 4}, 5));
   // compute: 1 + 2*2 (edge share 2) + 5*3 (server share 3) + 3*2 + 7 = 33
   // hops: D-E at 1: 2*10/10 + 1 = 3; E-S at 2: 2*20/20 + 0.5 = 2.5; S-E at 3: 3 + 0.5; E-D at 4: 8 + 1
   CHECK(c.compute_seconds == 33.0);
@@ -159,8 +159,8 @@ TEST_CASE("evaluate_route counts both device segments of a U-shaped route agains
   p.fixed_bytes = {3, 1, 1, 2};
   p.saved_bytes = {1, 0, 0, 1};
   p.devices[0].board.memory_budget = 7;  // bottom [0,1) 4 bytes + top [3,4) 3 bytes fits exactly
-  CHECK(core::evaluate_route(p, 0, core::make_route(true, false, {1, 3}, 4)).feasible);
-  const auto c = core::evaluate_route(p, 0, core::make_route(true, false, {1, 2}, 4));
+  CHECK(split::evaluate_route(p, 0, split::make_route(true, false, {1, 3}, 4)).feasible);
+  const auto c = split::evaluate_route(p, 0, split::make_route(true, false, {1, 2}, 4));
   CHECK_FALSE(c.feasible);
   CHECK(c.why == "device board needs 8 B of 7 B");
 }
@@ -171,10 +171,10 @@ TEST_CASE("a slow link makes the planner keep more blocks on the device") {
   p.server.block_seconds = {0.1, 0.1, 0.1, 0.1};
   p.cut_bytes = {100, 80, 40, 10, 1};
   p.devices[0].link = {0.0, 0.0};  // unlimited
-  const auto fast = core::plan_best(p);
+  const auto fast = split::plan_best(p);
   CHECK(fast.routes[0].cuts == std::vector<int>{1});
   p.devices[0].link = {10.0, 0.0};
-  const auto slow = core::plan_best(p);
+  const auto slow = split::plan_best(p);
   // cut 1: 1 + 16 + 0.3; cut 2: 2 + 8 + 0.2; cut 3: 3 + 2 + 0.1; cut 4: 4 + 0.2
   CHECK(slow.routes[0].cuts == std::vector<int>{4});
   CHECK(slow.cost.step_seconds == doctest::Approx(4.2));
@@ -186,9 +186,9 @@ TEST_CASE("a slow device makes the planner move blocks to the server") {
   p.cut_bytes = {8, 8, 8, 8, 8};
   p.devices[0].link = {8.0, 0.0};  // every hop 2 s
   p.devices[0].board.block_seconds = {0.5, 0.5, 0.5, 0.5};
-  CHECK(core::plan_best(p).routes[0].cuts == std::vector<int>{4});
+  CHECK(split::plan_best(p).routes[0].cuts == std::vector<int>{4});
   p.devices[0].board.block_seconds = {5, 5, 5, 5};
-  const auto plan = core::plan_best(p);
+  const auto plan = split::plan_best(p);
   CHECK(plan.routes[0].cuts == std::vector<int>{1});
   CHECK(plan.cost.step_seconds == 5 + 2 + 3);
 }
@@ -197,20 +197,20 @@ TEST_CASE("a memory budget forces the cut the time alone would not choose") {
   auto p = blank(5, false, {-1}, 0);
   p.server.block_seconds = {9, 9, 9, 9, 9};
   p.devices[0].board.block_seconds = {1, 1, 1, 1, 1};
-  CHECK(core::plan_best(p).routes[0].cuts == std::vector<int>{5});
+  CHECK(split::plan_best(p).routes[0].cuts == std::vector<int>{5});
   p.fixed_bytes = {10, 10, 10, 10, 10};
   p.saved_bytes = {5, 5, 5, 5, 5};
   p.devices[0].board.memory_budget = 45;  // three blocks
-  const auto plan = core::plan_best(p);
+  const auto plan = split::plan_best(p);
   CHECK(plan.routes[0].cuts == std::vector<int>{3});
   CHECK(plan.cost.feasible);
-  CHECK_FALSE(core::evaluate_route(p, 0, core::make_route(false, false, {4}, 5)).feasible);
+  CHECK_FALSE(split::evaluate_route(p, 0, split::make_route(false, false, {4}, 5)).feasible);
   // The server's share binds too: 2 devices, 40 bytes each, so at most 2 blocks go there.
   p.devices.push_back(p.devices[0]);
   p.server.memory_budget = 80;
-  CHECK(core::plan_best(p).routes[1].cuts == std::vector<int>{3});
+  CHECK(split::plan_best(p).routes[1].cuts == std::vector<int>{3});
   p.server.memory_budget = 50;  // 25 each: 1 block, the board holds 3: nothing fits
-  const auto msg = testing::error_of([&] { core::plan_best(p); });
+  const auto msg = testing::error_of([&] { split::plan_best(p); });
   CHECK(msg.find("device 0: no route fits its memory") != std::string::npos);
   CHECK(msg.find("board 45 B") != std::string::npos);
   CHECK(msg.find("server share 25 B") != std::string::npos);
@@ -221,12 +221,12 @@ TEST_CASE("the server's time counts once per device it serves") {
   auto p = blank(4, false, {-1}, 0);
   p.devices[0].board.block_seconds = {2.5, 2.5, 2.5, 2.5};
   p.server.block_seconds = {1, 1, 1, 1};
-  const auto one = core::plan_best(p);
+  const auto one = split::plan_best(p);
   CHECK(one.routes[0].cuts == std::vector<int>{1});
   CHECK(one.cost.step_seconds == 2.5 + 3);
   for (int i = 0; i < 3; ++i) p.devices.push_back(p.devices[0]);
-  CHECK(core::evaluate_route(p, 0, core::make_route(false, false, {1}, 4)).seconds == 2.5 + 3 * 4);
-  const auto four = core::plan_best(p);
+  CHECK(split::evaluate_route(p, 0, split::make_route(false, false, {1}, 4)).seconds == 2.5 + 3 * 4);
+  const auto four = split::plan_best(p);
   for (const auto& r : four.routes) CHECK(r.cuts == std::vector<int>{4});
   CHECK(four.cost.step_seconds == 10);
 }
@@ -236,7 +236,7 @@ TEST_CASE("the slowest device sets the plan's step time") {
   p.devices[0].board.block_seconds = {1, 0};
   p.devices[1].board.block_seconds = {4, 0};
   p.devices[2].board.block_seconds = {2, 0};
-  const auto plan = core::plan_best(p);
+  const auto plan = split::plan_best(p);
   CHECK(plan.cost.step_seconds == 4);
   CHECK(plan.cost.slowest_device == 1);
 }
@@ -248,14 +248,14 @@ TEST_CASE("the planner finds the same cuts and step time as exhaustive search on
     const auto p = random_problem(r);
     CAPTURE(it);
     std::string best_err, all_err;
-    core::split_plan best, all;
+    split::split_plan best, all;
     try {
-      best = core::plan_best(p);
+      best = split::plan_best(p);
     } catch (const core::error& e) {
       best_err = e.what();
     }
     try {
-      all = core::plan_exhaustive(p);
+      all = split::plan_exhaustive(p);
     } catch (const core::error& e) {
       all_err = e.what();
     }
@@ -267,7 +267,7 @@ TEST_CASE("the planner finds the same cuts and step time as exhaustive search on
       for (int d = 0; d < static_cast<int>(p.devices.size()) && unfit < 0; ++d) {
         const auto routes = all_routes(p, d);
         if (std::none_of(routes.begin(), routes.end(),
-                         [&](const route& rt) { return core::evaluate_route(p, d, rt).feasible; }))
+                         [&](const route& rt) { return split::evaluate_route(p, d, rt).feasible; }))
           unfit = d;
       }
       CHECK(best_err.find("split problem: device " + std::to_string(unfit) + ": no route fits its memory") == 0);
@@ -287,7 +287,7 @@ TEST_CASE("the planner finds the same cuts and step time as exhaustive search on
       std::optional<route> first;
       double least = 0;
       for (const auto& rt : all_routes(p, di)) {
-        const auto c = core::evaluate_route(p, di, rt);
+        const auto c = split::evaluate_route(p, di, rt);
         if (!c.feasible) {
           ++n_unfit;
           continue;
@@ -315,28 +315,28 @@ TEST_CASE("the planner finds the same cuts and step time as exhaustive search on
 
 TEST_CASE("evaluate_route refuses a route of another shape") {
   auto p = blank(4, false, {0, -1}, 1);
-  CHECK(testing::error_of([&] { core::evaluate_route(p, 0, core::make_route(false, false, {2}, 4)); }) ==
+  CHECK(testing::error_of([&] { split::evaluate_route(p, 0, split::make_route(false, false, {2}, 4)); }) ==
         "route for device 0: path 'device server', expected 'device edge server'");
-  CHECK(testing::error_of([&] { core::evaluate_route(p, 1, core::make_route(false, false, {2}, 3)); }) ==
+  CHECK(testing::error_of([&] { split::evaluate_route(p, 1, split::make_route(false, false, {2}, 3)); }) ==
         "route for device 1: 3 blocks, the model has 4");
-  route bad = core::make_route(false, false, {2}, 4);
+  route bad = split::make_route(false, false, {2}, 4);
   bad.cuts = {0};
   CHECK(testing::error_of([&] {
-          core::evaluate_route(p, 1, bad);
+          split::evaluate_route(p, 1, bad);
         }).find("route for device 1: 2-tier plan: the device must hold at least the first block") == 0);
-  CHECK(testing::error_of([&] { core::evaluate_route(p, 2, bad); }) ==
+  CHECK(testing::error_of([&] { split::evaluate_route(p, 2, bad); }) ==
         "split problem: device 2 out of range (2 devices)");
 }
 
 TEST_CASE("validate names the first bad field of a split problem") {
   const auto good = blank(3, false, {0, -1}, 1);
-  CHECK(testing::error_of([&] { core::validate(good); }).empty());
+  CHECK(testing::error_of([&] { split::validate(good); }).empty());
   auto check = [&](auto&& mutate, const std::string& want) {
     auto p = good;
     mutate(p);
-    CHECK(testing::error_of([&] { core::validate(p); }) == want);
-    CHECK(testing::error_of([&] { core::plan_best(p); }) == want);
-    CHECK(testing::error_of([&] { core::plan_exhaustive(p); }) == want);
+    CHECK(testing::error_of([&] { split::validate(p); }) == want);
+    CHECK(testing::error_of([&] { split::plan_best(p); }) == want);
+    CHECK(testing::error_of([&] { split::plan_exhaustive(p); }) == want);
   };
   check([](split_problem& p) { p.n_blocks = 0; }, "split problem: n_blocks is 0, needs at least 1");
   check([](split_problem& p) { p = blank(1, true, {-1}, 0); },
@@ -365,11 +365,11 @@ TEST_CASE("migration costs nothing when the route does not change") {
   p.fixed_bytes = {5, 5, 5, 5};
   p.devices[0].link = {1.0, 1.0};
   p.edge_links[0] = {1.0, 1.0};
-  const auto r = core::make_route(true, true, {1, 2, 3, 3}, 4);
-  CHECK(core::migration_seconds(p, 0, r, r) == 0);
+  const auto r = split::make_route(true, true, {1, 2, 3, 3}, 4);
+  CHECK(split::migration_seconds(p, 0, r, r) == 0);
   // Same tiers per block through different (empty) segments: nothing moves either.
-  CHECK(core::migration_seconds(p, 0, core::make_route(true, true, {1, 2, 2, 3}, 4),
-                                core::make_route(true, true, {1, 3, 3, 3}, 4)) == 0);
+  CHECK(split::migration_seconds(p, 0, split::make_route(true, true, {1, 2, 2, 3}, 4),
+                                 split::make_route(true, true, {1, 3, 3, 3}, 4)) == 0);
 }
 
 TEST_CASE("migration moves a block's fixed bytes over every link between its old and new tier") {
@@ -380,16 +380,16 @@ TEST_CASE("migration moves a block's fixed bytes over every link between its old
   p.edge_links[0] = {200.0, 0.25};
   p.devices[1].link = {10.0, 2.0};
   // Block 1 from the device to the server, relayed through the edge: 100/50 + 0.5 + 100/200 + 0.25.
-  CHECK(core::migration_seconds(p, 0, core::make_route(false, true, {2, 2}, 4),
-                                core::make_route(false, true, {1, 1}, 4)) == 3.25);
+  CHECK(split::migration_seconds(p, 0, split::make_route(false, true, {2, 2}, 4),
+                                 split::make_route(false, true, {1, 1}, 4)) == 3.25);
   // Edge -> server and back: only the edge link.
-  CHECK(core::migration_seconds(p, 0, core::make_route(false, true, {1, 2}, 4),
-                                core::make_route(false, true, {1, 1}, 4)) == 100.0 / 200.0 + 0.25);
-  CHECK(core::migration_seconds(p, 0, core::make_route(false, true, {1, 2}, 4),
-                                core::make_route(false, true, {1, 3}, 4)) == 300.0 / 200.0 + 0.25);
+  CHECK(split::migration_seconds(p, 0, split::make_route(false, true, {1, 2}, 4),
+                                 split::make_route(false, true, {1, 1}, 4)) == 100.0 / 200.0 + 0.25);
+  CHECK(split::migration_seconds(p, 0, split::make_route(false, true, {1, 2}, 4),
+                                 split::make_route(false, true, {1, 3}, 4)) == 300.0 / 200.0 + 0.25);
   // No edge: straight to the server, blocks 1 and 2.
-  CHECK(core::migration_seconds(p, 1, core::make_route(false, false, {3}, 4), core::make_route(false, false, {1}, 4)) ==
-        400.0 / 10.0 + 2.0);
+  CHECK(split::migration_seconds(p, 1, split::make_route(false, false, {3}, 4),
+                                 split::make_route(false, false, {1}, 4)) == 400.0 / 10.0 + 2.0);
 }
 
 namespace {
@@ -409,10 +409,10 @@ split_problem resplit_problem() {
 
 TEST_CASE("decide_resplit moves to a plan whose gain repays its migration") {
   const auto p = resplit_problem();
-  const auto best = core::plan_best(p);
+  const auto best = split::plan_best(p);
   CHECK(best.routes[0].cuts == std::vector<int>{1});
-  const std::vector<route> current{core::make_route(false, false, {4}, 4)};
-  const auto d = core::decide_resplit(p, current, best, {});
+  const std::vector<route> current{split::make_route(false, false, {4}, 4)};
+  const auto d = split::decide_resplit(p, current, best, {});
   CHECK(d.change);
   CHECK(d.current_seconds == doctest::Approx(0.040));
   CHECK(d.proposed_seconds == doctest::Approx(0.016));
@@ -422,17 +422,17 @@ TEST_CASE("decide_resplit moves to a plan whose gain repays its migration") {
 
 TEST_CASE("decide_resplit keeps a plan when the gain is below the minimum") {
   const auto p = resplit_problem();
-  const auto best = core::plan_best(p);
+  const auto best = split::plan_best(p);
   // From cut 2 (24 ms) the best saves 8 ms = 33%: kept under a 50% minimum, changed under 5%.
-  const std::vector<route> current{core::make_route(false, false, {2}, 4)};
-  core::resplit_policy policy;
+  const std::vector<route> current{split::make_route(false, false, {2}, 4)};
+  split::resplit_policy policy;
   policy.min_gain = 0.5;
-  const auto keep = core::decide_resplit(p, current, best, policy);
+  const auto keep = split::decide_resplit(p, current, best, policy);
   CHECK_FALSE(keep.change);
   CHECK(keep.reason == "predicted step 24.0 ms -> 16.0 ms (-33%), migration 1.0 ms: gain 33% below 50%: keep");
-  CHECK(core::decide_resplit(p, current, best, {}).change);
+  CHECK(split::decide_resplit(p, current, best, {}).change);
   // The same plan: no gain at all.
-  const auto same = core::decide_resplit(p, best.routes, best, {});
+  const auto same = split::decide_resplit(p, best.routes, best, {});
   CHECK_FALSE(same.change);
   CHECK(same.migration_seconds == 0);
 }
@@ -440,25 +440,25 @@ TEST_CASE("decide_resplit keeps a plan when the gain is below the minimum") {
 TEST_CASE("decide_resplit keeps a plan when the migration is not repaid in time") {
   auto p = resplit_problem();
   p.devices[0].link = {1e6, 0.0};  // 3 s to move 3 MB; the gain is 24 ms a step
-  const auto best = core::plan_best(p);
-  const std::vector<route> current{core::make_route(false, false, {4}, 4)};
-  const auto keep = core::decide_resplit(p, current, best, {});  // 2 rounds of 50 steps: 2.4 s < 3 s
+  const auto best = split::plan_best(p);
+  const std::vector<route> current{split::make_route(false, false, {4}, 4)};
+  const auto keep = split::decide_resplit(p, current, best, {});  // 2 rounds of 50 steps: 2.4 s < 3 s
   CHECK_FALSE(keep.change);
   CHECK(keep.migration_seconds == doctest::Approx(3.0));
   CHECK(keep.reason.find("does not repay it: keep") != std::string::npos);
-  core::resplit_policy patient;
+  split::resplit_policy patient;
   patient.repay_rounds = 3;  // 3.6 s > 3 s
-  CHECK(core::decide_resplit(p, current, best, patient).change);
+  CHECK(split::decide_resplit(p, current, best, patient).change);
 }
 
 TEST_CASE("decide_resplit leaves a plan that no longer fits in memory") {
   auto p = resplit_problem();
   p.devices[0].board.memory_budget = 1.5e6;  // the board holds at most blocks 0 and 1
-  const auto best = core::plan_best(p);
-  const std::vector<route> current{core::make_route(false, false, {4}, 4)};
-  core::resplit_policy policy;
+  const auto best = split::plan_best(p);
+  const std::vector<route> current{split::make_route(false, false, {4}, 4)};
+  split::resplit_policy policy;
   policy.min_gain = 0.99;
-  const auto d = core::decide_resplit(p, current, best, policy);
+  const auto d = split::decide_resplit(p, current, best, policy);
   CHECK(d.change);
   CHECK(d.reason.find("the current plan does not fit in memory: re-split") != std::string::npos);
 }

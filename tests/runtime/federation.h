@@ -71,14 +71,14 @@ struct workspace {
     certs = dir / "certs";
     transport::init_ca(certs);
     transport::issue_options so;
-    so.role = transport::node_role::server;
+    so.role = core::tier::server;
     transport::issue_certificate(certs, "server", so);
     transport::issue_options eo;
-    eo.role = transport::node_role::edge;
+    eo.role = core::tier::edge;
     transport::issue_certificate(certs, "edge-1", eo);
     for (int i = 1; i <= n_devices + 1; ++i) {
       transport::issue_options d;
-      d.role = transport::node_role::device;
+      d.role = core::tier::device;
       transport::issue_certificate(certs, "device-" + std::to_string(i), d);
     }
     data = make_idx_data(dir / "data", n_train, n_test);

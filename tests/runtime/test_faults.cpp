@@ -106,7 +106,7 @@ TEST_CASE("a device sending an out-of-plan or malformed message is disconnected 
     auto ch = co_await transport::connect(tls, "127.0.0.1", sp);
     if (!ch) co_return "connect failed: " + ch.error().reason();
     transport::hello_info h;
-    h.role = transport::node_role::device;
+    h.role = core::tier::device;
     h.node_id = id;
     co_await ch->send(transport::make_hello(h));
     for (;;) {
@@ -151,9 +151,9 @@ TEST_CASE("after a re-split, step messages of the old plan epoch are refused and
   sc.local_steps = 2;
   sc.round_deadline_s = 5;
   sc.cuts = "3";
-  const auto moved = core::make_route(false, false, {5}, 12);
-  sc.force_route = [&](std::uint32_t, std::uint64_t, const core::route& current) -> std::optional<core::route> {
-    return current == moved ? std::nullopt : std::optional<core::route>(moved);
+  const auto moved = split::make_route(false, false, {5}, 12);
+  sc.force_route = [&](std::uint32_t, std::uint64_t, const split::route& current) -> std::optional<split::route> {
+    return current == moved ? std::nullopt : std::optional<split::route>(moved);
   };
   std::promise<std::uint16_t> port;
   sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
@@ -167,7 +167,7 @@ TEST_CASE("after a re-split, step messages of the old plan epoch are refused and
     auto ch = co_await transport::connect(tls, "127.0.0.1", sp);
     if (!ch) co_return "connect failed: " + ch.error().reason();
     transport::hello_info h;
-    h.role = transport::node_role::device;
+    h.role = core::tier::device;
     h.node_id = 1;
     co_await ch->send(transport::make_hello(h));
     auto b = backend::make_backend("reference");

@@ -223,15 +223,15 @@ TEST_CASE("forced re-splits every few steps end with the same parameters as a fi
       }
       std::mutex mu;
       core::rng draw(5);
-      std::optional<core::route> seen;
+      std::optional<split::route> seen;
       int n_switches = 0;
       sc.force_route = [&](std::uint32_t, std::uint64_t step,
-                           const core::route& current) -> std::optional<core::route> {
+                           const split::route& current) -> std::optional<split::route> {
         std::lock_guard lock(mu);
         if (seen && !(*seen == current)) ++n_switches;
         seen = current;
         if (step % 4 != 0) return std::nullopt;
-        return core::make_route(ps.u_shape, ps.edge, random_cuts(draw, ps.u_shape, ps.edge, 12), 12);
+        return split::make_route(ps.u_shape, ps.edge, random_cuts(draw, ps.u_shape, ps.edge, 12), 12);
       };
       const auto got = run_federation(w, be, sc, 1, ps.edge, {});
       const auto want = local_training(w, be, sc.opt, sc.seed, 1, 50, sc.batch);
@@ -252,10 +252,10 @@ TEST_CASE("three devices re-split independently in one SplitFed round and still 
   sc.min_devices = 3;
   std::mutex mu;
   core::rng draw(9);
-  sc.force_route = [&](std::uint32_t dev, std::uint64_t step, const core::route&) -> std::optional<core::route> {
+  sc.force_route = [&](std::uint32_t dev, std::uint64_t step, const split::route&) -> std::optional<split::route> {
     std::lock_guard lock(mu);
     if ((step + dev) % 3 != 0) return std::nullopt;
-    return core::make_route(false, true, random_cuts(draw, false, true, 12), 12);
+    return split::make_route(false, true, random_cuts(draw, false, true, 12), 12);
   };
   const auto got = run_federation(w, be, sc, 3, true, {});
   std::vector<double> mean(got.size(), 0.0);

@@ -25,7 +25,7 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
 
   const backend_desc backends[] = {{"reference", 1.5f, 1u << 30}, {"onednn", 120.f, 8ull << 30}};
   hello_info hello;
-  hello.role = node_role::device;
+  hello.role = core::tier::device;
   hello.node_id = 7;
   hello.name = "device-7";
   hello.backends = backends;
@@ -42,8 +42,8 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
   out.emplace_back("Welcome", make_welcome(welcome));
 
   const stage_desc stages_a[] = {
-      {7, node_role::device, 0, 2, false}, {1, node_role::edge, 2, 4, false}, {0, node_role::server, 4, 9, true}};
-  const stage_desc stages_b[] = {{8, node_role::device, 0, 3, false}, {0, node_role::server, 3, 9, true}};
+      {7, core::tier::device, 0, 2, false}, {1, core::tier::edge, 2, 4, false}, {0, core::tier::server, 4, 9, true}};
+  const stage_desc stages_b[] = {{8, core::tier::device, 0, 3, false}, {0, core::tier::server, 3, 9, true}};
   const device_plan_desc devices[] = {{7, stages_a}, {8, stages_b}};
   plan_info plan;
   plan.epoch = 3;
@@ -111,7 +111,7 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
   mig.from_node = 1;
   mig.to_node = 0;
   mig.device_id = 1;
-  mig.to_role = node_role::server;
+  mig.to_role = core::tier::server;
   mig.optimizer_steps = 17;
   out.emplace_back("Migrate", make_migrate(mig, weights, state));
   out.emplace_back("Cutover", make_cutover(3, 5, 1240));

@@ -105,11 +105,11 @@ TEST_CASE("issued certificates carry the name, role and usages of their node") {
   init_ca(d.path);
   struct role_case {
     const char* name;
-    node_role role;
+    core::tier role;
     bool server_auth;
   };
-  for (const auto& c : {role_case{"gpu-0", node_role::server, true}, role_case{"edge.rack-1", node_role::edge, true},
-                        role_case{"phone_17", node_role::device, false}}) {
+  for (const auto& c : {role_case{"gpu-0", core::tier::server, true}, role_case{"edge.rack-1", core::tier::edge, true},
+                        role_case{"phone_17", core::tier::device, false}}) {
     CAPTURE(c.name);
     issue_options o;
     o.role = c.role;

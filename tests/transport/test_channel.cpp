@@ -118,9 +118,9 @@ TEST_CASE("a mutually authenticated channel exchanges messages both ways") {
     co.server_identity = "server-1";
     auto p = co_await open_pair(lis, device_ctx, co);
     CHECK(p.server.peer_identity() == "device-1");
-    CHECK(p.server.peer_role() == node_role::device);
+    CHECK(p.server.peer_role() == core::tier::device);
     CHECK(p.client.peer_identity() == "server-1");
-    CHECK(p.client.peer_role() == node_role::server);
+    CHECK(p.client.peer_role() == core::tier::server);
 
     const auto act = ramp(8 * 3 * 4 * 4, -10.f);
     const std::vector<std::int32_t> labels = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -164,7 +164,7 @@ TEST_CASE("every message type crosses a channel intact") {
   listener lis(rt.executor(), tls_context(pki().server()), loopback());
   rt.run([&]() -> asio::awaitable<void> {
     auto p = co_await open_pair(lis, tls_context(pki().edge()));
-    CHECK(p.server.peer_role() == node_role::edge);
+    CHECK(p.server.peer_role() == core::tier::edge);
     auto samples = sample_messages();
     std::vector<std::vector<std::byte>> sent;
     for (auto& [name, b] : samples) {

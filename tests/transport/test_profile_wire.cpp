@@ -16,14 +16,14 @@ using cleave::transport::testing::aligned_copy;
 
 namespace {
 
-node_profile sample_profile(int n_blocks) {
-  node_profile p;
+split::node_profile sample_profile(int n_blocks) {
+  split::node_profile p;
   p.node_id = 7;
   p.batch = 32;
   p.backend = "onednn";
   p.memory_budget_bytes = 3ull << 30;
   for (int i = 0; i < n_blocks; ++i) {
-    core::block_profile b;
+    split::block_profile b;
     b.forward_seconds = 0.00025 * (i + 1);
     b.backward_seconds = 0.0005 * (i + 1);
     b.param_bytes = 1000u * static_cast<std::uint64_t>(i);
@@ -47,7 +47,7 @@ const wire::Profile& raw_profile(const message_builder& b) {
 }  // namespace
 
 TEST_CASE("a node profile survives a round trip through a Profile message") {
-  const node_profile sent = sample_profile(5);
+  const split::node_profile sent = sample_profile(5);
   auto b = make_profile(sent, 3, 1234);
   auto decoded = decode_frame(aligned_copy(b.frame()), {});
   REQUIRE_MESSAGE(decoded.ok(), (decoded.ok() ? std::string() : decoded.error().reason()));
@@ -57,7 +57,7 @@ TEST_CASE("a node profile survives a round trip through a Profile message") {
   CHECK(m->step() == 1234);
   CHECK(m->blocks()->Get(2)->forward_us() == doctest::Approx(750.0));  // microseconds on the wire
 
-  const node_profile got = profile_of(*m, 5);
+  const split::node_profile got = profile_of(*m, 5);
   CHECK(got.node_id == 7);
   CHECK(got.batch == 32);
   CHECK(got.backend == "onednn");

@@ -64,15 +64,15 @@ inline void provision(test_pki& t) {
   t.other_dir = make_temp_dir("pki-other");
   init_ca(t.dir);
   issue_options server;
-  server.role = node_role::server;
+  server.role = core::tier::server;
   server.dns_names = {"localhost"};
   server.ip_addresses = {"127.0.0.1"};
   issue_certificate(t.dir, "server-1", server);
   issue_options edge;
-  edge.role = node_role::edge;
+  edge.role = core::tier::edge;
   issue_certificate(t.dir, "edge-1", edge);
   issue_options device;
-  device.role = node_role::device;
+  device.role = core::tier::device;
   issue_certificate(t.dir, "device-1", device);
   issue_certificate(t.dir, "device-2", device);
   issue_options old = device;

@@ -203,7 +203,7 @@ pem_paths issue_certificate(const fs::path& ca_dir, std::string_view name, const
   }
   X509_NAME* subject = X509_get_subject_name(cert.get());
   set_name(subject, "O", "cleave");
-  set_name(subject, "OU", role_name(opts.role));
+  set_name(subject, "OU", core::tier_name(opts.role));
   set_name(subject, "CN", name);
   CLEAVE_CHECK_SSL(X509_set_issuer_name(cert.get(), X509_get_subject_name(ca.cert.get())));
   CLEAVE_CHECK_SSL(X509_set_pubkey(cert.get(), key.get()));
@@ -211,7 +211,7 @@ pem_paths issue_certificate(const fs::path& ca_dir, std::string_view name, const
   add_extension(cert.get(), ca.cert.get(), NID_basic_constraints, "critical,CA:FALSE");
   add_extension(cert.get(), ca.cert.get(), NID_key_usage, "critical,digitalSignature");
   add_extension(cert.get(), ca.cert.get(), NID_ext_key_usage,
-                opts.role == node_role::device ? "clientAuth" : "serverAuth,clientAuth");
+                opts.role == core::tier::device ? "clientAuth" : "serverAuth,clientAuth");
   add_extension(cert.get(), ca.cert.get(), NID_subject_key_identifier, "hash");
   add_extension(cert.get(), ca.cert.get(), NID_authority_key_identifier, "keyid:always");
   std::string san;

@@ -612,7 +612,7 @@ std::string channel::close_reason() const {
 const std::string& channel::peer_identity() const {
   return impl_->peer_identity();
 }
-std::optional<node_role> channel::peer_role() const {
+std::optional<core::tier> channel::peer_role() const {
   return impl_->peer_role();
 }
 const std::string& channel::remote() const {

@@ -81,7 +81,7 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   bool is_open() const { return open_.load(); }
   std::string close_reason() const;
   const std::string& peer_identity() const { return stream_->peer_identity(); }
-  std::optional<node_role> peer_role() const { return stream_->peer_role(); }
+  std::optional<core::tier> peer_role() const { return stream_->peer_role(); }
   const std::string& remote() const { return stream_->remote(); }
   channel_stats stats() const;
   net_emulator& emulator() { return emulator_; }

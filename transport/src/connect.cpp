@@ -88,7 +88,7 @@ asio::awaitable<result<channel>> connect(tls_context ctx, std::string host, std:
     }
   }
   logger()->debug("connected to {} ({}) at {}", impl->peer_identity(),
-                  impl->peer_role() ? role_name(*impl->peer_role()) : "no role", where);
+                  impl->peer_role() ? core::tier_name(*impl->peer_role()) : "no role", where);
   co_return channel(std::move(impl));
 }
 

@@ -60,7 +60,7 @@ std::string describe(const message& m) {
   if (const auto* b = m.as<wire::Hello>()) {
     add(s, "version", b->protocol_version());
     s += " role=";
-    s += role_name(static_cast<node_role>(b->role()));
+    s += core::tier_name(static_cast<core::tier>(b->role()));
     add(s, "node", b->node_id());
     add_text(s, "name", b->name());
     if (b->backends())
@@ -91,7 +91,7 @@ std::string describe(const message& m) {
         if (!d->stages()) continue;
         for (const auto* st : *d->stages()) {
           s += " [" + std::to_string(st->first_block()) + "," + std::to_string(st->end_block()) + ")@";
-          s += role_name(static_cast<node_role>(st->role()));
+          s += core::tier_name(static_cast<core::tier>(st->role()));
           s += std::to_string(st->node_id());
           if (st->with_loss()) s += "+loss";
         }

@@ -114,7 +114,7 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
       co_return;
     }
     logger()->info("accepted {} ({}) from {}", stream->peer_identity(),
-                   stream->peer_role() ? role_name(*stream->peer_role()) : "no role", stream->remote());
+                   stream->peer_role() ? core::tier_name(*stream->peer_role()) : "no role", stream->remote());
     ++n_accepted_;
     if (closed_) {
       --pending_;

@@ -16,9 +16,9 @@ static_assert(static_cast<int>(wire::DType::i8) == static_cast<int>(core::dtype:
 static_assert(static_cast<int>(wire::DType::u8) == static_cast<int>(core::dtype::u8));
 static_assert(static_cast<int>(wire::DType::i32) == static_cast<int>(core::dtype::i32));
 static_assert(static_cast<int>(wire::DType::MAX) + 1 == core::n_dtypes);
-static_assert(static_cast<int>(wire::Role::server) == static_cast<int>(node_role::server));
-static_assert(static_cast<int>(wire::Role::edge) == static_cast<int>(node_role::edge));
-static_assert(static_cast<int>(wire::Role::device) == static_cast<int>(node_role::device));
+static_assert(static_cast<int>(wire::Role::server) == static_cast<int>(core::tier::server));
+static_assert(static_cast<int>(wire::Role::edge) == static_cast<int>(core::tier::edge));
+static_assert(static_cast<int>(wire::Role::device) == static_cast<int>(core::tier::device));
 
 namespace {
 
@@ -35,7 +35,7 @@ std::size_t tensor_bytes(core::dtype t, const core::shape& s) {
   return bytes;
 }
 
-wire::Role to_wire(node_role r) {
+wire::Role to_wire(core::tier r) {
   return static_cast<wire::Role>(r);
 }
 
@@ -268,6 +268,14 @@ message_builder make_error(wire::ErrorCode code, std::string_view text) {
   const auto s = b.fbb().CreateString(text.data(), text.size());
   b.finish(wire::CreateError(b.fbb(), code, s));
   return b;
+}
+
+std::optional<step_key> step_key_of(const message& m) {
+  if (const auto* a = m.as<wire::Activations>())
+    return step_key{a->epoch(), a->step(), a->micro_batch(), a->device_id(), a->block()};
+  if (const auto* g = m.as<wire::Gradients>())
+    return step_key{g->epoch(), g->step(), g->micro_batch(), g->device_id(), g->block()};
+  return std::nullopt;
 }
 
 }  // namespace cleave::transport

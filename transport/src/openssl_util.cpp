@@ -88,8 +88,8 @@ std::string common_name(const X509* cert) {
   return name_entry(cert, NID_commonName);
 }
 
-std::optional<node_role> certificate_role(const X509* cert) {
-  return role_from_name(name_entry(cert, NID_organizationalUnitName));
+std::optional<core::tier> certificate_role(const X509* cert) {
+  return core::tier_from_name(name_entry(cert, NID_organizationalUnitName));
 }
 
 std::chrono::system_clock::time_point asn1_time_point(const ASN1_TIME* t) {

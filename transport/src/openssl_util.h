@@ -16,7 +16,7 @@
 #include <string>
 
 #include "cleave/core/error.h"
-#include "cleave/transport/role.h"
+#include "cleave/core/tier.h"
 
 namespace cleave::transport::detail {
 
@@ -49,7 +49,7 @@ evp_pkey_ptr load_private_key(const std::filesystem::path& path, const char* wha
 // The certificate's subject common name ("" when absent).
 std::string common_name(const X509* cert);
 // The role written in the subject's organizational unit, if any.
-std::optional<node_role> certificate_role(const X509* cert);
+std::optional<core::tier> certificate_role(const X509* cert);
 
 std::chrono::system_clock::time_point asn1_time_point(const ASN1_TIME* t);
 

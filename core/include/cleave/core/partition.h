@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace cleave::core {
@@ -17,5 +18,11 @@ std::vector<shard> partition_dirichlet(const std::vector<std::int32_t>& labels, 
 // Each client holds k distinct classes; each class's samples are split evenly among its holders.
 std::vector<shard> partition_classes(const std::vector<std::int32_t>& labels, int n_classes, int n_clients, int k,
                                      std::uint64_t seed);
+
+// Shard `index` of `n_shards` of a data set with these labels, split as `partition` says: "iid",
+// "dirichlet:ALPHA", "classes:K" or "all" (every sample), drawn with `seed`. Throws core::error
+// naming a bad partition or shard.
+shard pick_shard(const std::string& partition, const std::vector<std::int32_t>& labels, int n_classes, int n_shards,
+                 int index, std::uint64_t seed);
 
 }  // namespace cleave::core

@@ -18,6 +18,8 @@
 #include <thread>
 #include <type_traits>
 
+#include "cleave/core/error.h"
+
 namespace cleave::runtime {
 
 // SIGPIPE never kills a node: a write to a peer that reset the connection is an error value.
@@ -61,6 +63,22 @@ class executors {
   template <class F>
   void post_compute(F&& f) {
     asio::post(work_, std::forward<F>(f));
+  }
+  // f, made to hand a core::error it throws to on_error(what) on the I/O thread.
+  template <class F, class E>
+  auto guarded(F f, E on_error) {
+    return [this, f = std::move(f), on_error = std::move(on_error)]() mutable {
+      try {
+        f();
+      } catch (const core::error& e) {
+        post_io([on_error, why = std::string(e.what())] { on_error(why); });
+      }
+    };
+  }
+  // Runs f on the compute thread; a core::error it throws reaches on_error(what) on the I/O thread.
+  template <class F, class E>
+  void post_compute(F f, E on_error) {
+    post_compute(guarded(std::move(f), std::move(on_error)));
   }
   // From a coroutine on the I/O thread: runs f on the compute thread and resumes with its
   // result (exceptions travel too).

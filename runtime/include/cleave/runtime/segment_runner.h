@@ -15,12 +15,29 @@
 #include <utility>
 #include <vector>
 
-#include "cleave/core/aggregate.h"
-#include "cleave/core/pipeline.h"
-#include "cleave/core/profiler.h"
+#include "cleave/split/aggregate.h"
+#include "cleave/split/pipeline.h"
+#include "cleave/split/profiler.h"
 #include "cleave/transport/protocol.h"
 
 namespace cleave::runtime {
+
+// One device's route as a node sees it: the plan in force, and a re-split announced for the
+// device's next step boundary.
+struct route_state {
+  split::route route;
+  std::uint32_t epoch = 0;
+  std::optional<split::route> next;  // announced, not cut over yet
+  std::uint32_t next_epoch = 0;
+
+  // A plan in force at once (a join); an announced re-split is dropped.
+  void reset(split::route r, std::uint32_t e);
+  // A re-split that takes effect at the device's next step boundary; throws unless e is newer.
+  void announce(split::route r, std::uint32_t e);
+  // The device cut over to plan e: the announced route is in force; returns the one it replaces.
+  // Throws core::error when e was not announced.
+  split::route cut_over(std::uint32_t e);
+};
 
 // What a step message did here.
 struct step_result {
@@ -42,17 +59,17 @@ class segment_runner {
   bool set_model(const std::string& json, const transport::training_settings& t);
   bool has_model() const { return host_ != nullptr; }
   const core::model_spec& model() const { return model_; }
-  core::segment_host& host() { return *host_; }
+  split::segment_host& host() { return *host_; }
   core::backend& backend() { return *b_; }
   void set_slowdown(double s) { slowdown_ = s; }
 
   // A step message (Activations or Gradients) of `device` under route r (plan epoch `epoch`)
   // that came from tier `from` into a segment on this tier. `labels` (B) i32: a U-shaped top
   // on the device, whose labels never travelled. Throws core::error naming what does not fit.
-  step_result run(std::uint32_t device, const core::route& r, std::uint32_t epoch, core::tier from,
+  step_result run(std::uint32_t device, const split::route& r, std::uint32_t epoch, core::tier from,
                   const transport::message& m, const core::tensor* labels = nullptr);
   // The bottom of a device's route: inputs x (B, ...) and labels y (B) i32 of micro-batch id.
-  step_result run_input(std::uint32_t device, const core::route& r, std::uint32_t epoch, core::micro_batch_id id,
+  step_result run_input(std::uint32_t device, const split::route& r, std::uint32_t epoch, split::micro_batch_id id,
                         const core::tensor& x, const core::tensor& y, const transport::batch_info& bi);
 
   // Work for `device` runs now, or once the blocks migrating here for it are all in (in order).
@@ -63,18 +80,18 @@ class segment_runner {
 
   // A re-split at a step boundary: this tier's part of moving `device` from route `from` to `to`.
   // Returns the Migrate messages of the blocks leaving, each with the tier it goes to.
-  std::vector<std::pair<core::tier, transport::message_builder>> rehost(std::uint32_t device, const core::route& from,
-                                                                        const core::route& to,
+  std::vector<std::pair<core::tier, transport::message_builder>> rehost(std::uint32_t device, const split::route& from,
+                                                                        const split::route& to,
                                                                         const transport::migrate_desc& md);
   // Blocks arriving for `device`; then runs its held work if nothing is missing any more.
   void install(std::uint32_t device, const wire::Migrate& m);
 
   // Hosts the segments of r on this tier (if not yet) and loads whole-model weights into them.
-  void load(std::uint32_t device, const core::route& r, std::span<const float> params, std::span<const float> buffers,
+  void load(std::uint32_t device, const split::route& r, std::span<const float> params, std::span<const float> buffers,
             bool shared = false);
   // Adds the replicas of device's segments here (blocks [begin, end) with `weight`) to avg;
   // `seen` skips block ranges already added (one shared replica in sequential mode).
-  void add_replicas(core::model_average& avg, std::uint32_t device, const core::route& r, double weight,
+  void add_replicas(split::model_average& avg, std::uint32_t device, const split::route& r, double weight,
                     std::set<std::pair<int, int>>* seen = nullptr);
 
   // Times every block on this backend (x the slowdown) for micro-batches of `batch`.
@@ -83,15 +100,15 @@ class segment_runner {
   // Times the blocks again when none ran here since the last call: plans must not rest on the
   // figures of the start whatever the load has become. True when it did.
   bool reprofile_if_idle();
-  transport::node_profile snapshot(std::uint64_t memory_budget) const;
+  split::node_profile snapshot(std::uint64_t memory_budget) const;
   // Compute seconds (x the slowdown) since the last call.
   double take_compute_seconds();
 
  private:
-  int segment_at(const core::route& r, std::uint32_t block, core::tier from, bool activation) const;
-  step_result finish(std::uint32_t device, const core::route& r, std::uint32_t epoch, int seg, core::micro_batch_id id,
-                     const transport::batch_info& bi, core::segment_output o, const core::tensor& labels,
-                     double seconds, bool forward);
+  int segment_at(const split::route& r, std::uint32_t block, core::tier from, bool activation) const;
+  step_result finish(std::uint32_t device, const split::route& r, std::uint32_t epoch, int seg,
+                     split::micro_batch_id id, const transport::batch_info& bi, split::segment_output o,
+                     const core::tensor& labels, double seconds, bool forward);
   double timed(const std::function<void()>& f);
   void release(std::uint32_t device);
 
@@ -102,9 +119,9 @@ class segment_runner {
   std::string model_json_;
   core::model_spec model_;
   transport::training_settings training_;
-  std::unique_ptr<core::segment_host> host_;
+  std::unique_ptr<split::segment_host> host_;
   std::map<std::uint32_t, std::vector<std::function<void()>>> held_;
-  core::live_profile live_;
+  split::live_profile live_;
   std::uint32_t profile_batch_ = 0;
   std::map<std::pair<std::uint32_t, int>, double> seg_seconds_;  // this step's compute per segment
   std::map<std::uint32_t, transport::batch_info> batch_;         // per device: its step's shape

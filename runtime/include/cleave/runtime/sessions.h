@@ -14,11 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "cleave/core/tier.h"
 #include "cleave/runtime/executors.h"
+#include "cleave/split/profiler.h"
 #include "cleave/transport/channel.h"
 #include "cleave/transport/connect.h"
+#include "cleave/transport/emulation.h"
 #include "cleave/transport/listener.h"
-#include "cleave/transport/role.h"
 #include "cleave/transport/tls_context.h"
 
 namespace cleave::runtime {
@@ -26,20 +28,41 @@ namespace cleave::runtime {
 struct session {
   transport::channel ch;  // never reassigned: a new connection is a new session
   std::string identity;   // the certificate's name
-  transport::node_role role = transport::node_role::device;
+  core::tier role = core::tier::device;
   std::uint32_t id = 0;  // node id from its Hello
   bool open = true;      // I/O thread
 
   // Thread-safe; false when the channel is closed (the reader reports why).
   bool post(transport::message_builder&& m) const { return ch.post(std::move(m)); }
   // The link as this end measured it, for a profile naming the node at the other end.
-  transport::link_profile_desc measured_link(std::uint32_t peer_id) const {
+  split::link_sample measured_link(std::uint32_t peer_id) const {
     const auto st = ch.stats();
     return {peer_id, static_cast<float>(transport::link_rtt_us(st)),
             static_cast<float>(transport::link_bytes_per_second(st))};
   }
 };
 using session_ptr = std::shared_ptr<session>;
+
+// The emulated links and slowdowns a schedule (transport/emulation.h) gives this node, by round:
+// link caps go to the sessions whose peer they name, those open at once and later ones as they
+// connect.
+class link_schedule {
+ public:
+  // Throws core::error naming a bad event (configuration errors first).
+  link_schedule(const executors& ex, const std::string& text_or_path, std::string node_name);
+  // Round `round`'s events for this node, once per round: link caps are set on the open sessions
+  // they name and kept for later ones; the other events (slowdowns) are returned.
+  std::vector<transport::emulation_event> advance(std::uint64_t round, const std::vector<session_ptr>& open);
+  // Sets on a new session the caps of its links that are in force.
+  void apply(session& s) const;
+
+ private:
+  const executors& ex_;
+  transport::emulation_schedule schedule_;
+  std::string name_;
+  std::vector<transport::emulation_event> links_;
+  std::uint64_t round_ = 0;
+};
 
 // Timeouts of every channel of a node.
 struct link_settings {
@@ -62,6 +85,7 @@ class acceptor {
   std::uint16_t port() const { return listener_.port(); }
   // Every open session (I/O thread).
   const std::list<session_ptr>& sessions() const { return sessions_; }
+  std::vector<session_ptr> open() const { return {sessions_.begin(), sessions_.end()}; }
   // Bytes sent and received on the open sessions' channels.
   std::uint64_t bytes_moved() const;
   // Ends a session: on_closed runs now, its channel closes in the background.
@@ -84,7 +108,9 @@ class upstream {
   struct handlers {
     // A new channel is up: the node sends its Hello (and anything to announce again).
     std::function<void(const session_ptr&)> on_connected;
-    std::function<void(transport::message)> on_message;  // a core::error drops the link
+    // Every message but an Error, which is logged (shutting_down stops the node); a core::error
+    // drops the link.
+    std::function<void(transport::message)> on_message;
     std::function<void(const std::string& why)> on_lost;
   };
   upstream(executors& ex, const transport::tls_context& tls, std::string host, std::uint16_t port, std::string name,
@@ -98,6 +124,8 @@ class upstream {
   asio::awaitable<void> shutdown();
 
  private:
+  void on_error(const wire::Error& e);
+
   executors& ex_;
   const transport::tls_context& tls_;
   std::string host_, name_;

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "cleave/core/optimizer.h"
-#include "cleave/core/plan.h"
 #include "cleave/runtime/sessions.h"
+#include "cleave/split/plan.h"
 
 namespace cleave::server {
 
@@ -85,7 +85,7 @@ struct server_config {
   std::function<void(std::uint16_t port)> on_listening;
   // Plans forced from outside (tests, benchmarks): asked at each new step of a device; a route
   // different from the current one is announced as a re-split (splitfed mode only).
-  std::function<std::optional<core::route>(std::uint32_t device, std::uint64_t step, const core::route& current)>
+  std::function<std::optional<split::route>(std::uint32_t device, std::uint64_t step, const split::route& current)>
       force_route;
 };
 

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cleave/transport/role.h"
+#include "cleave/core/tier.h"
 
 namespace cleave::transport {
 
@@ -34,7 +34,7 @@ struct ca_options {
 pem_paths init_ca(const std::filesystem::path& dir, const ca_options& opts = {});
 
 struct issue_options {
-  node_role role = node_role::device;
+  core::tier role = core::tier::device;
   int valid_days = 365;
   // Explicit validity window (both set or neither), e.g. to make an expired certificate in tests.
   std::optional<std::chrono::system_clock::time_point> not_before;
@@ -57,7 +57,7 @@ bool valid_node_name(std::string_view name);
 
 struct certificate_info {
   std::string name;  // subject CN
-  std::optional<node_role> role;
+  std::optional<core::tier> role;
   std::string issuer;  // issuer CN
   bool is_ca = false;
   std::chrono::system_clock::time_point not_before;

@@ -12,11 +12,11 @@
 #include <optional>
 #include <string>
 
+#include "cleave/core/tier.h"
 #include "cleave/transport/frame.h"
 #include "cleave/transport/message.h"
 #include "cleave/transport/net_emulator.h"
 #include "cleave/transport/result.h"
-#include "cleave/transport/role.h"
 
 namespace cleave::transport {
 
@@ -103,7 +103,7 @@ class channel {
   std::string close_reason() const;
   // The peer's identity: the common name of its certificate, checked against the CA.
   const std::string& peer_identity() const;
-  std::optional<node_role> peer_role() const;
+  std::optional<core::tier> peer_role() const;
   // "address:port" of the peer.
   const std::string& remote() const;
   channel_stats stats() const;

@@ -5,15 +5,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "cleave/core/dtype.h"
 #include "cleave/core/shape.h"
+#include "cleave/core/tier.h"
 #include "cleave/transport/frame.h"
 #include "cleave/transport/result.h"
-#include "cleave/transport/role.h"
 #include "cleave/transport/wire_generated.h"
 
 namespace cleave::transport {
@@ -94,7 +95,7 @@ struct backend_desc {
 };
 
 struct hello_info {
-  node_role role = node_role::device;
+  core::tier role = core::tier::device;
   std::uint32_t node_id = 0;
   std::string_view name;
   std::span<const backend_desc> backends;
@@ -116,7 +117,7 @@ message_builder make_welcome(const welcome_info& info);
 
 struct stage_desc {
   std::uint32_t node_id = 0;
-  node_role role = node_role::server;
+  core::tier role = core::tier::server;
   std::uint32_t first_block = 0;
   std::uint32_t end_block = 0;
   bool with_loss = false;
@@ -210,8 +211,8 @@ struct migrate_info {
   std::uint32_t from_node = 0;
   std::uint32_t to_node = 0;
   std::uint32_t device_id = 0;
-  node_role from_role = node_role::device;
-  node_role to_role = node_role::server;
+  core::tier from_role = core::tier::device;
+  core::tier to_role = core::tier::server;
   std::uint64_t optimizer_steps = 0;
 };
 message_builder make_migrate(const migrate_info& info, std::span<const tensor_source> weights,
@@ -267,6 +268,9 @@ class message {
   aligned_bytes buf_;
   const wire::Message* root_ = nullptr;
 };
+
+// The key of a step message (Activations or Gradients); nothing for any other message.
+std::optional<step_key> step_key_of(const message& m);
 
 // Decodes a tensor of a message that passed decode_frame.
 tensor_view view_of(const wire::Tensor& t);

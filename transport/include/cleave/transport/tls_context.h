@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "cleave/transport/role.h"
+#include "cleave/core/tier.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
 
@@ -33,7 +33,7 @@ class tls_context {
 
   // This node's identity: the common name of its certificate ("" without one).
   const std::string& identity() const { return identity_; }
-  std::optional<node_role> role() const { return role_; }
+  std::optional<core::tier> role() const { return role_; }
   bool has_certificate() const { return !identity_.empty(); }
 
   SSL_CTX* native() const { return ctx_.get(); }
@@ -44,7 +44,7 @@ class tls_context {
   };
   std::shared_ptr<SSL_CTX> ctx_;
   std::string identity_;
-  std::optional<node_role> role_;
+  std::optional<core::tier> role_;
 };
 
 }  // namespace cleave::transport

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "cleave/core/tier.h"
 #include "cleave/transport/result.h"
-#include "cleave/transport/role.h"
 #include "cleave/transport/tls_context.h"
 
 typedef struct ssl_st SSL;
@@ -58,7 +58,7 @@ class tls_stream {
   bool is_open() const { return socket_.is_open(); }
 
   const std::string& peer_identity() const { return peer_identity_; }
-  std::optional<node_role> peer_role() const { return peer_role_; }
+  std::optional<core::tier> peer_role() const { return peer_role_; }
   // "address:port" of the peer, or "?" when unknown.
   const std::string& remote() const { return remote_; }
   asio::ip::tcp::socket& socket() { return socket_; }
@@ -72,7 +72,7 @@ class tls_stream {
   BIO* wbio_ = nullptr;  // owned by ssl_
   std::unique_ptr<detail::peer_check> check_;
   std::string peer_identity_;
-  std::optional<node_role> peer_role_;
+  std::optional<core::tier> peer_role_;
   std::string remote_;
 };
 

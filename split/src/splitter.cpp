@@ -1,6 +1,6 @@
 // The adaptive splitter's cost model (evaluate_route, the oracle), its exact planner (dynamic
 // programming over the chain of blocks and the path of tiers) and the re-split policy.
-#include "cleave/core/splitter.h"
+#include "cleave/split/splitter.h"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 
 #include "cleave/core/error.h"
 
-namespace cleave::core {
+namespace cleave::split {
 
 // Floating-point discipline. plan_best and evaluate_route must give bit-identical costs, or a tie
 // (zero-cost blocks, integer-valued profiles) could be broken differently by the planner and by the
@@ -46,13 +46,13 @@ const device_costs& dev_of(const split_problem& p, int d) {
 }
 
 // How many devices a node on d's path serves.
-double share_of(const split_problem& p, int d, tier t) {
+double share_of(const split_problem& p, int d, core::tier t) {
   switch (t) {
-    case tier::device:
+    case core::tier::device:
       return 1.0;
-    case tier::server:
+    case core::tier::server:
       return static_cast<double>(p.devices.size());
-    case tier::edge: {
+    case core::tier::edge: {
       const int e = dev_of(p, d).edge;
       return static_cast<double>(
           std::count_if(p.devices.begin(), p.devices.end(), [e](const device_costs& x) { return x.edge == e; }));
@@ -61,21 +61,21 @@ double share_of(const split_problem& p, int d, tier t) {
   return 1.0;
 }
 
-const node_costs& node_of(const split_problem& p, int d, tier t) {
+const node_costs& node_of(const split_problem& p, int d, core::tier t) {
   switch (t) {
-    case tier::device:
+    case core::tier::device:
       return dev_of(p, d).board;
-    case tier::edge:
+    case core::tier::edge:
       return p.edges[static_cast<std::size_t>(dev_of(p, d).edge)];
-    case tier::server:
+    case core::tier::server:
       break;
   }
   return p.server;
 }
 
 // The link between two neighbouring tiers of d's path.
-const link_costs& link_between(const split_problem& p, int d, tier a, tier b) {
-  if (a == tier::device || b == tier::device) return dev_of(p, d).link;
+const link_costs& link_between(const split_problem& p, int d, core::tier a, core::tier b) {
+  if (a == core::tier::device || b == core::tier::device) return dev_of(p, d).link;
   return p.edge_links[static_cast<std::size_t>(dev_of(p, d).edge)];
 }
 
@@ -93,21 +93,21 @@ double hop_seconds(const link_costs& l, double bytes, int n_micro_batches) {
 void check_route(const split_problem& p, int d, const route& r) {
   const auto want = path_of(p, d);
   if (r.path != want) {
-    auto names = [](const std::vector<tier>& path) {
+    auto names = [](const std::vector<core::tier>& path) {
       std::string s;
-      for (auto t : path) s += (s.empty() ? "" : " ") + std::string(tier_name(t));
+      for (auto t : path) s += (s.empty() ? "" : " ") + std::string(core::tier_name(t));
       return s;
     };
-    throw error("route for device " + std::to_string(d) + ": path '" + names(r.path) + "', expected '" + names(want) +
-                "'");
+    throw core::error("route for device " + std::to_string(d) + ": path '" + names(r.path) + "', expected '" +
+                      names(want) + "'");
   }
   if (r.n_blocks != p.n_blocks)
-    throw error("route for device " + std::to_string(d) + ": " + std::to_string(r.n_blocks) +
-                " blocks, the model has " + std::to_string(p.n_blocks));
+    throw core::error("route for device " + std::to_string(d) + ": " + std::to_string(r.n_blocks) +
+                      " blocks, the model has " + std::to_string(p.n_blocks));
   try {
     make_route(p.u_shape, dev_of(p, d).edge >= 0, r.cuts, p.n_blocks);
-  } catch (const error& e) {
-    throw error("route for device " + std::to_string(d) + ": " + e.what());
+  } catch (const core::error& e) {
+    throw core::error("route for device " + std::to_string(d) + ": " + e.what());
   }
 }
 
@@ -116,7 +116,7 @@ route_cost evaluate_checked(const split_problem& p, int d, const route& r) {
   route_cost out;
   std::vector<double> terms;  // seg_0, hop_0, seg_1, ..., seg_last
   for (int k = 0; k < r.n_segments(); ++k) {
-    const tier t = r.path[static_cast<std::size_t>(k)];
+    const core::tier t = r.path[static_cast<std::size_t>(k)];
     const node_costs& node = node_of(p, d, t);
     double sum = 0;
     for (int i = r.begin(k); i < r.end(k); ++i) sum += node.block_seconds[static_cast<std::size_t>(i)];
@@ -133,7 +133,7 @@ route_cost evaluate_checked(const split_problem& p, int d, const route& r) {
   out.seconds = terms.back();
   for (std::size_t j = terms.size() - 1; j-- > 0;) out.seconds = terms[j] + out.seconds;
 
-  for (tier t : {tier::device, tier::edge, tier::server}) {
+  for (core::tier t : {core::tier::device, core::tier::edge, core::tier::server}) {
     const auto segs = r.segments_on(t);
     if (segs.empty()) continue;
     double bytes = 0;
@@ -146,9 +146,9 @@ route_cost evaluate_checked(const split_problem& p, int d, const route& r) {
     const double cap = cap_of(node_of(p, d, t).memory_budget, share_of(p, d, t));
     if (bytes > cap) {
       out.feasible = false;
-      std::string node = t == tier::device ? "device board"
-                         : t == tier::edge ? "edge " + std::to_string(dev_of(p, d).edge) + " share"
-                                           : "server share";
+      std::string node = t == core::tier::device ? "device board"
+                         : t == core::tier::edge ? "edge " + std::to_string(dev_of(p, d).edge) + " share"
+                                                 : "server share";
       out.why += (out.why.empty() ? "" : "; ") + node + " needs " + bytes_str(bytes) + " of " + bytes_str(cap);
     }
   }
@@ -165,14 +165,14 @@ route_cost evaluate_checked(const split_problem& p, int d, const route& r) {
   const double board_need = m(0) + (p.u_shape ? m(n - 1) : 0.0);
   std::string shares;
   double have = 0;
-  for (tier t : {tier::device, tier::edge, tier::server}) {
+  for (core::tier t : {core::tier::device, core::tier::edge, core::tier::server}) {
     if (std::find(path.begin(), path.end(), t) == path.end()) continue;
     const double cap = cap_of(node_of(p, d, t).memory_budget, share_of(p, d, t));
     have += cap;
     shares += (shares.empty() ? "" : ", ") +
-              (t == tier::device ? std::string("board")
-               : t == tier::edge ? "edge " + std::to_string(dev_of(p, d).edge) + " share"
-                                 : std::string("server share")) +
+              (t == core::tier::device ? std::string("board")
+               : t == core::tier::edge ? "edge " + std::to_string(dev_of(p, d).edge) + " share"
+                                       : std::string("server share")) +
               " " + bytes_str(cap);
   }
   std::string what = "split problem: device " + std::to_string(d) + ": no route fits its memory (" + shares + "): ";
@@ -185,7 +185,7 @@ route_cost evaluate_checked(const split_problem& p, int d, const route& r) {
   else
     what += "the blocks (" + bytes_str(total) + " at least in all, " + bytes_str(board_need) +
             " at least on the board) do not pack into these shares at any cut";
-  throw error(what);
+  throw core::error(what);
 }
 
 plan_cost assemble(const split_problem& p, const std::vector<route>& routes) {
@@ -252,10 +252,10 @@ class device_planner {
       : p_(p), n_(p.n_blocks), path_(path_of(p, d)), mem_(shared.mem) {
     board.build(dev_of(p, d).board.block_seconds);
     for (std::size_t k = 0; k < path_.size(); ++k) {
-      const tier t = path_[k];
-      const sums* secs = t == tier::device ? &board
-                         : t == tier::edge ? &shared.edges[static_cast<std::size_t>(dev_of(p, d).edge)]
-                                           : &shared.server;
+      const core::tier t = path_[k];
+      const sums* secs = t == core::tier::device ? &board
+                         : t == core::tier::edge ? &shared.edges[static_cast<std::size_t>(dev_of(p, d).edge)]
+                                                 : &shared.server;
       const double share = share_of(p, d, t);
       nodes_.push_back({secs, share, cap_of(node_of(p, d, t).memory_budget, share)});
       if (k + 1 < path_.size()) {
@@ -442,7 +442,7 @@ class device_planner {
 
   const split_problem& p_;
   int n_;
-  std::vector<tier> path_;
+  std::vector<core::tier> path_;
   const sums& mem_;
   std::vector<node> nodes_;
   std::vector<std::vector<double>> hops_;
@@ -466,13 +466,13 @@ void each_cuts(int n, bool u_shape, std::size_t n_cuts, std::vector<int>& cuts, 
 
 void check_finite(double v, const std::string& what) {
   if (!std::isfinite(v) || v < 0)
-    throw error("split problem: " + what + " is " + fmt::format("{}", v) + " (must be finite and >= 0)");
+    throw core::error("split problem: " + what + " is " + fmt::format("{}", v) + " (must be finite and >= 0)");
 }
 
 void check_values(const std::vector<double>& v, std::size_t want, const std::string& what) {
   if (v.size() != want)
-    throw error("split problem: " + what + " has " + std::to_string(v.size()) + " entries, expected " +
-                std::to_string(want));
+    throw core::error("split problem: " + what + " has " + std::to_string(v.size()) + " entries, expected " +
+                      std::to_string(want));
   for (std::size_t i = 0; i < v.size(); ++i) check_finite(v[i], what + "[" + std::to_string(i) + "]");
 }
 
@@ -488,8 +488,8 @@ void check_node(const node_costs& nc, std::size_t n, const std::string& what) {
 
 void check_device_index(const split_problem& p, int d) {
   if (d < 0 || static_cast<std::size_t>(d) >= p.devices.size())
-    throw error("split problem: device " + std::to_string(d) + " out of range (" + std::to_string(p.devices.size()) +
-                " devices)");
+    throw core::error("split problem: device " + std::to_string(d) + " out of range (" +
+                      std::to_string(p.devices.size()) + " devices)");
 }
 
 double migration_checked(const split_problem& p, int d, const route& from, const route& to) {
@@ -498,11 +498,11 @@ double migration_checked(const split_problem& p, int d, const route& from, const
   double device_bytes = 0, edge_bytes = 0;
   bool device_used = false, edge_used = false;
   for (int i = 0; i < p.n_blocks; ++i) {
-    const tier a = tier_of_block(from, i), b = tier_of_block(to, i);
+    const core::tier a = tier_of_block(from, i), b = tier_of_block(to, i);
     if (a == b) continue;
     const double bytes = p.fixed_bytes[static_cast<std::size_t>(i)];
-    if ((a == tier::device) != (b == tier::device)) device_used = true, device_bytes += bytes;
-    if (has_edge && (a == tier::server) != (b == tier::server)) edge_used = true, edge_bytes += bytes;
+    if ((a == core::tier::device) != (b == core::tier::device)) device_used = true, device_bytes += bytes;
+    if (has_edge && (a == core::tier::server) != (b == core::tier::server)) edge_used = true, edge_bytes += bytes;
   }
   auto over = [](const link_costs& l, double bytes) {
     return (l.bytes_per_second > 0 ? bytes / l.bytes_per_second : 0.0) + l.rtt_seconds;
@@ -516,13 +516,14 @@ double migration_checked(const split_problem& p, int d, const route& from, const
 }  // namespace
 
 void validate(const split_problem& p) {
-  if (p.n_blocks < 1) throw error("split problem: n_blocks is " + std::to_string(p.n_blocks) + ", needs at least 1");
+  if (p.n_blocks < 1)
+    throw core::error("split problem: n_blocks is " + std::to_string(p.n_blocks) + ", needs at least 1");
   if (p.u_shape && p.n_blocks < 2)
-    throw error(
+    throw core::error(
         "split problem: u_shape needs at least 2 blocks (the device holds the first and the last), n_blocks is " +
         std::to_string(p.n_blocks));
   if (p.n_micro_batches < 1)
-    throw error("split problem: n_micro_batches is " + std::to_string(p.n_micro_batches) + ", needs at least 1");
+    throw core::error("split problem: n_micro_batches is " + std::to_string(p.n_micro_batches) + ", needs at least 1");
   const std::size_t n = static_cast<std::size_t>(p.n_blocks);
   check_values(p.cut_bytes, n + 1, "cut_bytes");
   check_values(p.fixed_bytes, n, "fixed_bytes");
@@ -530,8 +531,8 @@ void validate(const split_problem& p) {
   check_node(p.server, n, "server.");
   for (std::size_t e = 0; e < p.edges.size(); ++e) check_node(p.edges[e], n, "edge " + std::to_string(e) + ": ");
   if (p.edge_links.size() != p.edges.size())
-    throw error("split problem: edge_links has " + std::to_string(p.edge_links.size()) + " entries, expected " +
-                std::to_string(p.edges.size()) + " (one per edge)");
+    throw core::error("split problem: edge_links has " + std::to_string(p.edge_links.size()) + " entries, expected " +
+                      std::to_string(p.edges.size()) + " (one per edge)");
   for (std::size_t e = 0; e < p.edge_links.size(); ++e)
     check_link(p.edge_links[e], "edge_links[" + std::to_string(e) + "]");
   for (std::size_t d = 0; d < p.devices.size(); ++d) {
@@ -539,19 +540,21 @@ void validate(const split_problem& p) {
     const std::string what = "device " + std::to_string(d) + ": ";
     check_node(dev.board, n, what + "board.");
     if (dev.edge < -1 || dev.edge >= static_cast<int>(p.edges.size()))
-      throw error("split problem: " + what + "edge " + std::to_string(dev.edge) + " out of range (" +
-                  std::to_string(p.edges.size()) + " edges)");
+      throw core::error("split problem: " + what + "edge " + std::to_string(dev.edge) + " out of range (" +
+                        std::to_string(p.edges.size()) + " edges)");
     check_link(dev.link, what + "link");
   }
 }
 
-std::vector<tier> path_of(const split_problem& p, int device) {
+std::vector<core::tier> path_of(const split_problem& p, int device) {
   check_device_index(p, device);
   const bool edge = dev_of(p, device).edge >= 0;
   if (p.u_shape)
-    return edge ? std::vector{tier::device, tier::edge, tier::server, tier::edge, tier::device}
-                : std::vector{tier::device, tier::server, tier::device};
-  return edge ? std::vector{tier::device, tier::edge, tier::server} : std::vector{tier::device, tier::server};
+    return edge ? std::vector{core::tier::device, core::tier::edge, core::tier::server, core::tier::edge,
+                              core::tier::device}
+                : std::vector{core::tier::device, core::tier::server, core::tier::device};
+  return edge ? std::vector{core::tier::device, core::tier::edge, core::tier::server}
+              : std::vector{core::tier::device, core::tier::server};
 }
 
 route_cost evaluate_route(const split_problem& p, int device, const route& r) {
@@ -563,8 +566,8 @@ route_cost evaluate_route(const split_problem& p, int device, const route& r) {
 plan_cost evaluate_plan(const split_problem& p, const std::vector<route>& routes) {
   validate(p);
   if (routes.size() != p.devices.size())
-    throw error("plan has " + std::to_string(routes.size()) + " routes for " + std::to_string(p.devices.size()) +
-                " devices");
+    throw core::error("plan has " + std::to_string(routes.size()) + " routes for " + std::to_string(p.devices.size()) +
+                      " devices");
   for (std::size_t d = 0; d < routes.size(); ++d) check_route(p, static_cast<int>(d), routes[d]);
   return assemble(p, routes);
 }
@@ -617,8 +620,8 @@ resplit_decision decide_resplit(const split_problem& p, const std::vector<route>
                                 const resplit_policy& policy) {
   const plan_cost now = evaluate_plan(p, current);
   if (proposed.routes.size() != p.devices.size())
-    throw error("proposed plan has " + std::to_string(proposed.routes.size()) + " routes for " +
-                std::to_string(p.devices.size()) + " devices");
+    throw core::error("proposed plan has " + std::to_string(proposed.routes.size()) + " routes for " +
+                      std::to_string(p.devices.size()) + " devices");
   resplit_decision out;
   out.current_seconds = now.step_seconds;
   out.proposed_seconds = proposed.cost.step_seconds;
@@ -649,4 +652,4 @@ resplit_decision decide_resplit(const split_problem& p, const std::vector<route>
   return out;
 }
 
-}  // namespace cleave::core
+}  // namespace cleave::split

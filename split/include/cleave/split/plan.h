@@ -8,14 +8,14 @@
 #include <string>
 #include <vector>
 
-namespace cleave::core {
+#include "cleave/core/model.h"
+#include "cleave/core/tier.h"
 
-enum class tier : std::uint8_t { device, edge, server };
-std::string_view tier_name(tier t);
+namespace cleave::split {
 
 struct route {
-  std::vector<tier> path;  // D S | D E S | D S D | D E S E D
-  std::vector<int> cuts;   // path.size() - 1 boundaries, non-decreasing, within [1, n_blocks]
+  std::vector<core::tier> path;  // D S | D E S | D S D | D E S E D
+  std::vector<int> cuts;         // path.size() - 1 boundaries, non-decreasing, within [1, n_blocks]
   int n_blocks = 0;
 
   int n_segments() const { return static_cast<int>(path.size()); }
@@ -23,10 +23,10 @@ struct route {
   int end(int segment) const {
     return segment + 1 == n_segments() ? n_blocks : cuts[static_cast<std::size_t>(segment)];
   }
-  bool u_shape() const { return path.size() > 1 && path.back() == tier::device; }
+  bool u_shape() const { return path.size() > 1 && path.back() == core::tier::device; }
   bool has_edge() const;
   // Segments of this route on tier t, in order.
-  std::vector<int> segments_on(tier t) const;
+  std::vector<int> segments_on(core::tier t) const;
   // "device[0,4) edge[4,7) server[7,12)"
   std::string str() const;
 
@@ -39,14 +39,20 @@ struct route {
 route make_route(bool u_shape, bool with_edge, const std::vector<int>& cuts, int n_blocks);
 
 // The tier that runs block `block` under route r; throws core::error outside [0, n_blocks).
-tier tier_of_block(const route& r, int block);
+core::tier tier_of_block(const route& r, int block);
 
 // "3" / "3,7" / "2,6,9" -> cuts; throws naming the text.
 std::vector<int> parse_cuts(const std::string& text);
+
+// Cuts used when none are configured: each boundary at the smallest activation within its share
+// of the chain (small activations are cheap to send), the U-shape top on the device.
+std::vector<int> default_cuts(const core::model_spec& m, bool u_shape, bool with_edge);
+// A device's route with the configured cuts ("": default_cuts); throws core::error naming them.
+route configured_route(const core::model_spec& m, bool u_shape, bool with_edge, const std::string& cuts);
 
 struct plan {
   std::uint32_t epoch = 0;
   std::map<std::uint32_t, route> devices;  // device id -> its route
 };
 
-}  // namespace cleave::core
+}  // namespace cleave::split

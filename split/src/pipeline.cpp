@@ -1,13 +1,14 @@
 // Segments of device routes hosted by one node.
-#include "cleave/core/pipeline.h"
+#include "cleave/split/pipeline.h"
 
 #include <algorithm>
 
 #include "cleave/core/trainer.h"
 
-namespace cleave::core {
+namespace cleave::split {
 
-segment_host::segment_host(backend& b, const model_spec& m, const optimizer_config& opt, std::uint64_t seed)
+segment_host::segment_host(core::backend& b, const core::model_spec& m, const core::optimizer_config& opt,
+                           std::uint64_t seed)
     : b_(&b), m_(&m), opt_(opt), seed_(seed) {}
 
 void segment_host::host(std::uint32_t device, const route& r, int segment, bool shared) {
@@ -22,8 +23,8 @@ void segment_host::host(std::uint32_t device, const route& r, int segment, bool 
     rep = std::make_shared<replica>();
   }
   if (!rep->st) {
-    rep->st = std::make_unique<stage>(*b_, *m_, begin, end, seed_);
-    rep->opt = std::make_unique<optimizer>(*b_, opt_, rep->st->n_params());
+    rep->st = std::make_unique<core::stage>(*b_, *m_, begin, end, seed_);
+    rep->opt = std::make_unique<core::optimizer>(*b_, opt_, rep->st->n_params());
   }
   if (const auto lr = lr_.find(device); lr != lr_.end()) rep->opt->set_lr(lr->second);
   slot& s = slots_[{device, segment}];
@@ -51,7 +52,7 @@ std::string blocks_str(int begin, int end) {
   return "blocks [" + std::to_string(begin) + "," + std::to_string(end) + ")";
 }
 
-std::vector<float> download_all(backend& b, const tensor& t) {
+std::vector<float> download_all(core::backend& b, const core::tensor& t) {
   std::vector<float> v(static_cast<std::size_t>(t.numel()));
   if (!v.empty()) b.download(t, v.data());
   return v;
@@ -59,15 +60,17 @@ std::vector<float> download_all(backend& b, const tensor& t) {
 
 }  // namespace
 
-std::vector<block_state> segment_host::rehost(std::uint32_t device, const route& from, const route& to, tier here) {
+std::vector<block_state> segment_host::rehost(std::uint32_t device, const route& from, const route& to,
+                                              core::tier here) {
   if (from.n_blocks != m_->n_blocks() || to.n_blocks != m_->n_blocks())
-    throw error("re-split of device " + std::to_string(device) + ": routes do not match the model's " +
-                std::to_string(m_->n_blocks()) + " blocks");
-  const auto lay = layout_of(*m_);
+    throw core::error("re-split of device " + std::to_string(device) + ": routes do not match the model's " +
+                      std::to_string(m_->n_blocks()) + " blocks");
+  const auto lay = core::layout_of(*m_);
   const auto n_params = static_cast<std::size_t>(lay.param_offset.back());
   const auto n_buffers = static_cast<std::size_t>(lay.buffer_offset.back());
-  const std::size_t n_state =
-      opt_.kind == optimizer_kind::adamw ? 2 : (opt_.kind == optimizer_kind::sgd && opt_.momentum != 0.0f ? 1 : 0);
+  const std::size_t n_state = opt_.kind == core::optimizer_kind::adamw
+                                  ? 2
+                                  : (opt_.kind == core::optimizer_kind::sgd && opt_.momentum != 0.0f ? 1 : 0);
   // Everything this node holds of the device, gathered into whole-model host vectors.
   std::vector<float> params(n_params), buffers(n_buffers);
   std::vector<std::vector<float>> state(n_state, std::vector<float>(n_params));
@@ -78,10 +81,10 @@ std::vector<block_state> segment_host::rehost(std::uint32_t device, const route&
     if (it == slots_.end()) continue;
     slot& sl = it->second;
     if (!sl.pending.empty())
-      throw error("re-split of device " + std::to_string(device) + " with micro-batches still in flight");
+      throw core::error("re-split of device " + std::to_string(device) + " with micro-batches still in flight");
     for (const auto& [range, rep] : shared_)
-      if (rep == sl.rep) throw error("re-splitting needs one replica per device (splitfed mode)");
-    const stage& st = *sl.rep->st;
+      if (rep == sl.rep) throw core::error("re-splitting needs one replica per device (splitfed mode)");
+    const core::stage& st = *sl.rep->st;
     const auto p0 = static_cast<std::size_t>(lay.param_offset[static_cast<std::size_t>(st.begin())]);
     const auto b0 = static_cast<std::size_t>(lay.buffer_offset[static_cast<std::size_t>(st.begin())]);
     const auto p = download_all(*b_, st.params()), bu = download_all(*b_, st.buffers());
@@ -127,7 +130,7 @@ std::vector<block_state> segment_host::rehost(std::uint32_t device, const route&
   for (int seg : to.segments_on(here)) {
     host(device, to, seg);
     replica& rep = *slots_.at({device, seg}).rep;
-    const stage& st = *rep.st;
+    const core::stage& st = *rep.st;
     for (int i = st.begin(); i < st.end(); ++i)
       if (!have[static_cast<std::size_t>(i)]) arr.missing.insert(i);
     const auto p0 = lay.param_offset[static_cast<std::size_t>(st.begin())];
@@ -159,27 +162,28 @@ std::vector<block_state> segment_host::rehost(std::uint32_t device, const route&
 }
 
 void segment_host::install_blocks(std::uint32_t device, block_state s) {
-  const auto lay = layout_of(*m_);
+  const auto lay = core::layout_of(*m_);
   if (s.begin < 0 || s.begin >= s.end || s.end > m_->n_blocks())
-    throw error("migrated " + blocks_str(s.begin, s.end) + " of device " + std::to_string(device) +
-                " are outside the model's " + std::to_string(m_->n_blocks()) + " blocks");
+    throw core::error("migrated " + blocks_str(s.begin, s.end) + " of device " + std::to_string(device) +
+                      " are outside the model's " + std::to_string(m_->n_blocks()) + " blocks");
   const auto np =
       lay.param_offset[static_cast<std::size_t>(s.end)] - lay.param_offset[static_cast<std::size_t>(s.begin)];
   const auto nb =
       lay.buffer_offset[static_cast<std::size_t>(s.end)] - lay.buffer_offset[static_cast<std::size_t>(s.begin)];
   if (static_cast<std::int64_t>(s.params.size()) != np || static_cast<std::int64_t>(s.buffers.size()) != nb)
-    throw error("migrated " + blocks_str(s.begin, s.end) + " carry " + std::to_string(s.params.size()) +
-                " parameters and " + std::to_string(s.buffers.size()) + " buffer values; the model has " +
-                std::to_string(np) + " and " + std::to_string(nb));
+    throw core::error("migrated " + blocks_str(s.begin, s.end) + " carry " + std::to_string(s.params.size()) +
+                      " parameters and " + std::to_string(s.buffers.size()) + " buffer values; the model has " +
+                      std::to_string(np) + " and " + std::to_string(nb));
   for (const auto& v : s.optimizer_state)
     if (static_cast<std::int64_t>(v.size()) != np)
-      throw error("migrated optimizer state of " + blocks_str(s.begin, s.end) + " has " + std::to_string(v.size()) +
-                  " values, not " + std::to_string(np));
+      throw core::error("migrated optimizer state of " + blocks_str(s.begin, s.end) + " has " +
+                        std::to_string(v.size()) + " values, not " + std::to_string(np));
   arrival& arr = arrivals_[device];
   bool expected = true;
   for (int i = s.begin; i < s.end; ++i) expected = expected && arr.missing.count(i) > 0;
   if (!expected) {
-    if (arr.early.size() >= 64) throw error("too many migrated block ranges for device " + std::to_string(device));
+    if (arr.early.size() >= 64)
+      throw core::error("too many migrated block ranges for device " + std::to_string(device));
     arr.early.push_back(std::move(s));  // before the re-host that expects it
     return;
   }
@@ -188,17 +192,18 @@ void segment_host::install_blocks(std::uint32_t device, block_state s) {
 }
 
 void segment_host::apply(std::uint32_t device, const block_state& s) {
-  const auto lay = layout_of(*m_);
+  const auto lay = core::layout_of(*m_);
   for (auto& [key, sl] : slots_) {
     if (key.first != device) continue;
     replica& rep = *sl.rep;
-    const stage& st = *rep.st;
+    const core::stage& st = *rep.st;
     const int b = std::max(st.begin(), s.begin), e = std::min(st.end(), s.end);
     if (b >= e) continue;
     if (s.optimizer_state.size() != rep.opt->state().size())
-      throw error("migrated " + blocks_str(s.begin, s.end) + " carry " + std::to_string(s.optimizer_state.size()) +
-                  " optimizer state tensors; this node's optimizer has " + std::to_string(rep.opt->state().size()));
-    auto copy_in = [&](const tensor& t, const std::vector<float>& src, const std::vector<std::int64_t>& off) {
+      throw core::error(
+          "migrated " + blocks_str(s.begin, s.end) + " carry " + std::to_string(s.optimizer_state.size()) +
+          " optimizer state tensors; this node's optimizer has " + std::to_string(rep.opt->state().size()));
+    auto copy_in = [&](const core::tensor& t, const std::vector<float>& src, const std::vector<std::int64_t>& off) {
       const auto dst0 = off[static_cast<std::size_t>(st.begin())];
       const auto src0 = off[static_cast<std::size_t>(s.begin)];
       const auto k0 = off[static_cast<std::size_t>(b)], k1 = off[static_cast<std::size_t>(e)];
@@ -232,14 +237,15 @@ bool segment_host::hosts(std::uint32_t device, const route& r, int segment) cons
 segment_host::slot& segment_host::at(std::uint32_t device, int segment) {
   const auto it = slots_.find({device, segment});
   if (it == slots_.end())
-    throw error("segment " + std::to_string(segment) + " of device " + std::to_string(device) + " is not hosted here");
+    throw core::error("segment " + std::to_string(segment) + " of device " + std::to_string(device) +
+                      " is not hosted here");
   return it->second;
 }
 
-stage& segment_host::stage_of(std::uint32_t device, int segment) {
+core::stage& segment_host::stage_of(std::uint32_t device, int segment) {
   return *at(device, segment).rep->st;
 }
-optimizer& segment_host::optimizer_of(std::uint32_t device, int segment) {
+core::optimizer& segment_host::optimizer_of(std::uint32_t device, int segment) {
   return *at(device, segment).rep->opt;
 }
 
@@ -253,26 +259,26 @@ bool segment_host::finish_micro_batch(slot& s, micro_batch_id id, std::uint32_t 
   return true;
 }
 
-segment_output segment_host::forward(std::uint32_t device, int segment, micro_batch_id id, const tensor& x,
-                                     const tensor& labels, float micro_batch_scale, std::uint32_t n_micro_batches,
+segment_output segment_host::forward(std::uint32_t device, int segment, micro_batch_id id, const core::tensor& x,
+                                     const core::tensor& labels, float micro_batch_scale, std::uint32_t n_micro_batches,
                                      std::uint32_t dropout_seed) {
   slot& s = at(device, segment);
-  if (n_micro_batches == 0) throw error("a step needs at least one micro-batch");
+  if (n_micro_batches == 0) throw core::error("a step needs at least one micro-batch");
   if (n_missing(device) > 0)
-    throw error("device " + std::to_string(device) + ": " + std::to_string(n_missing(device)) +
-                " migrated blocks have not arrived yet");
-  const shape& want = m_->blocks.empty() ? m_->input
-                      : s.r.begin(segment) < m_->n_blocks()
-                          ? m_->blocks[static_cast<std::size_t>(s.r.begin(segment))].in
-                          : m_->blocks.back().out;
+    throw core::error("device " + std::to_string(device) + ": " + std::to_string(n_missing(device)) +
+                      " migrated blocks have not arrived yet");
+  const core::shape& want = m_->blocks.empty() ? m_->input
+                            : s.r.begin(segment) < m_->n_blocks()
+                                ? m_->blocks[static_cast<std::size_t>(s.r.begin(segment))].in
+                                : m_->blocks.back().out;
   if (x.shape().rank() < 1 || !(x.shape().numel_from(1) == want.numel()) || x.shape()[0] < 1)
-    throw error("activation " + x.shape().str() + " for block " + std::to_string(s.r.begin(segment)) +
-                " does not match its input " + want.str());
+    throw core::error("activation " + x.shape().str() + " for block " + std::to_string(s.r.begin(segment)) +
+                      " does not match its input " + want.str());
   const std::int64_t batch = x.shape()[0];
   n_mb_[{device, segment}] = n_micro_batches;
   const bool loss_here = segment + 1 == s.r.n_segments();
-  stage::context ctx;
-  tensor y = s.rep->st->forward(x.reshaped(want.batched(batch)), ctx, mode::train, dropout_seed);
+  core::stage::context ctx;
+  core::tensor y = s.rep->st->forward(x.reshaped(want.batched(batch)), ctx, core::mode::train, dropout_seed);
   segment_output out;
   if (!loss_here) {
     s.pending[id] = {std::move(ctx), y.shape()};
@@ -280,37 +286,39 @@ segment_output segment_host::forward(std::uint32_t device, int segment, micro_ba
     out.value = y;
     return out;
   }
-  if (!labels.defined() || labels.dtype() != dtype::i32 || labels.numel() != y.shape()[0])
-    throw error("the loss of device " + std::to_string(device) + " needs " + std::to_string(y.shape()[0]) + " labels");
+  if (!labels.defined() || labels.dtype() != core::dtype::i32 || labels.numel() != y.shape()[0])
+    throw core::error("the loss of device " + std::to_string(device) + " needs " + std::to_string(y.shape()[0]) +
+                      " labels");
   // Labels may come from the network: check them before any op sees them.
   std::vector<std::int32_t> lab(static_cast<std::size_t>(labels.numel()));
   b_->download(labels, lab.data());
   for (auto l : lab)
-    if (l < 0 || l >= m_->n_classes) throw error("label " + std::to_string(l) + " out of range");
-  const loss_result lr = loss_forward(*b_, y, labels);
+    if (l < 0 || l >= m_->n_classes) throw core::error("label " + std::to_string(l) + " out of range");
+  const core::loss_result lr = core::loss_forward(*b_, y, labels);
   std::vector<float> logits(static_cast<std::size_t>(y.numel()));
   b_->download(y, logits.data());
   b_->download(lr.loss, &out.loss);
-  out.n_correct = static_cast<std::uint32_t>(count_correct(logits, lab.data(), y.shape()[0], m_->n_classes));
-  tensor dx = s.rep->st->backward(loss_backward(*b_, lr, labels, micro_batch_scale), ctx, segment > 0);
+  out.n_correct = static_cast<std::uint32_t>(core::count_correct(logits, lab.data(), y.shape()[0], m_->n_classes));
+  core::tensor dx = s.rep->st->backward(core::loss_backward(*b_, lr, labels, micro_batch_scale), ctx, segment > 0);
   out.stepped = finish_micro_batch(s, id, n_micro_batches);
   out.dir = segment > 0 ? segment_output::direction::down : segment_output::direction::none;
   out.value = dx;
   return out;
 }
 
-segment_output segment_host::backward(std::uint32_t device, int segment, micro_batch_id id, const tensor& dy) {
+segment_output segment_host::backward(std::uint32_t device, int segment, micro_batch_id id, const core::tensor& dy) {
   slot& s = at(device, segment);
   const auto it = s.pending.find(id);
   if (it == s.pending.end())
-    throw error("gradient for step " + std::to_string(id.step) + " micro-batch " + std::to_string(id.micro_batch) +
-                " of device " + std::to_string(device) + " has no forward pass here");
-  const shape& want = it->second.out;
+    throw core::error("gradient for step " + std::to_string(id.step) + " micro-batch " +
+                      std::to_string(id.micro_batch) + " of device " + std::to_string(device) +
+                      " has no forward pass here");
+  const core::shape& want = it->second.out;
   if (dy.numel() != want.numel() || dy.shape().rank() < 1 || dy.shape()[0] != want[0])
-    throw error("gradient " + dy.shape().str() + " for step " + std::to_string(id.step) + " does not match the " +
-                "activation " + want.str() + " sent up");
+    throw core::error("gradient " + dy.shape().str() + " for step " + std::to_string(id.step) + " does not match the " +
+                      "activation " + want.str() + " sent up");
   segment_output out;
-  tensor dx = s.rep->st->backward(dy.reshaped(want), it->second.ctx, segment > 0);
+  core::tensor dx = s.rep->st->backward(dy.reshaped(want), it->second.ctx, segment > 0);
   s.pending.erase(it);
   out.stepped = finish_micro_batch(s, id, n_mb_[{device, segment}]);
   out.dir = segment > 0 ? segment_output::direction::down : segment_output::direction::none;
@@ -333,4 +341,4 @@ std::size_t segment_host::n_pending() const {
   return n;
 }
 
-}  // namespace cleave::core
+}  // namespace cleave::split

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "cleave/core/optimizer.h"
-#include "cleave/core/pipeline.h"
-#include "cleave/core/plan.h"
-#include "cleave/core/profiler.h"
 #include "cleave/core/stage.h"
+#include "cleave/split/pipeline.h"
+#include "cleave/split/plan.h"
+#include "cleave/split/profiler.h"
 #include "cleave/transport/message.h"
 
 namespace cleave::transport {
@@ -31,14 +31,14 @@ struct plan_desc {
   std::uint32_t n_micro_batches = 1;
   std::uint32_t device_id = 0;
   std::uint32_t edge_id = 0;  // the edge on the route (if any)
-  core::route route;
+  split::route route;
   bool resplit = false;  // applies at the device's next step boundary (see wire::Plan)
 };
 // A plan for one device.
 message_builder make_plan(const plan_desc& p);
 training_settings training_of(const wire::Plan& p);
 // The route of `device` in plan p, checked against the model's block count.
-core::route route_for(const wire::Plan& p, std::uint32_t device, int n_blocks);
+split::route route_for(const wire::Plan& p, std::uint32_t device, int n_blocks);
 
 // ---- re-splits ----
 struct migrate_desc {
@@ -50,10 +50,10 @@ struct migrate_desc {
   std::uint32_t from_node = 0;  // the server is 0
 };
 // Blocks of a device's route with their weights and optimizer state, leaving tier d.from for
-// the tier that runs them under the new route `to` (core::tier_of_block(to, s.begin)).
-message_builder make_migrate(const migrate_desc& d, const core::route& to, const core::block_state& s);
+// the tier that runs them under the new route `to` (split::tier_of_block(to, s.begin)).
+message_builder make_migrate(const migrate_desc& d, const split::route& to, const split::block_state& s);
 // The state in a Migrate, checked against the model's layout (core::error naming the problem).
-core::block_state block_state_of(const wire::Migrate& m, const core::model_spec& model);
+split::block_state block_state_of(const wire::Migrate& m, const core::model_spec& model);
 core::tier tier_of(wire::Role r);
 
 // ---- step messages ----
@@ -135,21 +135,10 @@ message_builder make_leave(const leave_desc& l);
 message_builder copy_of(const message& m);
 
 // ---- profiles ----
-struct node_profile {
-  std::uint32_t node_id = 0;
-  std::uint32_t batch = 0;  // samples of the timed micro-batch
-  std::string backend;
-  std::uint64_t memory_budget_bytes = 0;
-  std::vector<core::block_profile> blocks;  // index = block
-  std::vector<link_profile_desc> links;
-};
 // Times travel as microseconds (float); block_profile::state_bytes as the wire's state_bytes.
-message_builder make_profile(const node_profile& p, std::uint32_t epoch, std::uint64_t step);
+message_builder make_profile(const split::node_profile& p, std::uint32_t epoch, std::uint64_t step);
 // Checked against the model: one profile per block of [0, n_blocks) in order, times finite and
 // non-negative; throws core::error naming the node and the problem.
-node_profile profile_of(const wire::Profile& p, int n_blocks);
-// A node's profile now: its profiled blocks with times rescaled by what its segments measured.
-node_profile current_profile(const core::live_profile& lp, std::uint32_t node_id, std::uint32_t batch,
-                             std::string_view backend, std::uint64_t memory_budget);
+split::node_profile profile_of(const wire::Profile& p, int n_blocks);
 
 }  // namespace cleave::transport

@@ -1,14 +1,14 @@
 // Weighted block averages.
-#include "cleave/core/aggregate.h"
+#include "cleave/split/aggregate.h"
 
 #include <algorithm>
 
 #include "cleave/core/error.h"
 
-namespace cleave::core {
+namespace cleave::split {
 
-model_average::model_average(const model_spec& m)
-    : layout_(layout_of(m)),
+model_average::model_average(const core::model_spec& m)
+    : layout_(core::layout_of(m)),
       weight_(static_cast<std::size_t>(m.n_blocks()), 0.0),
       params_(static_cast<std::size_t>(layout_.param_offset.back()), 0.0),
       buffers_(static_cast<std::size_t>(layout_.buffer_offset.back()), 0.0) {}
@@ -17,16 +17,16 @@ void model_average::add(int first, int end, double weight, std::span<const float
                         std::span<const float> buffers) {
   const int n = static_cast<int>(weight_.size());
   if (first < 0 || first > end || end > n)
-    throw error("replica blocks [" + std::to_string(first) + "," + std::to_string(end) + ") outside the model");
+    throw core::error("replica blocks [" + std::to_string(first) + "," + std::to_string(end) + ") outside the model");
   const auto p0 = layout_.param_offset[static_cast<std::size_t>(first)];
   const auto p1 = layout_.param_offset[static_cast<std::size_t>(end)];
   const auto b0 = layout_.buffer_offset[static_cast<std::size_t>(first)];
   const auto b1 = layout_.buffer_offset[static_cast<std::size_t>(end)];
   if (static_cast<std::int64_t>(params.size()) != p1 - p0 || static_cast<std::int64_t>(buffers.size()) != b1 - b0)
-    throw error("replica of blocks [" + std::to_string(first) + "," + std::to_string(end) + ") has " +
-                std::to_string(params.size()) + " parameters and " + std::to_string(buffers.size()) +
-                " state values, expected " + std::to_string(p1 - p0) + " and " + std::to_string(b1 - b0));
-  if (!(weight > 0.0)) throw error("replica weight must be > 0");
+    throw core::error("replica of blocks [" + std::to_string(first) + "," + std::to_string(end) + ") has " +
+                      std::to_string(params.size()) + " parameters and " + std::to_string(buffers.size()) +
+                      " state values, expected " + std::to_string(p1 - p0) + " and " + std::to_string(b1 - b0));
+  if (!(weight > 0.0)) throw core::error("replica weight must be > 0");
   for (int b = first; b < end; ++b) weight_[static_cast<std::size_t>(b)] += weight;
   for (std::int64_t i = 0; i < p1 - p0; ++i)
     params_[static_cast<std::size_t>(p0 + i)] += weight * params[static_cast<std::size_t>(i)];
@@ -85,4 +85,4 @@ void model_average::mean_into(std::vector<float>& params, std::vector<float>& bu
   }
 }
 
-}  // namespace cleave::core
+}  // namespace cleave::split

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "cleave/core/plan.h"
+#include "cleave/split/plan.h"
 
-namespace cleave::core {
+namespace cleave::split {
 
 struct node_costs {
   std::vector<double> block_seconds;  // per block: forward + backward of one whole step, this node alone
@@ -63,7 +63,7 @@ struct split_problem {
 void validate(const split_problem& p);
 
 // The path of tiers of device d under p (D S, D E S, D S D or D E S E D).
-std::vector<tier> path_of(const split_problem& p, int device);
+std::vector<core::tier> path_of(const split_problem& p, int device);
 
 struct route_cost {
   double seconds = 0;  // T_d
@@ -114,4 +114,4 @@ struct resplit_decision {
 resplit_decision decide_resplit(const split_problem& p, const std::vector<route>& current, const split_plan& proposed,
                                 const resplit_policy& policy);
 
-}  // namespace cleave::core
+}  // namespace cleave::split

@@ -8,11 +8,11 @@
 
 #include "cleave/core/model.h"
 
-namespace cleave::core {
+namespace cleave::split {
 
 class model_average {
  public:
-  explicit model_average(const model_spec& m);
+  explicit model_average(const core::model_spec& m);
 
   // Adds a replica of blocks [first, end): params and buffers are those blocks' flat slices
   // (stage layout), weight the number of samples behind it (> 0).
@@ -35,12 +35,12 @@ class model_average {
   // (sized to the whole model).
   void mean_into(std::vector<float>& params, std::vector<float>& buffers) const;
 
-  const flat_layout& layout() const { return layout_; }
+  const core::flat_layout& layout() const { return layout_; }
 
  private:
-  flat_layout layout_;
+  core::flat_layout layout_;
   std::vector<double> weight_;            // per block
   std::vector<double> params_, buffers_;  // weighted sums, whole model
 };
 
-}  // namespace cleave::core
+}  // namespace cleave::split

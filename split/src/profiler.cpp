@@ -1,6 +1,6 @@
 // Per-block profiling on one backend, and the live rescaling of those profiles by measured
 // segment times.
-#include "cleave/core/profiler.h"
+#include "cleave/split/profiler.h"
 
 #include <unistd.h>
 
@@ -13,7 +13,7 @@
 #include "cleave/core/random.h"
 #include "cleave/core/stage.h"
 
-namespace cleave::core {
+namespace cleave::split {
 
 std::uint64_t default_memory_budget() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
@@ -23,7 +23,7 @@ std::uint64_t default_memory_budget() {
 
 namespace {
 
-std::uint64_t saved_bytes_of(const layer_ctx& c) {
+std::uint64_t saved_bytes_of(const core::layer_ctx& c) {
   std::uint64_t n = 0;
   for (const auto& t : c.saved)
     if (t.defined()) n += t.bytes();
@@ -32,9 +32,9 @@ std::uint64_t saved_bytes_of(const layer_ctx& c) {
 }
 
 // t (any shape, f32) = uniform(-1, 1) from a seeded stream.
-void fill_random(backend& b, const tensor& t, std::uint64_t stream) {
+void fill_random(core::backend& b, const core::tensor& t, std::uint64_t stream) {
   std::vector<float> host(static_cast<std::size_t>(t.numel()));
-  rng r(stream);
+  core::rng r(stream);
   for (auto& v : host) v = r.uniform(-1.0f, 1.0f);
   b.upload(t, host.data());
 }
@@ -51,37 +51,38 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-std::vector<block_profile> profile_blocks(backend& b, const model_spec& m, const optimizer_config& opt,
-                                          const profile_options& o) {
+std::vector<block_profile> profile_blocks(core::backend& b, const core::model_spec& m,
+                                          const core::optimizer_config& opt, const profile_options& o) {
   if (o.batch < 1 || o.reps < 1 || o.warmup < 0)
-    throw error("profile options: batch " + std::to_string(o.batch) + ", reps " + std::to_string(o.reps) + ", warmup " +
-                std::to_string(o.warmup) + " (batch and reps must be at least 1, warmup at least 0)");
+    throw core::error("profile options: batch " + std::to_string(o.batch) + ", reps " + std::to_string(o.reps) +
+                      ", warmup " + std::to_string(o.warmup) +
+                      " (batch and reps must be at least 1, warmup at least 0)");
   std::vector<block_profile> out;
   out.reserve(static_cast<std::size_t>(m.n_blocks()));
   for (int i = 0; i < m.n_blocks(); ++i) {
-    const block_info& bi = m.blocks[static_cast<std::size_t>(i)];
-    stage s(b, m, i, i + 1, o.seed);
+    const core::block_info& bi = m.blocks[static_cast<std::size_t>(i)];
+    core::stage s(b, m, i, i + 1, o.seed);
     block_profile p;
     p.param_bytes = static_cast<std::uint64_t>(s.n_params() + s.n_buffers()) * 4;
     // Gradients, then what the optimizer keeps per parameter (counted by the optimizer itself).
     std::uint64_t per_param_tensors = 1;
-    if (s.n_params() > 0) per_param_tensors += optimizer(b, opt, s.n_params()).state().size();
+    if (s.n_params() > 0) per_param_tensors += core::optimizer(b, opt, s.n_params()).state().size();
     p.state_bytes = static_cast<std::uint64_t>(s.n_params()) * 4 * per_param_tensors;
     p.output_bytes = static_cast<std::uint64_t>(bi.out.numel()) * 4;
 
-    const std::uint64_t stream = mix64(o.seed ^ mix64(static_cast<std::uint64_t>(i)));
-    const tensor x = b.empty(bi.in.batched(o.batch));
-    const tensor dy = b.empty(bi.out.batched(o.batch));
+    const std::uint64_t stream = core::mix64(o.seed ^ core::mix64(static_cast<std::uint64_t>(i)));
+    const core::tensor x = b.empty(bi.in.batched(o.batch));
+    const core::tensor dy = b.empty(bi.out.batched(o.batch));
     fill_random(b, x, stream);
     fill_random(b, dy, stream + 1);
     const bool need_dx = i > 0;
 
     std::vector<double> fwd, bwd;
     for (int r = 0; r < o.warmup + o.reps; ++r) {
-      stage::context ctx;
+      core::stage::context ctx;
       b.synchronize();
       auto t0 = std::chrono::steady_clock::now();
-      const tensor y = s.forward(x, ctx, mode::train, static_cast<std::uint32_t>(r));
+      const core::tensor y = s.forward(x, ctx, core::mode::train, static_cast<std::uint32_t>(r));
       b.synchronize();
       const double tf = seconds_since(t0);
       CLEAVE_ASSERT(y.shape() == bi.out.batched(o.batch), "block output shape differs from the model spec");
@@ -108,8 +109,8 @@ std::vector<block_profile> profile_blocks(backend& b, const model_spec& m, const
 
 ewma::ewma(double alpha, int warmup) : alpha_(alpha), warmup_(warmup) {
   if (!(alpha > 0.0 && alpha <= 1.0) || warmup < 0)
-    throw error("moving average: alpha " + std::to_string(alpha) + ", warmup " + std::to_string(warmup) +
-                " (need 0 < alpha <= 1 and warmup >= 0)");
+    throw core::error("moving average: alpha " + std::to_string(alpha) + ", warmup " + std::to_string(warmup) +
+                      " (need 0 < alpha <= 1 and warmup >= 0)");
 }
 
 void ewma::add(double x) {
@@ -130,12 +131,13 @@ live_profile::live_profile(std::vector<block_profile> base, double alpha, int wa
 
 void live_profile::observe(int begin, int end, double seconds, int n_micro_batches) {
   if (begin < 0 || end < begin || end > n_blocks())
-    throw error("live profile: segment [" + std::to_string(begin) + ", " + std::to_string(end) +
-                ") is outside the model's " + std::to_string(n_blocks()) + " blocks");
+    throw core::error("live profile: segment [" + std::to_string(begin) + ", " + std::to_string(end) +
+                      ") is outside the model's " + std::to_string(n_blocks()) + " blocks");
   if (n_micro_batches < 1)
-    throw error("live profile: " + std::to_string(n_micro_batches) + " micro-batches (need at least 1)");
+    throw core::error("live profile: " + std::to_string(n_micro_batches) + " micro-batches (need at least 1)");
   if (!std::isfinite(seconds) || seconds < 0)
-    throw error("live profile: measured time " + std::to_string(seconds) + " s is not a finite, non-negative value");
+    throw core::error("live profile: measured time " + std::to_string(seconds) +
+                      " s is not a finite, non-negative value");
   if (begin == end) return;
   auto it = std::find_if(segments_.begin(), segments_.end(),
                          [&](const segment& s) { return s.begin == begin && s.end == end; });
@@ -170,7 +172,7 @@ double live_profile::scale_of(int block) const {
 
 std::vector<double> live_profile::step_seconds(int n_micro_batches) const {
   if (n_micro_batches < 1)
-    throw error("live profile: " + std::to_string(n_micro_batches) + " micro-batches (need at least 1)");
+    throw core::error("live profile: " + std::to_string(n_micro_batches) + " micro-batches (need at least 1)");
   std::vector<double> out(base_.size());
   for (int i = 0; i < n_blocks(); ++i) {
     const auto& p = base_[static_cast<std::size_t>(i)];
@@ -179,4 +181,21 @@ std::vector<double> live_profile::step_seconds(int n_micro_batches) const {
   return out;
 }
 
-}  // namespace cleave::core
+node_profile current_profile(const live_profile& lp, std::uint32_t node_id, std::uint32_t batch,
+                             std::string_view backend, std::uint64_t memory_budget) {
+  node_profile p;
+  p.node_id = node_id;
+  p.batch = batch;
+  p.backend = std::string(backend);
+  p.memory_budget_bytes = memory_budget;
+  p.blocks = lp.base();
+  for (int i = 0; i < lp.n_blocks(); ++i) {
+    const double k = lp.scale_of(i);
+    auto& b = p.blocks[static_cast<std::size_t>(i)];
+    b.forward_seconds *= k;
+    b.backward_seconds *= k;
+  }
+  return p;
+}
+
+}  // namespace cleave::split

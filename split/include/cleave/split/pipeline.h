@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "cleave/core/optimizer.h"
-#include "cleave/core/plan.h"
 #include "cleave/core/stage.h"
+#include "cleave/split/plan.h"
 
-namespace cleave::core {
+namespace cleave::split {
 
 struct micro_batch_id {
   std::uint64_t step = 0;
@@ -28,8 +28,8 @@ struct micro_batch_id {
 // What a segment hands on.
 struct segment_output {
   enum class direction : std::uint8_t { up, down, none } dir = direction::none;
-  tensor value;       // activation going up or gradient going down
-  float loss = 0.0f;  // where the loss was computed: this micro-batch's mean loss
+  core::tensor value;  // activation going up or gradient going down
+  float loss = 0.0f;   // where the loss was computed: this micro-batch's mean loss
   std::uint32_t n_correct = 0;
   bool stepped = false;  // the segment's optimizer stepped (all micro-batches of the step are back)
 };
@@ -45,7 +45,7 @@ struct block_state {
 
 class segment_host {
  public:
-  segment_host(backend& b, const model_spec& m, const optimizer_config& opt, std::uint64_t seed);
+  segment_host(core::backend& b, const core::model_spec& m, const core::optimizer_config& opt, std::uint64_t seed);
 
   // Hosts segment `segment` of `device`'s route. With `shared` set, devices hosting the same
   // block range share one stage and optimizer (sequential split learning) instead of one
@@ -59,24 +59,25 @@ class segment_host {
   // x (B, in...) arriving for (device, segment). labels (B) i32 are needed where the loss is
   // computed here. micro_batch_scale is this micro-batch's share of the step's batch (the
   // loss of a step is the mean over its whole batch).
-  segment_output forward(std::uint32_t device, int segment, micro_batch_id id, const tensor& x, const tensor& labels,
-                         float micro_batch_scale, std::uint32_t n_micro_batches, std::uint32_t dropout_seed = 0);
+  segment_output forward(std::uint32_t device, int segment, micro_batch_id id, const core::tensor& x,
+                         const core::tensor& labels, float micro_batch_scale, std::uint32_t n_micro_batches,
+                         std::uint32_t dropout_seed = 0);
   // dy (B, out...) arriving for a segment that sent its activation up.
-  segment_output backward(std::uint32_t device, int segment, micro_batch_id id, const tensor& dy);
+  segment_output backward(std::uint32_t device, int segment, micro_batch_id id, const core::tensor& dy);
 
   // Moves `device` from route `from` to route `to` on tier `here`, at a step boundary (nothing of
   // the device in flight). Blocks that stay on this tier keep their weights and optimizer state;
   // the state of blocks that leave it is returned (maximal contiguous ranges); blocks that
   // arrive stay missing until install_blocks() brings them (it may also come first).
-  std::vector<block_state> rehost(std::uint32_t device, const route& from, const route& to, tier here);
+  std::vector<block_state> rehost(std::uint32_t device, const route& from, const route& to, core::tier here);
   // Blocks of `device` arriving from another tier.
   void install_blocks(std::uint32_t device, block_state s);
   // Blocks of device's route expected here and not yet installed.
   int n_missing(std::uint32_t device) const;
 
   // The stage (and optimizer) of a hosted segment.
-  stage& stage_of(std::uint32_t device, int segment);
-  optimizer& optimizer_of(std::uint32_t device, int segment);
+  core::stage& stage_of(std::uint32_t device, int segment);
+  core::optimizer& optimizer_of(std::uint32_t device, int segment);
   // The base learning rate of every segment of `device` hosted here, now and when re-hosted
   // (a federation's per-round schedule).
   void set_learning_rate(std::uint32_t device, float lr);
@@ -85,21 +86,21 @@ class segment_host {
   void discard_pending(std::uint32_t device);
   std::size_t n_pending() const;
 
-  backend& device_backend() const { return *b_; }
-  const model_spec& model() const { return *m_; }
+  core::backend& device_backend() const { return *b_; }
+  const core::model_spec& model() const { return *m_; }
 
  private:
   struct replica {
-    std::unique_ptr<stage> st;
-    std::unique_ptr<optimizer> opt;
+    std::unique_ptr<core::stage> st;
+    std::unique_ptr<core::optimizer> opt;
   };
   struct slot {
     route r;
     int segment = 0;
     std::shared_ptr<replica> rep;
     struct in_flight {
-      stage::context ctx;
-      shape out;  // the activation sent up
+      core::stage::context ctx;
+      core::shape out;  // the activation sent up
     };
     std::map<micro_batch_id, in_flight> pending;
     std::map<std::uint64_t, std::uint32_t> done;  // step -> micro-batches back through here
@@ -107,9 +108,9 @@ class segment_host {
   slot& at(std::uint32_t device, int segment);
   bool finish_micro_batch(slot& s, micro_batch_id id, std::uint32_t n_micro_batches);
 
-  backend* b_;
-  const model_spec* m_;
-  optimizer_config opt_;
+  core::backend* b_;
+  const core::model_spec* m_;
+  core::optimizer_config opt_;
   std::uint64_t seed_;
   std::map<std::pair<std::uint32_t, int>, slot> slots_;
   std::map<std::pair<int, int>, std::shared_ptr<replica>> shared_;  // block range -> replica
@@ -123,4 +124,4 @@ class segment_host {
   void apply(std::uint32_t device, const block_state& s);
 };
 
-}  // namespace cleave::core
+}  // namespace cleave::split

@@ -61,8 +61,8 @@ message_builder make_plan(const plan_desc& p) {
   return b;
 }
 
-message_builder make_migrate(const migrate_desc& d, const core::route& to, const core::block_state& s) {
-  const core::tier dest = core::tier_of_block(to, s.begin);
+message_builder make_migrate(const migrate_desc& d, const split::route& to, const split::block_state& s) {
+  const core::tier dest = split::tier_of_block(to, s.begin);
   std::vector<tensor_source> weights = {
       {core::dtype::f32, core::shape{static_cast<std::int64_t>(s.params.size())}, s.params.data(), "params"},
       {core::dtype::f32, core::shape{static_cast<std::int64_t>(s.buffers.size())}, s.buffers.data(), "buffers"}};
@@ -77,13 +77,13 @@ message_builder make_migrate(const migrate_desc& d, const core::route& to, const
   info.from_node = d.from_node;
   info.to_node = dest == core::tier::device ? d.device_id : dest == core::tier::edge ? d.edge_id : 0;
   info.device_id = d.device_id;
-  info.from_role = static_cast<node_role>(role_of(d.from));
-  info.to_role = static_cast<node_role>(role_of(dest));
+  info.from_role = static_cast<core::tier>(role_of(d.from));
+  info.to_role = static_cast<core::tier>(role_of(dest));
   info.optimizer_steps = static_cast<std::uint64_t>(s.optimizer_steps);
   return make_migrate(info, weights, state);
 }
 
-core::block_state block_state_of(const wire::Migrate& m, const core::model_spec& model) {
+split::block_state block_state_of(const wire::Migrate& m, const core::model_spec& model) {
   const auto n = static_cast<std::uint32_t>(model.n_blocks());
   if (m.first_block() >= m.end_block() || m.end_block() > n)
     throw core::error("Migrate of blocks [" + std::to_string(m.first_block()) + "," + std::to_string(m.end_block()) +
@@ -92,7 +92,7 @@ core::block_state block_state_of(const wire::Migrate& m, const core::model_spec&
   const auto lay = core::layout_of(model);
   const auto np = lay.param_offset[m.end_block()] - lay.param_offset[m.first_block()];
   const auto nb = lay.buffer_offset[m.end_block()] - lay.buffer_offset[m.first_block()];
-  core::block_state s;
+  split::block_state s;
   s.begin = static_cast<int>(m.first_block());
   s.end = static_cast<int>(m.end_block());
   const auto p = f32_tensor(m.weights(), "params", np, "Migrate");
@@ -133,7 +133,7 @@ training_settings training_of(const wire::Plan& p) {
   return t;
 }
 
-core::route route_for(const wire::Plan& p, std::uint32_t device, int n_blocks) {
+split::route route_for(const wire::Plan& p, std::uint32_t device, int n_blocks) {
   if (static_cast<int>(p.n_blocks()) != n_blocks)
     throw core::error("plan for " + std::to_string(p.n_blocks()) + " blocks, the model has " +
                       std::to_string(n_blocks));
@@ -150,7 +150,7 @@ core::route route_for(const wire::Plan& p, std::uint32_t device, int n_blocks) {
         if (i + 1 < st.size()) cuts.push_back(static_cast<int>(st.Get(i)->end_block()));
       }
       const bool u = st.Get(st.size() - 1)->role() == wire::Role::device;
-      core::route r = core::make_route(u, edge, cuts, n_blocks);
+      split::route r = split::make_route(u, edge, cuts, n_blocks);
       for (flatbuffers::uoffset_t i = 0; i < st.size(); ++i)
         if (st.Get(i)->role() != role_of(r.path[i]) ||
             st.Get(i)->first_block() != static_cast<std::uint32_t>(r.begin(static_cast<int>(i))) ||
@@ -298,11 +298,11 @@ message_builder copy_of(const message& m) {
   return message_builder::from_frame(m.frame());
 }
 
-message_builder make_profile(const node_profile& p, std::uint32_t epoch, std::uint64_t step) {
+message_builder make_profile(const split::node_profile& p, std::uint32_t epoch, std::uint64_t step) {
   std::vector<block_profile_desc> blocks;
   blocks.reserve(p.blocks.size());
   for (std::size_t i = 0; i < p.blocks.size(); ++i) {
-    const core::block_profile& b = p.blocks[i];
+    const split::block_profile& b = p.blocks[i];
     blocks.push_back({static_cast<std::uint32_t>(i), static_cast<float>(b.forward_seconds * 1e6),
                       static_cast<float>(b.backward_seconds * 1e6), b.param_bytes, b.output_bytes, b.state_bytes,
                       b.saved_bytes});
@@ -313,19 +313,21 @@ message_builder make_profile(const node_profile& p, std::uint32_t epoch, std::ui
   info.step = step;
   info.memory_budget_bytes = p.memory_budget_bytes;
   info.blocks = blocks;
-  info.links = p.links;
+  std::vector<link_profile_desc> links;
+  for (const auto& l : p.links) links.push_back({l.peer_id, l.rtt_us, l.bandwidth_bytes_per_s});
+  info.links = links;
   info.batch = p.batch;
   info.backend = p.backend;
   return make_profile(info);
 }
 
-node_profile profile_of(const wire::Profile& p, int n_blocks) {
+split::node_profile profile_of(const wire::Profile& p, int n_blocks) {
   const std::string what = "profile from node " + std::to_string(p.node_id());
   const auto n = p.blocks() ? static_cast<int>(p.blocks()->size()) : 0;
   if (n != n_blocks)
     throw core::error(what + ": " + std::to_string(n) + " block profiles for a model of " + std::to_string(n_blocks) +
                       " blocks");
-  node_profile out;
+  split::node_profile out;
   out.node_id = p.node_id();
   out.batch = p.batch();
   out.backend = p.backend() ? p.backend()->str() : std::string();
@@ -340,7 +342,7 @@ node_profile profile_of(const wire::Profile& p, int n_blocks) {
       if (!std::isfinite(t) || t < 0)
         throw core::error(what + ": block " + std::to_string(i) + ": " + name + " time " + std::to_string(t) +
                           " us is not a finite, non-negative value");
-    core::block_profile bp;
+    split::block_profile bp;
     bp.forward_seconds = static_cast<double>(b.forward_us()) * 1e-6;
     bp.backward_seconds = static_cast<double>(b.backward_us()) * 1e-6;
     bp.param_bytes = b.memory_bytes();
@@ -358,23 +360,6 @@ node_profile profile_of(const wire::Profile& p, int n_blocks) {
       out.links.push_back({l->peer_id(), l->rtt_us(), l->bandwidth_bytes_per_s()});
     }
   return out;
-}
-
-node_profile current_profile(const core::live_profile& lp, std::uint32_t node_id, std::uint32_t batch,
-                             std::string_view backend, std::uint64_t memory_budget) {
-  node_profile p;
-  p.node_id = node_id;
-  p.batch = batch;
-  p.backend = std::string(backend);
-  p.memory_budget_bytes = memory_budget;
-  p.blocks = lp.base();
-  for (int i = 0; i < lp.n_blocks(); ++i) {
-    const double k = lp.scale_of(i);
-    auto& b = p.blocks[static_cast<std::size_t>(i)];
-    b.forward_seconds *= k;
-    b.backward_seconds *= k;
-  }
-  return p;
 }
 
 }  // namespace cleave::transport

@@ -1,17 +1,17 @@
 // Profiles and link measurements -> the splitter's cost-model problem.
-#include "adaptive.h"
+#include "cleave/split/profile_book.h"
 
 #include <algorithm>
 
 #include "cleave/core/error.h"
 
-namespace cleave::server {
+namespace cleave::split {
 
 namespace {
 
 std::string name_of(node_key k) {
-  if (k.role == transport::node_role::server) return "the server";
-  return std::string(transport::role_name(k.role)) + " " + std::to_string(k.id);
+  if (k.role == core::tier::server) return "the server";
+  return std::string(core::tier_name(k.role)) + " " + std::to_string(k.id);
 }
 
 }  // namespace
@@ -19,7 +19,7 @@ std::string name_of(node_key k) {
 profile_book::profile_book(const core::model_spec& m, int micro_batch, int n_micro_batches, bool u_shape)
     : m_(&m), micro_batch_(micro_batch), n_micro_batches_(n_micro_batches), u_shape_(u_shape) {}
 
-void profile_book::set_profile(node_key node, transport::node_profile p) {
+void profile_book::set_profile(node_key node, node_profile p) {
   if (static_cast<int>(p.blocks.size()) != m_->n_blocks())
     throw core::error("profile of " + name_of(node) + " has " + std::to_string(p.blocks.size()) + " blocks, not " +
                       std::to_string(m_->n_blocks()));
@@ -33,9 +33,9 @@ void profile_book::report_link(node_key from, node_key to, double rtt_seconds, d
   if (bytes_per_second > 0) m.bytes_per_second = bytes_per_second;
 }
 
-core::link_costs profile_book::link_of(node_key a, node_key b) const {
+link_costs profile_book::link_of(node_key a, node_key b) const {
   // Both ends' views: the slower measured direction and the longer round trip.
-  core::link_costs l;
+  link_costs l;
   for (const auto& key : {std::pair{a, b}, std::pair{b, a}}) {
     const auto it = links_.find(key);
     if (it == links_.end()) continue;
@@ -48,24 +48,24 @@ core::link_costs profile_book::link_of(node_key a, node_key b) const {
   return l;
 }
 
-core::node_costs profile_book::costs_of(const transport::node_profile& p) const {
+node_costs profile_book::costs_of(const node_profile& p) const {
   // Profiled per micro-batch of p.batch samples; a step is n_micro_batches of micro_batch_.
   const double scale = static_cast<double>(micro_batch_) / p.batch * n_micro_batches_;
-  core::node_costs c;
+  node_costs c;
   for (const auto& b : p.blocks) c.block_seconds.push_back((b.forward_seconds + b.backward_seconds) * scale);
   c.memory_budget = static_cast<double>(p.memory_budget_bytes);
   return c;
 }
 
-std::optional<core::split_problem> profile_book::problem(const std::vector<device_entry>& devices,
-                                                         std::string& missing) const {
-  const node_key server{transport::node_role::server, 0};
+std::optional<split_problem> profile_book::problem(const std::vector<device_entry>& devices,
+                                                   std::string& missing) const {
+  const node_key server{core::tier::server, 0};
   const auto sp = profiles_.find(server);
   if (sp == profiles_.end()) {
     missing = name_of(server);
     return std::nullopt;
   }
-  core::split_problem p;
+  split_problem p;
   p.n_blocks = m_->n_blocks();
   p.u_shape = u_shape_;
   p.n_micro_batches = n_micro_batches_;
@@ -80,16 +80,16 @@ std::optional<core::split_problem> profile_book::problem(const std::vector<devic
   p.server = costs_of(sp->second);
   std::map<std::uint32_t, int> edge_index;
   for (const auto& d : devices) {
-    const node_key dk{transport::node_role::device, d.id};
+    const node_key dk{core::tier::device, d.id};
     const auto dp = profiles_.find(dk);
     if (dp == profiles_.end()) {
       missing = name_of(dk);
       return std::nullopt;
     }
-    core::device_costs dc;
+    device_costs dc;
     dc.board = costs_of(dp->second);
     if (d.behind_edge) {
-      const node_key ek{transport::node_role::edge, d.edge};
+      const node_key ek{core::tier::edge, d.edge};
       auto it = edge_index.find(d.edge);
       if (it == edge_index.end()) {
         const auto ep = profiles_.find(ek);
@@ -111,4 +111,4 @@ std::optional<core::split_problem> profile_book::problem(const std::vector<devic
   return p;
 }
 
-}  // namespace cleave::server
+}  // namespace cleave::split

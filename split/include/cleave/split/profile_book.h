@@ -1,5 +1,5 @@
-// The server's side of the adaptive splitter: the latest profile of every node and every link,
-// turned into the cost model's problem over the devices now training (see core/splitter.h).
+// The adaptive splitter's book: the latest profile of every node and every link, turned into the
+// cost model's problem over the devices now training (see splitter.h).
 #pragma once
 
 #include <cstdint>
@@ -10,15 +10,14 @@
 #include <vector>
 
 #include "cleave/core/model.h"
-#include "cleave/core/plan.h"
-#include "cleave/core/splitter.h"
-#include "cleave/transport/protocol.h"
-#include "cleave/transport/role.h"
+#include "cleave/core/tier.h"
+#include "cleave/split/profiler.h"
+#include "cleave/split/splitter.h"
 
-namespace cleave::server {
+namespace cleave::split {
 
 struct node_key {
-  transport::node_role role = transport::node_role::server;
+  core::tier role = core::tier::server;
   std::uint32_t id = 0;  // the server is 0
   friend auto operator<=>(const node_key&, const node_key&) = default;
 };
@@ -28,7 +27,7 @@ class profile_book {
   // Step shape of every device: micro-batches of micro_batch samples, n_micro_batches per step.
   profile_book(const core::model_spec& m, int micro_batch, int n_micro_batches, bool u_shape);
 
-  void set_profile(node_key node, transport::node_profile p);
+  void set_profile(node_key node, node_profile p);
   bool has_profile(node_key node) const { return profiles_.count(node) > 0; }
   // One end's measurement of a link: its round trip and bandwidth (0: not measured yet).
   void report_link(node_key from, node_key to, double rtt_seconds, double bytes_per_second);
@@ -40,20 +39,20 @@ class profile_book {
   };
   // The cost model's problem over these devices (in this order), or nullopt with `missing`
   // naming the first node without a profile.
-  std::optional<core::split_problem> problem(const std::vector<device_entry>& devices, std::string& missing) const;
+  std::optional<split_problem> problem(const std::vector<device_entry>& devices, std::string& missing) const;
 
  private:
-  core::node_costs costs_of(const transport::node_profile& p) const;
-  core::link_costs link_of(node_key a, node_key b) const;
+  node_costs costs_of(const node_profile& p) const;
+  link_costs link_of(node_key a, node_key b) const;
 
   const core::model_spec* m_;
   int micro_batch_, n_micro_batches_;
   bool u_shape_;
-  std::map<node_key, transport::node_profile> profiles_;
+  std::map<node_key, node_profile> profiles_;
   struct measurement {
     double rtt_seconds = 0, bytes_per_second = 0;
   };
   std::map<std::pair<node_key, node_key>, measurement> links_;  // (from, to)
 };
 
-}  // namespace cleave::server
+}  // namespace cleave::split

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "cleave/core/model.h"
 #include "cleave/core/optimizer.h"
 
-namespace cleave::core {
+namespace cleave::split {
 
 struct block_profile {
   double forward_seconds = 0, backward_seconds = 0;  // one micro-batch of `batch` samples
@@ -29,8 +31,8 @@ struct profile_options {
 // block's input shape, forward in train mode then backward (with the input gradient, except for
 // block 0), synchronising the backend around each timed call; the median over `reps` runs after
 // `warmup` untimed ones. Throws core::error on bad options.
-std::vector<block_profile> profile_blocks(backend& b, const model_spec& m, const optimizer_config& opt,
-                                          const profile_options& o = {});
+std::vector<block_profile> profile_blocks(core::backend& b, const core::model_spec& m,
+                                          const core::optimizer_config& opt, const profile_options& o = {});
 
 // The memory a node's blocks may use when no budget is given: half of the machine's RAM.
 std::uint64_t default_memory_budget();
@@ -96,4 +98,25 @@ class live_profile {
   std::uint64_t n_observed_ = 0;
 };
 
-}  // namespace cleave::core
+// One end's measurement of its link to node `peer_id` (the server is 0).
+struct link_sample {
+  std::uint32_t peer_id = 0;
+  float rtt_us = 0;
+  float bandwidth_bytes_per_s = 0;  // 0: not measured yet
+};
+
+// What a node reports of itself to the planner: its blocks' costs on its backend, its memory
+// budget and its links.
+struct node_profile {
+  std::uint32_t node_id = 0;
+  std::uint32_t batch = 0;  // samples of the timed micro-batch
+  std::string backend;
+  std::uint64_t memory_budget_bytes = 0;
+  std::vector<block_profile> blocks;  // index = block
+  std::vector<link_sample> links;
+};
+// A node's profile now: its profiled blocks with times rescaled by what its segments measured.
+node_profile current_profile(const live_profile& lp, std::uint32_t node_id, std::uint32_t batch,
+                             std::string_view backend, std::uint64_t memory_budget);
+
+}  // namespace cleave::split
