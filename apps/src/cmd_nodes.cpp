@@ -217,14 +217,8 @@ pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
   return pid;
 }
 
-void run_demo(const demo_options& o) {
-  const auto device_specs = parse_backend_list(o.device_backends, "--device-backends");
-  core::parse_schedule_kind(o.lr_schedule);  // named now, not in the server's log
-  const fs::path work =
-      o.work.empty() ? fs::temp_directory_path() / ("cleave-demo-" + std::to_string(::getpid())) : fs::path(o.work);
-  fs::create_directories(work);
-  const fs::path certs = work / "certs";
-  spdlog::info("demo: 1 server, 1 edge, {} devices on loopback; work directory {}", o.devices, work.string());
+// The demo's CA and the certificates of its server, edge-1 and device-1..n (kept when present).
+void provision_demo(const fs::path& certs, int n_devices) {
   if (!fs::exists(certs / std::string(transport::ca_cert_file))) transport::init_ca(certs);
   auto issue = [&](const std::string& name, core::tier role) {
     if (fs::exists(certs / (name + ".crt"))) return;
@@ -234,8 +228,77 @@ void run_demo(const demo_options& o) {
   };
   issue("server", core::tier::server);
   issue("edge-1", core::tier::edge);
-  for (int i = 1; i <= o.devices; ++i) issue("device-" + std::to_string(i), core::tier::device);
-  spdlog::info("demo: certificates for the CA, server, edge-1 and device-1..{} in {}", o.devices, certs.string());
+  for (int i = 1; i <= n_devices; ++i) issue("device-" + std::to_string(i), core::tier::device);
+  spdlog::info("demo: certificates for the CA, server, edge-1 and device-1..{} in {}", n_devices, certs.string());
+}
+
+// Waits for the server, then gives the other nodes a moment to end (the server tells them
+// training is over) before stopping them; returns the server's wait status.
+int wait_for_demo(pid_t server, const std::vector<pid_t>& others) {
+  static std::vector<pid_t>* children = nullptr;
+  static std::vector<pid_t> all;
+  all = others;
+  all.push_back(server);
+  children = &all;
+  auto forward = [](int sig) {
+    for (pid_t p : *children) ::kill(p, sig);
+  };
+  std::signal(SIGINT, forward);
+  std::signal(SIGTERM, forward);
+  int status = 0;
+  while (::waitpid(server, &status, 0) < 0 && errno == EINTR) {
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (pid_t p : others) {
+    int st = 0;
+    while (::waitpid(p, &st, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > until) {
+        ::kill(p, SIGKILL);
+        ::waitpid(p, &st, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  return status;
+}
+
+// The command line of the demo's server.
+std::vector<std::string> demo_server_args(const demo_options& o, const fs::path& certs, const std::string& listen,
+                                          const fs::path& work, const std::string& level) {
+  std::vector<std::string> sargs{"cleave",        "--log-level",
+                                 level,           "server",
+                                 "--certs",       certs.string(),
+                                 "--listen",      listen,
+                                 "--model",       o.model,
+                                 "--data",        o.data,
+                                 "--backend",     o.backend,
+                                 "--mode",        o.mode,
+                                 "--rounds",      std::to_string(o.rounds),
+                                 "--local-steps", std::to_string(o.local_steps),
+                                 "--min-devices", std::to_string(o.devices),
+                                 "--lr",          std::to_string(o.lr),
+                                 "--lr-schedule", o.lr_schedule,
+                                 "--seed",        std::to_string(o.seed),
+                                 "--checkpoint",  (work / "global.ckpt").string()};
+  if (o.u_shape) sargs.push_back("--u-shape");
+  if (o.no_adapt) sargs.push_back("--no-adapt");
+  if (!o.schedule.empty()) {
+    sargs.push_back("--schedule");
+    sargs.push_back(o.schedule);
+  }
+  return sargs;
+}
+
+void run_demo(const demo_options& o) {
+  const auto device_specs = parse_backend_list(o.device_backends, "--device-backends");
+  core::parse_schedule_kind(o.lr_schedule);  // named now, not in the server's log
+  const fs::path work =
+      o.work.empty() ? fs::temp_directory_path() / ("cleave-demo-" + std::to_string(::getpid())) : fs::path(o.work);
+  fs::create_directories(work);
+  const fs::path certs = work / "certs";
+  spdlog::info("demo: 1 server, 1 edge, {} devices on loopback; work directory {}", o.devices, work.string());
+  provision_demo(certs, o.devices);
 
   // All nodes share this machine's cores: give each oneDNN node its share of threads (OpenMP
   // teams of competing processes stall each other) and let idle OpenMP threads sleep.
@@ -256,27 +319,7 @@ void run_demo(const demo_options& o) {
   const std::string sp = "127.0.0.1:" + std::to_string(server_port);
   const std::string ep = "127.0.0.1:" + std::to_string(edge_port);
   const std::string level = spdlog::level::to_string_view(spdlog::get_level()).data();
-  std::vector<std::string> sargs{"cleave",        "--log-level",
-                                 level,           "server",
-                                 "--certs",       certs.string(),
-                                 "--listen",      sp,
-                                 "--model",       o.model,
-                                 "--data",        o.data,
-                                 "--backend",     o.backend,
-                                 "--mode",        o.mode,
-                                 "--rounds",      std::to_string(o.rounds),
-                                 "--local-steps", std::to_string(o.local_steps),
-                                 "--min-devices", std::to_string(o.devices),
-                                 "--lr",          std::to_string(o.lr),
-                                 "--lr-schedule", o.lr_schedule,
-                                 "--seed",        std::to_string(o.seed),
-                                 "--checkpoint",  (work / "global.ckpt").string()};
-  if (o.u_shape) sargs.push_back("--u-shape");
-  if (o.no_adapt) sargs.push_back("--no-adapt");
-  if (!o.schedule.empty()) {
-    sargs.push_back("--schedule");
-    sargs.push_back(o.schedule);
-  }
+  const auto sargs = demo_server_args(o, certs, sp, work, level);
   // The server's log (one line per round) goes to this terminal; the others to files.
   const pid_t server = spawn(sargs, {});
   std::vector<pid_t> others;
@@ -313,32 +356,7 @@ void run_demo(const demo_options& o) {
   }
   spdlog::info("demo: started server (pid {}), edge-1 and {} device agents; their logs: {}/*.log", server, o.devices,
                work.string());
-  static std::vector<pid_t>* children = nullptr;
-  static std::vector<pid_t> all;
-  all = others;
-  all.push_back(server);
-  children = &all;
-  auto forward = [](int sig) {
-    for (pid_t p : *children) ::kill(p, sig);
-  };
-  std::signal(SIGINT, forward);
-  std::signal(SIGTERM, forward);
-  int status = 0;
-  while (::waitpid(server, &status, 0) < 0 && errno == EINTR) {
-  }
-  // The others end when the server says training is over; give them a moment, then stop them.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (pid_t p : others) {
-    int st = 0;
-    while (::waitpid(p, &st, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > until) {
-        ::kill(p, SIGKILL);
-        ::waitpid(p, &st, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
+  const int status = wait_for_demo(server, others);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     throw core::error("the server failed (see above; the other nodes' logs are in " + work.string() + ")");
   spdlog::info("demo: done; global model in {}, logs in {}", (work / "global.ckpt").string(), work.string());
@@ -346,12 +364,10 @@ void run_demo(const demo_options& o) {
 
 }  // namespace
 
-void register_node_commands(CLI::App& app) {
-  static server_options so;
-  static edge_options eo;
-  static agent_options ao;
-  static demo_options dm;
+namespace {
 
+void add_server_command(CLI::App& app) {
+  static server_options so;
   auto* s = app.add_subcommand("server", "run the top tier: rounds, aggregation, server segments, evaluation");
   s->add_option("--certs", so.c.certs, "certificate directory (cleave certs)")->required();
   s->add_option("--name", so.c.name, "this node's certificate name")->capture_default_str();
@@ -412,7 +428,10 @@ void register_node_commands(CLI::App& app) {
   s->add_option("--schedule", so.c.schedule,
                 "emulated link changes by round (text or file), e.g. 'at 3 link server * 10Mbit/s 20ms'");
   s->callback([] { run_server(so); });
+}
 
+void add_edge_command(CLI::App& app) {
+  static edge_options eo;
   auto* e = app.add_subcommand("edge", "run an edge relay: devices below, the server above");
   e->add_option("--certs", eo.c.certs, "certificate directory (cleave certs)")->required();
   e->add_option("--name", eo.c.name, "this node's certificate name")->capture_default_str();
@@ -430,7 +449,10 @@ void register_node_commands(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   e->callback([] { run_edge(eo); });
+}
 
+void add_agent_command(CLI::App& app) {
+  static agent_options ao;
   auto* a = app.add_subcommand("agent", "run a device agent: its data shard and its segments of the model");
   a->add_option("--certs", ao.c.certs, "certificate directory (cleave certs)")->required();
   a->add_option("--name", ao.c.name, "this device's certificate name (default device-ID)");
@@ -456,7 +478,10 @@ void register_node_commands(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   a->callback([] { run_agent(ao); });
+}
 
+void add_demo_command(CLI::App& app) {
+  static demo_options dm;
   auto* d = app.add_subcommand("demo", "a federation on loopback: 1 server, 1 edge, N devices as processes");
   d->add_option("--work", dm.work, "work directory (default: a new one under /tmp)");
   d->add_option("--devices", dm.devices, "devices")->capture_default_str()->check(CLI::Range(1, 64));
@@ -479,6 +504,15 @@ void register_node_commands(CLI::App& app) {
   d->add_option("--slow", dm.slow, "devices 1..N run --slowdown times slower")->check(CLI::Range(0, 64));
   d->add_option("--slowdown", dm.slowdown, "slowdown of the --slow devices")->check(CLI::Range(1.0, 1000.0));
   d->callback([] { run_demo(dm); });
+}
+
+}  // namespace
+
+void register_node_commands(CLI::App& app) {
+  add_server_command(app);
+  add_edge_command(app);
+  add_agent_command(app);
+  add_demo_command(app);
 }
 
 }  // namespace cleave::apps

@@ -60,26 +60,27 @@ std::vector<float> download_all(core::backend& b, const core::tensor& t) {
 
 }  // namespace
 
-std::vector<block_state> segment_host::rehost(std::uint32_t device, const route& from, const route& to,
-                                              core::tier here) {
-  if (from.n_blocks != m_->n_blocks() || to.n_blocks != m_->n_blocks())
-    throw core::error("re-split of device " + std::to_string(device) + ": routes do not match the model's " +
-                      std::to_string(m_->n_blocks()) + " blocks");
+// Everything a node holds of one device, gathered into whole-model host vectors.
+struct segment_host::gathered {
+  std::vector<float> params, buffers;
+  std::vector<std::vector<float>> state;  // optimizer state tensors, each like params
+  std::vector<bool> have;                 // per block
+  std::int64_t steps = 0;
+};
+
+segment_host::gathered segment_host::gather(std::uint32_t device, const route& from, core::tier here) const {
   const auto lay = core::layout_of(*m_);
   const auto n_params = static_cast<std::size_t>(lay.param_offset.back());
-  const auto n_buffers = static_cast<std::size_t>(lay.buffer_offset.back());
   const std::size_t n_state = opt_.kind == core::optimizer_kind::adamw
                                   ? 2
                                   : (opt_.kind == core::optimizer_kind::sgd && opt_.momentum != 0.0f ? 1 : 0);
-  // Everything this node holds of the device, gathered into whole-model host vectors.
-  std::vector<float> params(n_params), buffers(n_buffers);
-  std::vector<std::vector<float>> state(n_state, std::vector<float>(n_params));
-  std::vector<bool> have(static_cast<std::size_t>(m_->n_blocks()), false);
-  std::int64_t steps = 0;
+  gathered g{std::vector<float>(n_params), std::vector<float>(static_cast<std::size_t>(lay.buffer_offset.back())),
+             std::vector<std::vector<float>>(n_state, std::vector<float>(n_params)),
+             std::vector<bool>(static_cast<std::size_t>(m_->n_blocks()), false), 0};
   for (int seg : from.segments_on(here)) {
     const auto it = slots_.find({device, seg});
     if (it == slots_.end()) continue;
-    slot& sl = it->second;
+    const slot& sl = it->second;
     if (!sl.pending.empty())
       throw core::error("re-split of device " + std::to_string(device) + " with micro-batches still in flight");
     for (const auto& [range, rep] : shared_)
@@ -88,16 +89,21 @@ std::vector<block_state> segment_host::rehost(std::uint32_t device, const route&
     const auto p0 = static_cast<std::size_t>(lay.param_offset[static_cast<std::size_t>(st.begin())]);
     const auto b0 = static_cast<std::size_t>(lay.buffer_offset[static_cast<std::size_t>(st.begin())]);
     const auto p = download_all(*b_, st.params()), bu = download_all(*b_, st.buffers());
-    std::copy(p.begin(), p.end(), params.begin() + static_cast<std::ptrdiff_t>(p0));
-    std::copy(bu.begin(), bu.end(), buffers.begin() + static_cast<std::ptrdiff_t>(b0));
+    std::copy(p.begin(), p.end(), g.params.begin() + static_cast<std::ptrdiff_t>(p0));
+    std::copy(bu.begin(), bu.end(), g.buffers.begin() + static_cast<std::ptrdiff_t>(b0));
     const auto& os = sl.rep->opt->state();
     for (std::size_t k = 0; k < n_state && k < os.size(); ++k) {
       const auto v = download_all(*b_, os[k]);
-      std::copy(v.begin(), v.end(), state[k].begin() + static_cast<std::ptrdiff_t>(p0));
+      std::copy(v.begin(), v.end(), g.state[k].begin() + static_cast<std::ptrdiff_t>(p0));
     }
-    steps = std::max(steps, sl.rep->opt->steps_taken());
-    for (int i = st.begin(); i < st.end(); ++i) have[static_cast<std::size_t>(i)] = true;
+    g.steps = std::max(g.steps, sl.rep->opt->steps_taken());
+    for (int i = st.begin(); i < st.end(); ++i) g.have[static_cast<std::size_t>(i)] = true;
   }
+  return g;
+}
+
+std::vector<block_state> segment_host::leaving(const gathered& g, const route& to, core::tier here) const {
+  const auto lay = core::layout_of(*m_);
   // Blocks leaving this tier, as maximal runs going to one tier.
   std::vector<block_state> lost;
   auto slice = [&](int b, int e) {
@@ -106,22 +112,59 @@ std::vector<block_state> segment_host::rehost(std::uint32_t device, const route&
     s.end = e;
     const auto p0 = lay.param_offset[static_cast<std::size_t>(b)], p1 = lay.param_offset[static_cast<std::size_t>(e)];
     const auto b0 = lay.buffer_offset[static_cast<std::size_t>(b)], b1 = lay.buffer_offset[static_cast<std::size_t>(e)];
-    s.params.assign(params.begin() + p0, params.begin() + p1);
-    s.buffers.assign(buffers.begin() + b0, buffers.begin() + b1);
-    for (const auto& v : state) s.optimizer_state.emplace_back(v.begin() + p0, v.begin() + p1);
-    s.optimizer_steps = steps;
+    s.params.assign(g.params.begin() + p0, g.params.begin() + p1);
+    s.buffers.assign(g.buffers.begin() + b0, g.buffers.begin() + b1);
+    for (const auto& v : g.state) s.optimizer_state.emplace_back(v.begin() + p0, v.begin() + p1);
+    s.optimizer_steps = g.steps;
     return s;
   };
   for (int i = 0; i < m_->n_blocks();) {
-    if (!have[static_cast<std::size_t>(i)] || tier_of_block(to, i) == here) {
+    if (!g.have[static_cast<std::size_t>(i)] || tier_of_block(to, i) == here) {
       ++i;
       continue;
     }
     int j = i + 1;
-    while (j < m_->n_blocks() && have[static_cast<std::size_t>(j)] && tier_of_block(to, j) == tier_of_block(to, i)) ++j;
+    while (j < m_->n_blocks() && g.have[static_cast<std::size_t>(j)] && tier_of_block(to, j) == tier_of_block(to, i))
+      ++j;
     lost.push_back(slice(i, j));
     i = j;
   }
+  return lost;
+}
+
+void segment_host::seed_segment(replica& rep, const gathered& g) {
+  const auto lay = core::layout_of(*m_);
+  const core::stage& st = *rep.st;
+  const auto p0 = lay.param_offset[static_cast<std::size_t>(st.begin())];
+  const auto b0 = lay.buffer_offset[static_cast<std::size_t>(st.begin())];
+  auto np = download_all(*b_, st.params()), nb = download_all(*b_, st.buffers());
+  std::vector<std::vector<float>> ns;
+  for (const auto& t : rep.opt->state()) ns.push_back(download_all(*b_, t));
+  for (int i = st.begin(); i < st.end(); ++i) {
+    if (!g.have[static_cast<std::size_t>(i)]) continue;
+    const auto u = static_cast<std::size_t>(i);
+    for (auto k = lay.param_offset[u]; k < lay.param_offset[u + 1]; ++k) {
+      np[static_cast<std::size_t>(k - p0)] = g.params[static_cast<std::size_t>(k)];
+      for (std::size_t q = 0; q < ns.size() && q < g.state.size(); ++q)
+        ns[q][static_cast<std::size_t>(k - p0)] = g.state[q][static_cast<std::size_t>(k)];
+    }
+    for (auto k = lay.buffer_offset[u]; k < lay.buffer_offset[u + 1]; ++k)
+      nb[static_cast<std::size_t>(k - b0)] = g.buffers[static_cast<std::size_t>(k)];
+  }
+  if (!np.empty()) b_->upload(st.params(), np.data());
+  if (!nb.empty()) b_->upload(st.buffers(), nb.data());
+  for (std::size_t q = 0; q < ns.size(); ++q)
+    if (!ns[q].empty()) b_->upload(rep.opt->state()[q], ns[q].data());
+  rep.opt->set_steps_taken(g.steps);
+}
+
+std::vector<block_state> segment_host::rehost(std::uint32_t device, const route& from, const route& to,
+                                              core::tier here) {
+  if (from.n_blocks != m_->n_blocks() || to.n_blocks != m_->n_blocks())
+    throw core::error("re-split of device " + std::to_string(device) + ": routes do not match the model's " +
+                      std::to_string(m_->n_blocks()) + " blocks");
+  const gathered g = gather(device, from, here);
+  std::vector<block_state> lost = leaving(g, to, here);
   // The new segments: kept blocks from the gathered state, arriving blocks marked missing.
   for (auto it = slots_.begin(); it != slots_.end();) it = it->first.first == device ? slots_.erase(it) : std::next(it);
   for (auto it = n_mb_.begin(); it != n_mb_.end();) it = it->first.first == device ? n_mb_.erase(it) : std::next(it);
@@ -130,30 +173,9 @@ std::vector<block_state> segment_host::rehost(std::uint32_t device, const route&
   for (int seg : to.segments_on(here)) {
     host(device, to, seg);
     replica& rep = *slots_.at({device, seg}).rep;
-    const core::stage& st = *rep.st;
-    for (int i = st.begin(); i < st.end(); ++i)
-      if (!have[static_cast<std::size_t>(i)]) arr.missing.insert(i);
-    const auto p0 = lay.param_offset[static_cast<std::size_t>(st.begin())];
-    const auto b0 = lay.buffer_offset[static_cast<std::size_t>(st.begin())];
-    auto np = download_all(*b_, st.params()), nb = download_all(*b_, st.buffers());
-    std::vector<std::vector<float>> ns;
-    for (const auto& t : rep.opt->state()) ns.push_back(download_all(*b_, t));
-    for (int i = st.begin(); i < st.end(); ++i) {
-      if (!have[static_cast<std::size_t>(i)]) continue;
-      const auto u = static_cast<std::size_t>(i);
-      for (auto k = lay.param_offset[u]; k < lay.param_offset[u + 1]; ++k) {
-        np[static_cast<std::size_t>(k - p0)] = params[static_cast<std::size_t>(k)];
-        for (std::size_t q = 0; q < ns.size() && q < state.size(); ++q)
-          ns[q][static_cast<std::size_t>(k - p0)] = state[q][static_cast<std::size_t>(k)];
-      }
-      for (auto k = lay.buffer_offset[u]; k < lay.buffer_offset[u + 1]; ++k)
-        nb[static_cast<std::size_t>(k - b0)] = buffers[static_cast<std::size_t>(k)];
-    }
-    if (!np.empty()) b_->upload(st.params(), np.data());
-    if (!nb.empty()) b_->upload(st.buffers(), nb.data());
-    for (std::size_t q = 0; q < ns.size(); ++q)
-      if (!ns[q].empty()) b_->upload(rep.opt->state()[q], ns[q].data());
-    rep.opt->set_steps_taken(steps);
+    for (int i = rep.st->begin(); i < rep.st->end(); ++i)
+      if (!g.have[static_cast<std::size_t>(i)]) arr.missing.insert(i);
+    seed_segment(rep, g);
   }
   std::vector<block_state> early = std::move(arr.early);
   arr.early.clear();

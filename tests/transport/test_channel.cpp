@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "channel_pair.h"
 #include "cleave/transport/channel.h"
 #include "cleave/transport/connect.h"
 #include "cleave/transport/listener.h"
@@ -23,46 +24,6 @@ using namespace std::chrono_literals;
 using namespace asio::experimental::awaitable_operators;
 
 namespace {
-
-asio::ip::tcp::endpoint loopback() {
-  return {asio::ip::make_address("127.0.0.1"), 0};
-}
-
-template <class T>
-std::string why(const result<T>& r) {
-  return r.ok() ? std::string() : std::string(errc_name(r.error().code())) + ": " + r.error().reason();
-}
-std::string why(const status& s) {
-  return s.ok() ? std::string() : std::string(errc_name(s.error().code())) + ": " + s.error().reason();
-}
-
-// A connected pair: client (device-1) and the server side of the same connection.
-struct channel_pair {
-  channel client;
-  channel server;
-};
-
-asio::awaitable<channel_pair> open_pair(listener& lis, const tls_context& ctx, connect_options co) {
-  auto c = co_await connect(ctx, "127.0.0.1", lis.port(), co);
-  REQUIRE_MESSAGE(c.ok(), why(c));
-  auto s = co_await lis.accept();
-  REQUIRE_MESSAGE(s.ok(), why(s));
-  channel_pair p;
-  p.client = std::move(c.value());
-  p.server = std::move(s.value());
-  co_return p;
-}
-
-asio::awaitable<channel_pair> open_pair(listener& lis, const tls_context& ctx) {
-  connect_options co;
-  co_return co_await open_pair(lis, ctx, co);
-}
-
-std::vector<float> ramp(std::size_t n, float start) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i);
-  return v;
-}
 
 // Sends a RoundStart with `round` one way and checks it arrives.
 asio::awaitable<void> exchange(channel& from, channel& to, std::uint64_t round) {
@@ -446,6 +407,26 @@ TEST_CASE("heartbeats keep a quiet channel open and measure its round-trip time"
   }());
 }
 
+TEST_CASE("a quiet channel whose idle timeout is as short as the peer's ping period stays open") {
+  // The server pings every 200 ms, the device gives up after 200 ms of silence: the device's own
+  // Pings (a quarter of its timeout apart) bring Pongs back well within it.
+  io_thread rt;
+  listener_options lo;
+  lo.channel.heartbeat = 200ms;
+  lo.channel.idle_timeout = 2000ms;
+  listener lis(rt.executor(), tls_context(pki().server()), loopback(), lo);
+  rt.run([&]() -> asio::awaitable<void> {
+    connect_options co;
+    co.channel.heartbeat = 200ms;
+    co.channel.idle_timeout = 200ms;
+    auto p = co_await open_pair(lis, tls_context(pki().device()), co);
+    co_await sleep_for(1500ms);
+    CHECK_MESSAGE(p.client.is_open(), p.client.close_reason());
+    CHECK(p.server.is_open());
+    co_await exchange(p.client, p.server, 1);
+  }());
+}
+
 TEST_CASE("a silent peer is closed by the idle timeout") {
   io_thread rt;
   listener_options lo;
@@ -581,218 +562,3 @@ TEST_CASE("an emulated bandwidth cap, changed while the channel runs, paces the 
 }
 
 // ---- post: thread-safe, bounded posting ----
-
-namespace {
-
-message_builder round_start(std::uint64_t round) {
-  round_start_info info;
-  info.round = round;
-  return make_round_start(info);
-}
-
-// A GlobalWeights message of `floats` f32 values, labelled `round`.
-message_builder weights(std::uint64_t round, const std::vector<float>& data) {
-  global_weights_info info;
-  info.round = round;
-  info.end_block = 1;
-  const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(data.size())}, data.data(), {}};
-  return make_global_weights(info, std::span(&t, 1));
-}
-
-}  // namespace
-
-TEST_CASE("messages posted from two threads all arrive, each thread's in its order") {
-  io_thread rt;
-  listener lis(rt.executor(), tls_context(pki().server()), loopback());
-  connect_options co;
-  co.channel.max_bytes_in_flight = 4 << 10;  // small: the posters also wait for the writer
-  auto p = rt.run(open_pair(lis, tls_context(pki().device()), co));
-  constexpr std::uint64_t n = 2000;
-  constexpr std::uint64_t tag = 1'000'000;  // round = thread * tag + i
-  std::atomic<int> refused{0};
-  auto poster = [&](std::uint64_t thread) {
-    for (std::uint64_t i = 0; i < n; ++i)
-      if (!p.client.post(round_start(thread * tag + i))) ++refused;
-  };
-  std::thread a(poster, 1);
-  std::thread b(poster, 2);
-  const auto received = rt.run([&]() -> asio::awaitable<std::vector<std::uint64_t>> {
-    std::vector<std::uint64_t> rounds;
-    for (std::uint64_t i = 0; i < 2 * n; ++i) {
-      auto got = co_await p.server.receive();
-      if (!got) break;
-      rounds.push_back(got->as<wire::RoundStart>()->round());
-    }
-    co_return rounds;
-  }());
-  a.join();
-  b.join();
-  CHECK(refused == 0);
-  REQUIRE(received.size() == 2 * n);
-  std::uint64_t next[3] = {0, 0, 0};
-  bool in_order = true;
-  for (const std::uint64_t r : received) {
-    const std::uint64_t thread = r / tag;
-    REQUIRE((thread == 1 || thread == 2));
-    in_order = in_order && r % tag == next[thread];
-    ++next[thread];
-  }
-  CHECK(in_order);
-  CHECK(next[1] == n);
-  CHECK(next[2] == n);
-  CHECK(p.client.stats().messages_sent == 2 * n);
-}
-
-TEST_CASE("a poster on another thread waits while the peer does not read, and goes on when it reads") {
-  io_thread rt;
-  listener_options lo;
-  lo.channel.max_inbox_bytes = 1 << 20;
-  listener lis(rt.executor(), tls_context(pki().server()), loopback(), lo);
-  connect_options co;
-  constexpr std::size_t bound = 2 << 20;
-  co.channel.max_bytes_in_flight = bound;
-  auto p = rt.run(open_pair(lis, tls_context(pki().device()), co));
-
-  // 64 MiB in all: far more than the bound plus both sockets' buffers.
-  constexpr int n = 64;
-  const auto data = ramp(256 << 10, 0.f);  // 1 MiB
-  std::atomic<int> attempted{0};
-  std::atomic<int> posted{0};
-  std::atomic<int> refused{0};
-  std::thread poster([&] {
-    for (int i = 0; i < n; ++i) {
-      ++attempted;
-      if (!p.client.post(weights(static_cast<std::uint64_t>(i), data))) ++refused;
-      ++posted;
-    }
-  });
-  // Blocked: one post under way that has not returned for a while.
-  bool blocked = false;
-  const auto end = std::chrono::steady_clock::now() + 30s;
-  while (!blocked && std::chrono::steady_clock::now() < end) {
-    const int before = posted.load();
-    std::this_thread::sleep_for(300ms);
-    blocked = posted.load() == before && attempted.load() == before + 1;
-  }
-  CHECK(blocked);
-  CHECK(posted.load() < n);
-  const auto in_flight = p.client.stats().bytes_in_flight;
-  CHECK(in_flight > 0);
-  CHECK(in_flight <= bound);
-
-  // The peer reads: every message arrives, in order, and the poster finishes.
-  rt.run([&]() -> asio::awaitable<void> {
-    for (int i = 0; i < n; ++i) {
-      auto got = co_await p.server.receive();
-      REQUIRE_MESSAGE(got.ok(), why(got));
-      REQUIRE(got->as<wire::GlobalWeights>()->round() == static_cast<std::uint64_t>(i));
-    }
-  }());
-  poster.join();
-  CHECK(posted == n);
-  CHECK(refused == 0);
-}
-
-TEST_CASE("post on a closed channel returns false at once") {
-  io_thread rt;
-  listener lis(rt.executor(), tls_context(pki().server()), loopback());
-  connect_options co;
-  co.channel.max_bytes_in_flight = 4 << 10;
-  co.channel.limits.max_frame_bytes = 64 << 10;
-  auto p = rt.run(open_pair(lis, tls_context(pki().device()), co));
-
-  // Too large for the frame limit: refused, the channel stays open.
-  const auto big = ramp(32 << 10, 0.f);  // 128 KiB
-  CHECK_FALSE(p.client.post(weights(1, big)));
-  CHECK(p.client.is_open());
-
-  rt.run(p.client.close());
-  REQUIRE_FALSE(p.client.is_open());
-  // From another thread (which would wait for space) and from the executor.
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 100; ++i) CHECK_FALSE(p.client.post(round_start(static_cast<std::uint64_t>(i))));
-  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
-  CHECK_FALSE(rt.run([&]() -> asio::awaitable<bool> { co_return p.client.post(round_start(1)); }()));
-  // An empty handle refuses too.
-  const channel empty;
-  CHECK_FALSE(empty.post(round_start(1)));
-}
-
-TEST_CASE("a poster waiting for space is released with false when the channel closes") {
-  io_thread rt;
-  listener_options lo;
-  lo.channel.max_inbox_bytes = 1 << 20;
-  listener lis(rt.executor(), tls_context(pki().server()), loopback(), lo);
-  connect_options co;
-  co.channel.max_bytes_in_flight = 1 << 20;
-  auto p = rt.run(open_pair(lis, tls_context(pki().device()), co));
-  const auto data = ramp(256 << 10, 0.f);  // 1 MiB
-  std::atomic<bool> refused{false};
-  std::atomic<int> posted{0};
-  std::thread poster([&] {
-    for (int i = 0; i < 256 && !refused; ++i) {
-      if (!p.client.post(weights(static_cast<std::uint64_t>(i), data))) refused = true;
-      ++posted;
-    }
-  });
-  // Wait until the poster stalls, then drop the peer: the channel closes and the poster returns.
-  bool blocked = false;
-  const auto end = std::chrono::steady_clock::now() + 30s;
-  while (!blocked && std::chrono::steady_clock::now() < end) {
-    const int before = posted.load();
-    std::this_thread::sleep_for(300ms);
-    blocked = posted.load() == before;
-  }
-  CHECK(blocked);
-  { channel dropped = std::move(p.server); }
-  CHECK(eventually([&] { return refused.load(); }));
-  poster.join();
-  CHECK(refused);
-  CHECK(eventually([&] { return !p.client.is_open(); }));
-}
-
-TEST_CASE("posting on the channel's executor never blocks, and keeps its order with send") {
-  io_thread rt;
-  listener_options lo;
-  lo.channel.max_inbox_bytes = 256 << 10;
-  listener lis(rt.executor(), tls_context(pki().server()), loopback(), lo);
-  connect_options co;
-  co.channel.max_bytes_in_flight = 64 << 10;
-  auto p = rt.run(open_pair(lis, tls_context(pki().device()), co));
-  constexpr int n = 32;
-  const auto data = ramp(256 << 10, 0.f);  // 1 MiB each, 32 MiB in all, nobody reading yet
-  // Were post to wait here, nothing could free space: the io thread would hang and the run
-  // time out.
-  const int posted = rt.run(
-      [&]() -> asio::awaitable<int> {
-        int k = 0;
-        for (int i = 0; i < n; ++i) k += p.client.post(weights(static_cast<std::uint64_t>(i), data)) ? 1 : 0;
-        co_return k;
-      }(),
-      20s);
-  CHECK(posted == n);
-  CHECK(p.client.stats().bytes_in_flight > co.channel.max_bytes_in_flight);
-  // post, send (which waits for space), post: received in that order, after everything posted
-  // before.
-  auto sender = [&]() -> asio::awaitable<void> {
-    CHECK(p.client.post(round_start(1)));
-    const status st = co_await p.client.send(round_start(2));
-    REQUIRE_MESSAGE(st.ok(), why(st));
-    CHECK(p.client.post(round_start(3)));
-  };
-  auto receiver = [&]() -> asio::awaitable<void> {
-    for (int i = 0; i < n; ++i) {
-      auto got = co_await p.server.receive();
-      REQUIRE_MESSAGE(got.ok(), why(got));
-      REQUIRE(got->as<wire::GlobalWeights>() != nullptr);
-      CHECK(got->as<wire::GlobalWeights>()->round() == static_cast<std::uint64_t>(i));
-    }
-    for (std::uint64_t r = 1; r <= 3; ++r) {
-      auto got = co_await p.server.receive();
-      REQUIRE_MESSAGE(got.ok(), why(got));
-      REQUIRE(got->as<wire::RoundStart>() != nullptr);
-      CHECK(got->as<wire::RoundStart>()->round() == r);
-    }
-  };
-  rt.run([&]() -> asio::awaitable<void> { co_await (sender() && receiver()); }());
-}

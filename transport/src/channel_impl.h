@@ -4,6 +4,9 @@
 // the writer (under data_mu_).
 #pragma once
 
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/use_awaitable.hpp>
+
 #include <array>
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -24,6 +27,21 @@
 namespace cleave::transport::detail {
 
 using clock = std::chrono::steady_clock;
+
+constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
+constexpr std::size_t emulation_chunk = 64 << 10;      // emulated links send in pieces this large
+constexpr std::size_t bandwidth_min_frame = 64 << 10;  // smaller frames do not measure bandwidth
+
+inline std::uint64_t now_ns() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count());
+}
+
+// An exponentially weighted average (alpha 0.25) that starts at its first sample.
+inline void ewma(std::atomic<double>& avg, double sample) {
+  const double old = avg.load();
+  avg.store(old == 0 ? sample : old + 0.25 * (sample - old));
+}
 
 // A condition to wait for on one executor: a timer that never expires and is cancelled to wake
 // every waiter. Waiters re-check their condition after waking.
@@ -97,6 +115,9 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   asio::awaitable<void> writer(std::shared_ptr<channel_impl> self);
   asio::awaitable<void> heartbeat(std::shared_ptr<channel_impl> self);
   asio::awaitable<status> read_exact(std::byte* p, std::size_t n, std::size_t& done);
+  // The next message off the stream; nothing once the stream ended (cleanly between frames, or
+  // the channel aborted with the reason).
+  asio::awaitable<std::optional<message>> read_message();
   asio::awaitable<status> write_frame(outgoing& item);
   std::optional<failure> check_frame_size(std::size_t size) const;
   // Under data_mu_: whether a message of `size` bytes fits under max_bytes_in_flight (a single

@@ -15,8 +15,6 @@ namespace cleave::transport {
 
 namespace {
 
-constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
-
 failure refused(const std::string& where, failure f) {
   logger()->warn("connection to {} failed: {}", where, f.reason());
   return f;
@@ -43,12 +41,12 @@ asio::awaitable<result<channel>> connect(tls_context ctx, std::string host, std:
       asio::error_code ec;
       socket.close(ec);
     });
-    auto [rec, endpoints] = co_await resolver.async_resolve(host, std::to_string(port), nothrow);
+    auto [rec, endpoints] = co_await resolver.async_resolve(host, std::to_string(port), detail::nothrow);
     if (rec) {
       co_return refused(where, failure(guard.fired() ? errc::timeout : errc::connection,
                                        "cannot resolve " + host + ": " + rec.message()));
     }
-    auto [cec, ep] = co_await asio::async_connect(socket, endpoints, nothrow);
+    auto [cec, ep] = co_await asio::async_connect(socket, endpoints, detail::nothrow);
     if (cec || guard.fired()) {
       co_return refused(where, failure(guard.fired() ? errc::timeout : errc::connection,
                                        "cannot connect to " + where + ": " +

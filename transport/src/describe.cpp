@@ -53,119 +53,160 @@ void add_tensors(std::string& s, const char* key, const flatbuffers::Vector<flat
   s += "=[" + std::to_string(list->size()) + " tensors, " + std::to_string(bytes) + " bytes]";
 }
 
+void body(std::string& s, const wire::Hello* b) {
+  add(s, "version", b->protocol_version());
+  s += " role=";
+  s += core::tier_name(static_cast<core::tier>(b->role()));
+  add(s, "node", b->node_id());
+  add_text(s, "name", b->name());
+  if (b->backends())
+    for (const auto* be : *b->backends()) {
+      add_text(s, "backend", be->name());
+      add_float(s, "gflops", be->gflops());
+      add(s, "memory", be->memory_bytes());
+    }
+  add(s, "memory", b->memory_bytes());
+  add_float(s, "gflops", b->gflops());
+  add(s, "samples", b->n_samples());
+}
+
+void body(std::string& s, const wire::Welcome* b) {
+  add(s, "version", b->protocol_version());
+  add(s, "node", b->node_id());
+  add(s, "run", b->run_id());
+  add(s, "epoch", b->plan_epoch());
+  add(s, "heartbeat_ms", b->heartbeat_ms());
+}
+
+void body(std::string& s, const wire::Plan* b) {
+  add(s, "epoch", b->epoch());
+  add(s, "blocks", b->n_blocks());
+  s += b->u_shape() ? " u-shape" : "";
+  add_text(s, "model", b->model());
+  add(s, "micro_batch_size", b->micro_batch_size());
+  add(s, "micro_batches", b->n_micro_batches());
+  if (b->devices())
+    for (const auto* d : *b->devices()) {
+      add(s, "device", d->device_id());
+      if (!d->stages()) continue;
+      for (const auto* st : *d->stages()) {
+        s += " [" + std::to_string(st->first_block()) + "," + std::to_string(st->end_block()) + ")@";
+        s += core::tier_name(static_cast<core::tier>(st->role()));
+        s += std::to_string(st->node_id());
+        if (st->with_loss()) s += "+loss";
+      }
+    }
+}
+
+void body(std::string& s, const wire::Activations* b) {
+  add(s, "epoch", b->epoch());
+  add(s, "step", b->step());
+  add(s, "mb", b->micro_batch());
+  add(s, "device", b->device_id());
+  add(s, "block", b->block());
+  add_tensor(s, "activation", b->activation());
+  add_tensor(s, "labels", b->labels());
+}
+
+void body(std::string& s, const wire::Gradients* b) {
+  add(s, "epoch", b->epoch());
+  add(s, "step", b->step());
+  add(s, "mb", b->micro_batch());
+  add(s, "device", b->device_id());
+  add(s, "block", b->block());
+  add_tensor(s, "gradient", b->gradient());
+  add_float(s, "loss", b->loss());
+  add(s, "correct", b->n_correct());
+}
+
+void body(std::string& s, const wire::RoundStart* b) {
+  add(s, "round", b->round());
+  add(s, "epoch", b->epoch());
+  add(s, "local_steps", b->local_steps());
+  add(s, "deadline_ms", b->deadline_ms());
+  add_float(s, "lr", b->learning_rate());
+}
+
+void body(std::string& s, const wire::ReplicaUpload* b) {
+  add(s, "round", b->round());
+  add(s, "node", b->node_id());
+  s += " blocks=[" + std::to_string(b->first_block()) + "," + std::to_string(b->end_block()) + ")";
+  add(s, "samples", b->n_samples());
+  add_tensors(s, "weights", b->weights());
+}
+
+void body(std::string& s, const wire::GlobalWeights* b) {
+  add(s, "round", b->round());
+  s += " blocks=[" + std::to_string(b->first_block()) + "," + std::to_string(b->end_block()) + ")";
+  add_tensors(s, "weights", b->weights());
+}
+
+void body(std::string& s, const wire::Profile* b) {
+  add(s, "node", b->node_id());
+  add(s, "epoch", b->epoch());
+  add(s, "step", b->step());
+  add(s, "memory_budget", b->memory_budget_bytes());
+  double compute_us = 0;
+  if (b->blocks())
+    for (const auto* p : *b->blocks()) compute_us += p->forward_us() + p->backward_us();
+  add(s, "blocks", b->blocks() ? b->blocks()->size() : 0);
+  add_float(s, "compute_us", static_cast<float>(compute_us));
+  if (b->links())
+    for (const auto* l : *b->links()) {
+      add(s, "peer", l->peer_id());
+      add_float(s, "rtt_us", l->rtt_us());
+      add_float(s, "bandwidth", l->bandwidth_bytes_per_s());
+    }
+}
+
+void body(std::string& s, const wire::Migrate* b) {
+  add(s, "epoch", b->epoch());
+  add(s, "step", b->step());
+  s += " blocks=[" + std::to_string(b->first_block()) + "," + std::to_string(b->end_block()) + ")";
+  add(s, "device", b->device_id());
+  add(s, "from", b->from_node());
+  add(s, "to", b->to_node());
+  add_tensors(s, "weights", b->weights());
+  add_tensors(s, "optimizer_state", b->optimizer_state());
+}
+
+void body(std::string& s, const wire::Cutover* b) {
+  add(s, "device", b->device_id());
+  add(s, "epoch", b->epoch());
+  add(s, "step", b->step());
+}
+
+void body(std::string& s, const wire::Ping* b) {
+  add(s, "seq", b->sequence());
+}
+
+void body(std::string& s, const wire::Pong* b) {
+  add(s, "seq", b->sequence());
+}
+
+void body(std::string& s, const wire::Error* b) {
+  add(s, "code", static_cast<std::uint64_t>(b->code()));
+  add_text(s, "text", b->message());
+}
+
+// One line per message type; the body's fields by name.
+template <class T>
+bool describe_as(std::string& s, const message& m) {
+  const auto* b = m.as<T>();
+  if (b) body(s, b);
+  return b != nullptr;
+}
+
 }  // namespace
 
 std::string describe(const message& m) {
   std::string s(body_name(m.type()));
-  if (const auto* b = m.as<wire::Hello>()) {
-    add(s, "version", b->protocol_version());
-    s += " role=";
-    s += core::tier_name(static_cast<core::tier>(b->role()));
-    add(s, "node", b->node_id());
-    add_text(s, "name", b->name());
-    if (b->backends())
-      for (const auto* be : *b->backends()) {
-        add_text(s, "backend", be->name());
-        add_float(s, "gflops", be->gflops());
-        add(s, "memory", be->memory_bytes());
-      }
-    add(s, "memory", b->memory_bytes());
-    add_float(s, "gflops", b->gflops());
-    add(s, "samples", b->n_samples());
-  } else if (const auto* b = m.as<wire::Welcome>()) {
-    add(s, "version", b->protocol_version());
-    add(s, "node", b->node_id());
-    add(s, "run", b->run_id());
-    add(s, "epoch", b->plan_epoch());
-    add(s, "heartbeat_ms", b->heartbeat_ms());
-  } else if (const auto* b = m.as<wire::Plan>()) {
-    add(s, "epoch", b->epoch());
-    add(s, "blocks", b->n_blocks());
-    s += b->u_shape() ? " u-shape" : "";
-    add_text(s, "model", b->model());
-    add(s, "micro_batch_size", b->micro_batch_size());
-    add(s, "micro_batches", b->n_micro_batches());
-    if (b->devices())
-      for (const auto* d : *b->devices()) {
-        add(s, "device", d->device_id());
-        if (!d->stages()) continue;
-        for (const auto* st : *d->stages()) {
-          s += " [" + std::to_string(st->first_block()) + "," + std::to_string(st->end_block()) + ")@";
-          s += core::tier_name(static_cast<core::tier>(st->role()));
-          s += std::to_string(st->node_id());
-          if (st->with_loss()) s += "+loss";
-        }
-      }
-  } else if (const auto* b = m.as<wire::Activations>()) {
-    add(s, "epoch", b->epoch());
-    add(s, "step", b->step());
-    add(s, "mb", b->micro_batch());
-    add(s, "device", b->device_id());
-    add(s, "block", b->block());
-    add_tensor(s, "activation", b->activation());
-    add_tensor(s, "labels", b->labels());
-  } else if (const auto* b = m.as<wire::Gradients>()) {
-    add(s, "epoch", b->epoch());
-    add(s, "step", b->step());
-    add(s, "mb", b->micro_batch());
-    add(s, "device", b->device_id());
-    add(s, "block", b->block());
-    add_tensor(s, "gradient", b->gradient());
-    add_float(s, "loss", b->loss());
-    add(s, "correct", b->n_correct());
-  } else if (const auto* b = m.as<wire::RoundStart>()) {
-    add(s, "round", b->round());
-    add(s, "epoch", b->epoch());
-    add(s, "local_steps", b->local_steps());
-    add(s, "deadline_ms", b->deadline_ms());
-    add_float(s, "lr", b->learning_rate());
-  } else if (const auto* b = m.as<wire::ReplicaUpload>()) {
-    add(s, "round", b->round());
-    add(s, "node", b->node_id());
-    s += " blocks=[" + std::to_string(b->first_block()) + "," + std::to_string(b->end_block()) + ")";
-    add(s, "samples", b->n_samples());
-    add_tensors(s, "weights", b->weights());
-  } else if (const auto* b = m.as<wire::GlobalWeights>()) {
-    add(s, "round", b->round());
-    s += " blocks=[" + std::to_string(b->first_block()) + "," + std::to_string(b->end_block()) + ")";
-    add_tensors(s, "weights", b->weights());
-  } else if (const auto* b = m.as<wire::Profile>()) {
-    add(s, "node", b->node_id());
-    add(s, "epoch", b->epoch());
-    add(s, "step", b->step());
-    add(s, "memory_budget", b->memory_budget_bytes());
-    double compute_us = 0;
-    if (b->blocks())
-      for (const auto* p : *b->blocks()) compute_us += p->forward_us() + p->backward_us();
-    add(s, "blocks", b->blocks() ? b->blocks()->size() : 0);
-    add_float(s, "compute_us", static_cast<float>(compute_us));
-    if (b->links())
-      for (const auto* l : *b->links()) {
-        add(s, "peer", l->peer_id());
-        add_float(s, "rtt_us", l->rtt_us());
-        add_float(s, "bandwidth", l->bandwidth_bytes_per_s());
-      }
-  } else if (const auto* b = m.as<wire::Migrate>()) {
-    add(s, "epoch", b->epoch());
-    add(s, "step", b->step());
-    s += " blocks=[" + std::to_string(b->first_block()) + "," + std::to_string(b->end_block()) + ")";
-    add(s, "device", b->device_id());
-    add(s, "from", b->from_node());
-    add(s, "to", b->to_node());
-    add_tensors(s, "weights", b->weights());
-    add_tensors(s, "optimizer_state", b->optimizer_state());
-  } else if (const auto* b = m.as<wire::Cutover>()) {
-    add(s, "device", b->device_id());
-    add(s, "epoch", b->epoch());
-    add(s, "step", b->step());
-  } else if (const auto* b = m.as<wire::Ping>()) {
-    add(s, "seq", b->sequence());
-  } else if (const auto* b = m.as<wire::Pong>()) {
-    add(s, "seq", b->sequence());
-  } else if (const auto* b = m.as<wire::Error>()) {
-    add(s, "code", static_cast<std::uint64_t>(b->code()));
-    add_text(s, "text", b->message());
-  }
+  (void)(describe_as<wire::Hello>(s, m) || describe_as<wire::Welcome>(s, m) || describe_as<wire::Plan>(s, m) ||
+         describe_as<wire::Activations>(s, m) || describe_as<wire::Gradients>(s, m) ||
+         describe_as<wire::RoundStart>(s, m) || describe_as<wire::ReplicaUpload>(s, m) ||
+         describe_as<wire::GlobalWeights>(s, m) || describe_as<wire::Profile>(s, m) ||
+         describe_as<wire::Migrate>(s, m) || describe_as<wire::Cutover>(s, m) || describe_as<wire::Ping>(s, m) ||
+         describe_as<wire::Pong>(s, m) || describe_as<wire::Error>(s, m));
   return s;
 }
 

@@ -15,9 +15,7 @@ namespace cleave::transport {
 
 namespace detail {
 
-namespace {
-constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
-}
+namespace {}
 
 class listener_impl : public std::enable_shared_from_this<listener_impl> {
  public:

@@ -94,6 +94,12 @@ class segment_host {
     std::unique_ptr<core::stage> st;
     std::unique_ptr<core::optimizer> opt;
   };
+  struct gathered;
+  gathered gather(std::uint32_t device, const route& from, core::tier here) const;
+  std::vector<block_state> leaving(const gathered& g, const route& to, core::tier here) const;
+  // Loads the gathered state of the blocks it holds into a new segment's replica.
+  void seed_segment(replica& rep, const gathered& g);
+
   struct slot {
     route r;
     int segment = 0;

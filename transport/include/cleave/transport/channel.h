@@ -26,7 +26,7 @@ struct channel_options {
   frame_limits limits;                            // inbound frames
   std::size_t max_bytes_in_flight = 64u << 20;    // queued + being written; send() and post() wait above it
   std::size_t max_inbox_bytes = 256u << 20;       // received, not yet taken by receive()
-  std::chrono::milliseconds heartbeat{1000};      // Ping period (0: none)
+  std::chrono::milliseconds heartbeat{1000};      // Ping period, at most idle_timeout / 4 (0: no Pings)
   std::chrono::milliseconds idle_timeout{10000};  // close when nothing arrives for this long (0: never)
   std::chrono::milliseconds close_timeout{2000};  // bound on a clean close
   // When no frame of 64 KiB or more went out for this long, a heartbeat carries 64 KiB of

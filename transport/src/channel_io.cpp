@@ -1,0 +1,253 @@
+// Channels, the I/O side: the reader (frames in, Ping/Pong, the inbox), the writer (control
+// frames first, emulated pacing) and the heartbeat (probes and the idle timeout).
+#include <algorithm>
+#include <asio/post.hpp>
+#include <asio/use_awaitable.hpp>
+#include <cstring>
+
+#include "channel_impl.h"
+
+namespace cleave::transport::detail {
+
+asio::awaitable<status> channel_impl::read_exact(std::byte* p, std::size_t n, std::size_t& done) {
+  done = 0;
+  while (done < n) {
+    auto r = co_await stream_->read_some(std::span<std::byte>(p + done, n - done));
+    if (!r) co_return r.error();
+    done += *r;
+    last_rx_ = clock::now();
+  }
+  co_return status{};
+}
+
+void channel_impl::handle_pong(const wire::Pong& p) {
+  const auto& sent = recent_pings_[p.sequence() % recent_pings_.size()];
+  if (p.sequence() == 0 || sent.first != p.sequence() || sent.second != p.sent_ns()) return;  // not ours
+  const double us = static_cast<double>(now_ns() - p.sent_ns()) / 1000.0;
+  last_rtt_us_.store(us);
+  ewma(rtt_us_, us);
+  rtt_window_[n_rtt_++ % rtt_window_.size()] = us;
+  const std::size_t n = std::min(n_rtt_, rtt_window_.size());
+  base_rtt_us_.store(*std::min_element(rtt_window_.begin(), rtt_window_.begin() + static_cast<std::ptrdiff_t>(n)));
+}
+
+asio::awaitable<std::optional<message>> channel_impl::read_message() {
+  std::byte header[frame_header_bytes];
+  std::size_t got = 0;
+  status st = co_await read_exact(header, frame_header_bytes, got);
+  if (!st) {
+    if (got == 0 && st.error().code() == errc::closed) {
+      // The peer's close_notify between frames: a clean close.
+      if (!closing_) begin_close("closed by peer");
+      reader_done_ = true;
+      inbox_wake_.notify();
+      state_wake_.notify();
+      maybe_finish();
+    } else if (got > 0) {
+      abort(errc::bad_frame, "truncated frame header (" + std::to_string(got) + " of 4 bytes): " + st.error().reason());
+    } else {
+      abort(st.error().code(), st.error().reason());
+    }
+    co_return std::nullopt;
+  }
+  const std::uint32_t len = read_frame_length(header);
+  if (auto why = check_frame_length(len, opts_.limits)) {
+    abort(errc::bad_frame, *why);
+    co_return std::nullopt;
+  }
+  aligned_bytes buf = aligned_bytes::allocate(frame_header_bytes + len);
+  if (buf.empty()) {
+    abort(errc::out_of_memory, "cannot allocate " + std::to_string(len) + " bytes for a frame");
+    co_return std::nullopt;
+  }
+  std::memcpy(buf.data(), header, frame_header_bytes);
+  const auto t0 = clock::now();
+  st = co_await read_exact(buf.data() + frame_header_bytes, len, got);
+  if (!st) {
+    abort(errc::bad_frame,
+          "truncated frame (" + std::to_string(got) + " of " + std::to_string(len) + " bytes): " + st.error().reason());
+    co_return std::nullopt;
+  }
+  if (len >= bandwidth_min_frame) {
+    const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+    if (secs > 0) ewma(receive_bps_, static_cast<double>(len) / secs);
+  }
+  bytes_received_ += frame_header_bytes + len;
+  auto decoded = decode_frame(std::move(buf), opts_.limits);
+  if (!decoded) {
+    abort(errc::bad_frame, decoded.error().reason());
+    co_return std::nullopt;
+  }
+  co_return std::move(decoded.value());
+}
+
+asio::awaitable<void> channel_impl::reader(std::shared_ptr<channel_impl> self) {
+  while (!closed_) {
+    while (inbox_bytes_ >= opts_.max_inbox_bytes && !closed_) {
+      reader_paused_ = true;
+      co_await inbox_space_wake_.wait();
+    }
+    if (reader_paused_) {
+      reader_paused_ = false;
+      last_rx_ = clock::now();
+    }
+    if (closed_) break;
+    auto next = co_await read_message();
+    if (!next) break;
+    if (!got_first_frame_) {
+      got_first_frame_ = true;
+      state_wake_.notify();
+    }
+    message& m = *next;
+    if (const auto* ping = m.as<wire::Ping>()) {
+      if (pongs_queued_ == 0 && !closing_) {
+        queue_control(make_pong(ping->sequence(), ping->sent_ns()));
+        ++pongs_queued_;
+      }
+      continue;
+    }
+    if (const auto* pong = m.as<wire::Pong>()) {
+      handle_pong(*pong);
+      continue;
+    }
+    ++messages_received_;
+    inbox_bytes_ += m.frame_bytes();
+    inbox_.push_back(std::move(m));
+    inbox_wake_.notify();
+    // Let the receiver take it before reading on: keeps the inbox (and its memory) shallow
+    // while the application keeps up.
+    co_await asio::post(ex_, asio::use_awaitable);
+  }
+  reader_done_ = true;
+  inbox_wake_.notify();
+  state_wake_.notify();
+}
+
+asio::awaitable<status> channel_impl::write_frame(outgoing& item) {
+  const auto* data = reinterpret_cast<const std::byte*>(item.buf.data());
+  const std::size_t size = item.buf.size();
+  const auto t0 = clock::now();
+  if (!emulator_.active()) {
+    status st = co_await stream_->write_all(std::span<const std::byte>(data, size));
+    if (!st) co_return st;
+    bytes_sent_ += size;
+  } else {
+    for (std::size_t off = 0; off < size;) {
+      const std::size_t n = std::min(emulation_chunk, size - off);
+      const auto when = emulator_.schedule(n, item.queued);
+      if (when > clock::now()) {
+        writer_timer_.expires_at(when);
+        co_await writer_timer_.async_wait(nothrow);
+        if (closed_) co_return failure(close_code_, "channel closed");
+      }
+      status st = co_await stream_->write_all(std::span<const std::byte>(data + off, n));
+      if (!st) co_return st;
+      bytes_sent_ += n;
+      off += n;
+    }
+  }
+  if (size >= bandwidth_min_frame) {
+    last_big_send_ = clock::now();
+    const double secs = std::chrono::duration<double>(last_big_send_ - t0).count();
+    if (secs > 0) ewma(send_bps_, static_cast<double>(size) / secs);
+  }
+  co_return status{};
+}
+
+// However the writer ends (closed, failed, or destroyed with its io_context), posters waiting
+// for space must not wait for it any longer.
+class release_posters {
+ public:
+  explicit release_posters(channel_impl& c) : c_(c) {}
+  ~release_posters() { c_.stop_accepting(); }
+  release_posters(const release_posters&) = delete;
+  release_posters& operator=(const release_posters&) = delete;
+
+ private:
+  channel_impl& c_;
+};
+
+void channel_impl::data_written(std::size_t size) {
+  {
+    std::lock_guard lock(data_mu_);
+    bytes_queued_ -= size;
+    bytes_in_flight_.store(bytes_queued_);
+  }
+  space_cv_.notify_all();
+  space_wake_.notify();
+}
+
+asio::awaitable<void> channel_impl::writer(std::shared_ptr<channel_impl> self) {
+  release_posters release(*this);
+  while (!closed_) {
+    // Control frames first; a data frame leaves the queue (under the lock) before it is written,
+    // its bytes still counted until written.
+    outgoing item;
+    bool control = false;
+    bool have = false;
+    if (!control_q_.empty()) {
+      item = std::move(control_q_.front());
+      control_q_.pop_front();
+      control = have = true;
+    } else {
+      std::lock_guard lock(data_mu_);
+      if (!data_q_.empty()) {
+        item = std::move(data_q_.front());
+        data_q_.pop_front();
+        have = true;
+      }
+    }
+    if (!have) {
+      if (closing_) {
+        co_await stream_->shutdown();
+        writer_done_ = true;
+        maybe_finish();
+        break;
+      }
+      co_await writer_wake_.wait();
+      continue;
+    }
+    const std::size_t size = item.buf.size();
+    status st = co_await write_frame(item);
+    if (!control) data_written(size);
+    if (!st) {
+      abort(st.error().code(), st.error().reason());
+      break;
+    }
+    if (control) {
+      const auto* root = flatbuffers::GetSizePrefixedRoot<wire::Message>(item.buf.data());
+      if (root->body_type() == wire::Body::Ping) --pings_queued_;
+      if (root->body_type() == wire::Body::Pong) --pongs_queued_;
+    } else {
+      ++messages_sent_;
+    }
+  }
+  writer_done_ = true;
+  state_wake_.notify();
+}
+
+asio::awaitable<void> channel_impl::heartbeat(std::shared_ptr<channel_impl> self) {
+  // A quarter of the idle timeout at most: the peer's Pongs then arrive several times within
+  // it, and a quiet link is not taken for a lost one because a Ping came a little late.
+  auto period = opts_.heartbeat.count() > 0 ? opts_.heartbeat : opts_.idle_timeout / 4;
+  if (opts_.idle_timeout.count() > 0) period = std::min(period, opts_.idle_timeout / 4);
+  period = std::max(period, std::chrono::milliseconds(1));
+  while (!closing_ && !closed_) {
+    heartbeat_timer_.expires_after(period);
+    co_await heartbeat_timer_.async_wait(nothrow);
+    if (closing_ || closed_) break;
+    if (opts_.idle_timeout.count() > 0 && !reader_paused_ && clock::now() - last_rx_ > opts_.idle_timeout) {
+      abort(errc::timeout, "idle timeout: nothing received for " + std::to_string(opts_.idle_timeout.count()) + " ms");
+      break;
+    }
+    if (opts_.heartbeat.count() > 0 && pings_queued_ == 0) {
+      // An idle link is probed now and then: its bandwidth may have changed since last seen.
+      const bool probe = opts_.bandwidth_probe.count() > 0 && bytes_in_flight_.load() == 0 &&
+                         clock::now() - last_big_send_ >= opts_.bandwidth_probe;
+      if (probe) last_big_send_ = clock::now();
+      queue_ping(probe ? bandwidth_min_frame : 0);
+    }
+  }
+}
+
+}  // namespace cleave::transport::detail
