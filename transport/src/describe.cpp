@@ -98,22 +98,24 @@ void body(std::string& s, const wire::Plan* b) {
     }
 }
 
-void body(std::string& s, const wire::Activations* b) {
+// The key fields of a step message.
+template <class Step>
+void add_step_key(std::string& s, const Step* b) {
   add(s, "epoch", b->epoch());
   add(s, "step", b->step());
   add(s, "mb", b->micro_batch());
   add(s, "device", b->device_id());
   add(s, "block", b->block());
+}
+
+void body(std::string& s, const wire::Activations* b) {
+  add_step_key(s, b);
   add_tensor(s, "activation", b->activation());
   add_tensor(s, "labels", b->labels());
 }
 
 void body(std::string& s, const wire::Gradients* b) {
-  add(s, "epoch", b->epoch());
-  add(s, "step", b->step());
-  add(s, "mb", b->micro_batch());
-  add(s, "device", b->device_id());
-  add(s, "block", b->block());
+  add_step_key(s, b);
   add_tensor(s, "gradient", b->gradient());
   add_float(s, "loss", b->loss());
   add(s, "correct", b->n_correct());

@@ -10,16 +10,9 @@ namespace cleave::transport {
 
 namespace {
 
+// core::tier has the wire's numbers.
 wire::Role role_of(core::tier t) {
-  switch (t) {
-    case core::tier::device:
-      return wire::Role::device;
-    case core::tier::edge:
-      return wire::Role::edge;
-    case core::tier::server:
-      return wire::Role::server;
-  }
-  return wire::Role::device;
+  return static_cast<wire::Role>(t);
 }
 
 // The f32 tensor named `name` of a weights list, with exactly n elements.
@@ -77,8 +70,8 @@ message_builder make_migrate(const migrate_desc& d, const split::route& to, cons
   info.from_node = d.from_node;
   info.to_node = dest == core::tier::device ? d.device_id : dest == core::tier::edge ? d.edge_id : 0;
   info.device_id = d.device_id;
-  info.from_role = static_cast<core::tier>(role_of(d.from));
-  info.to_role = static_cast<core::tier>(role_of(dest));
+  info.from_role = d.from;
+  info.to_role = dest;
   info.optimizer_steps = static_cast<std::uint64_t>(s.optimizer_steps);
   return make_migrate(info, weights, state);
 }
@@ -115,14 +108,7 @@ split::block_state block_state_of(const wire::Migrate& m, const core::model_spec
 }
 
 core::tier tier_of(wire::Role r) {
-  switch (r) {
-    case wire::Role::device:
-      return core::tier::device;
-    case wire::Role::edge:
-      return core::tier::edge;
-    default:
-      return core::tier::server;
-  }
+  return static_cast<core::tier>(r);
 }
 
 training_settings training_of(const wire::Plan& p) {
