@@ -199,6 +199,7 @@ void agent::impl::on_plan(const wire::Plan& p) {
     model_ = std::move(m);
   }
   const split::route route = transport::route_for(p, c_.id, model_.n_blocks());
+  edge_id_ = 0;  // a device that reconnects directly has none
   for (const auto* dp : *p.devices())
     if (dp->device_id() == c_.id && dp->stages())
       for (const auto* st : *dp->stages())
