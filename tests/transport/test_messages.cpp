@@ -231,6 +231,9 @@ TEST_CASE("a tensor whose shape and data size disagree is refused") {
 TEST_CASE("a tensor shape whose element count overflows is refused") {
   CHECK(refusal(raw_activation(0, {1ll << 40, 1ll << 40}, 8)).find("overflows") != std::string::npos);
   CHECK(refusal(raw_activation(0, {1ll << 62}, 8)).find("byte size overflows") != std::string::npos);
+  // An empty tensor whose leading dimensions alone overflow (found by the frame fuzzer).
+  CHECK(refusal(raw_activation(0, {3, 4683743612465315842ll, 0}, 0)).find("element count overflows") !=
+        std::string::npos);
 }
 
 TEST_CASE("a tensor of rank above 4 or with a negative dimension is refused") {

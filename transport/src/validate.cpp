@@ -98,11 +98,15 @@ class checker {
     // The Verifier checks a vector's length field, not its elements' alignment.
     if (rank > 0 && reinterpret_cast<std::uintptr_t>(shape->data()) % alignof(std::int64_t) != 0)
       return fail(std::string(what) + ": misaligned shape");
+    // The count as receivers compute it (signed, left to right) must not overflow either: a zero
+    // dimension makes the product 0, but not the product of the dimensions before it.
     std::uint64_t n = 1;
+    std::int64_t nonzero = 1;
     for (std::uint32_t i = 0; i < rank; ++i) {
       const std::int64_t d = shape->Get(i);
       if (d < 0) return fail(std::string(what) + ": negative dimension " + std::to_string(d));
-      if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n))
+      if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n) ||
+          (d > 0 && __builtin_mul_overflow(nonzero, d, &nonzero)))
         return fail(std::string(what) + ": element count overflows");
     }
     std::uint64_t bytes = 0;
