@@ -72,7 +72,7 @@ class agent::impl {
   // I/O thread.
   core::model_spec model_;                    // of the current plan
   std::optional<runtime::route_state> plan_;  // with a re-split announced, switched at a step boundary
-  std::uint32_t edge_id_ = 0;                 // the edge on the route (0: none)
+  std::uint32_t edge_id_ = 0;                 // the edge on the route (0: none); copied into compute tasks
   std::uint32_t micro_batch_size_ = 0, n_micro_batches_ = 1;
   std::uint64_t round_ = 0, round_gen_ = 0;
   bool in_round_ = false;
@@ -214,18 +214,18 @@ void agent::impl::on_plan(const wire::Plan& p) {
   plan_.emplace().reset(route, p.epoch());
   spdlog::info("device {}: plan {}: {} (batch {} x {})", c_.id, p.epoch(), route.str(), micro_batch_size_,
                n_micro_batches_);
-  ex_.post_compute(
-      [this, json, training = transport::training_of(p), route, epoch = p.epoch(), reprofile, mbs = micro_batch_size_] {
-        const bool fresh = runner_->set_model(json, training);
-        runner_->discard(c_.id, true);
-        for (int seg : route.segments_on(core::tier::device)) runner_->host().host(c_.id, route, seg);
-        // Every block timed on this board before training, so the server's plan is informed from
-        // the first round.
-        if (fresh || reprofile) {
-          runner_->profile(mbs, training);
-          send_profile(0, epoch, edge_id_);
-        }
-      });
+  ex_.post_compute([this, json, training = transport::training_of(p), route, epoch = p.epoch(), edge = edge_id_,
+                    reprofile, mbs = micro_batch_size_] {
+    const bool fresh = runner_->set_model(json, training);
+    runner_->discard(c_.id, true);
+    for (int seg : route.segments_on(core::tier::device)) runner_->host().host(c_.id, route, seg);
+    // Every block timed on this board before training, so the server's plan is informed from
+    // the first round.
+    if (fresh || reprofile) {
+      runner_->profile(mbs, training);
+      send_profile(0, epoch, edge);
+    }
+  });
 }
 
 void agent::impl::on_global_weights(std::shared_ptr<transport::message> m) {
@@ -305,7 +305,7 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
     n_samples += static_cast<std::uint64_t>(micro_batch_size_) * n_mb;
     if (++steps_since_profile_ >= c_.profile_every) {
       steps_since_profile_ = 0;
-      ex_.post_compute([this, step, epoch = plan_->epoch] { send_profile(step, epoch, edge_id_); });
+      ex_.post_compute([this, step, epoch = plan_->epoch, edge = edge_id_] { send_profile(step, epoch, edge); });
     }
   }
   if (over(gen)) co_return;
@@ -314,10 +314,10 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
   transport::round_stats stats;
   // The loss is reported by whoever computed it: here only in U-shape.
   if (plan_->route.u_shape()) stats = {0, 0, 0, loss_sum_, n_loss_, n_correct_};
-  auto upload = [this, p = *plan_, round, steps, n_samples, stats]() mutable {
+  auto upload = [this, p = *plan_, edge = edge_id_, round, steps, n_samples, stats]() mutable {
     stats.compute_us = static_cast<std::uint64_t>(runner_->take_compute_seconds() * 1e6);
     upload_replicas(p.route, round, n_samples, stats);
-    send_profile(round * steps + steps, p.epoch, edge_id_);
+    send_profile(round * steps + steps, p.epoch, edge);
     return static_cast<double>(stats.compute_us) * 1e-6;
   };
   const double compute = co_await ex_.compute(std::move(upload));

@@ -15,26 +15,6 @@ namespace cleave::runtime {
 
 using clock = std::chrono::steady_clock;
 
-void route_state::reset(split::route r, std::uint32_t e) {
-  route = std::move(r);
-  epoch = e;
-  next.reset();
-}
-
-void route_state::announce(split::route r, std::uint32_t e) {
-  if (e <= epoch)
-    throw core::error("re-split to plan " + std::to_string(e) + ", not newer than " + std::to_string(epoch));
-  next = std::move(r);
-  next_epoch = e;
-}
-
-split::route route_state::cut_over(std::uint32_t e) {
-  if (!next || e != next_epoch) throw core::error("Cutover to plan " + std::to_string(e) + ", which was not announced");
-  split::route from = std::move(route);
-  reset(std::move(*next), e);
-  return from;
-}
-
 segment_runner::segment_runner(core::backend& b, core::tier here, std::uint32_t node_id, double slowdown)
     : b_(&b), here_(here), node_id_(node_id), slowdown_(slowdown) {}
 

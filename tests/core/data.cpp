@@ -177,3 +177,20 @@ TEST_CASE("bad partition settings are clear errors") {
   CHECK(error_of([&] { core::partition_dirichlet(y, 10, 4, 0.0, 1); }).find("alpha must be > 0") != std::string::npos);
   CHECK(error_of([&] { core::partition_iid(3, 4, 1); }) == "cannot split 3 samples across 4 clients");
 }
+
+TEST_CASE("a shard is picked by partition text, and a bad text or shard names what is wrong") {
+  const auto y = labels_of(100, 10);
+  const auto all = core::pick_shard("all", y, 10, 4, 3, 1);
+  CHECK(all.size() == 100);
+  CHECK(core::pick_shard("iid", y, 10, 4, 2, 7) == core::partition_iid(100, 4, 7)[2]);
+  CHECK(core::pick_shard("dirichlet:0.5", y, 10, 4, 1, 7) == core::partition_dirichlet(y, 10, 4, 0.5, 7)[1]);
+  CHECK(core::pick_shard("classes:2", y, 10, 4, 0, 7) == core::partition_classes(y, 10, 4, 2, 7)[0]);
+  CHECK(error_of([&] { core::pick_shard("iid", y, 10, 4, 4, 1); }) == "shard 4 of 4 does not exist");
+  CHECK(error_of([&] { core::pick_shard("iid", y, 10, 0, 0, 1); }) == "shard 0 of 0 does not exist");
+  CHECK(error_of([&] { core::pick_shard("dirichlet:x", y, 10, 4, 0, 1); }) ==
+        "partition 'dirichlet:x': expected dirichlet:ALPHA, e.g. dirichlet:0.5");
+  CHECK(error_of([&] { core::pick_shard("classes:", y, 10, 4, 0, 1); }) ==
+        "partition 'classes:': expected classes:K, e.g. classes:2");
+  CHECK(error_of([&] { core::pick_shard("random", y, 10, 4, 0, 1); }) ==
+        "partition 'random': expected iid, dirichlet:ALPHA, classes:K or all");
+}

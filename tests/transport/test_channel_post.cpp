@@ -1,20 +1,12 @@
 // Channels posted to from other threads: order per thread, backpressure that reaches the
 // posting thread, posts on a closed channel and on the channel's own executor.
 #include <asio/experimental/awaitable_operators.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/this_coro.hpp>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <sstream>
+#include <atomic>
+#include <thread>
 
 #include "channel_pair.h"
 #include "cleave/transport/channel.h"
-#include "cleave/transport/connect.h"
 #include "cleave/transport/listener.h"
-#include "cleave/transport/tls_stream.h"
-#include "sample_messages.h"
 #include "test_support.h"
 
 using namespace cleave;
