@@ -1,10 +1,10 @@
-// The device agent on the node runtime: the I/O thread keeps the plan, the round and the link;
-// the compute thread draws batches and runs the device's segments through the segment runner.
+// The device agent on the node runtime: the I/O thread keeps the link; the compute thread owns
+// the plan and the round, draws batches and runs the device's segments through the segment
+// runner, so a step follows the last one without a thread hop.
 #include "cleave/device/agent.h"
 
 #include <spdlog/spdlog.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -28,7 +28,7 @@ std::uint64_t default_order_seed(std::uint64_t partition_seed, std::uint32_t id)
 
 class agent::impl {
  public:
-  explicit impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_string(c_.id)), wake_(ex_.io()) {
+  explicit impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_string(c_.id)), wake_(ex_.work()) {
     if (c_.id == 0) throw core::error("device id must be > 0");
     if (!(c_.slowdown >= 1.0)) throw core::error("slowdown must be >= 1");
     if (c_.order_seed == 0) c_.order_seed = default_order_seed(c_.partition_seed, c_.id);
@@ -41,38 +41,44 @@ class agent::impl {
   // ---- I/O thread ----
   void on_connected(const runtime::session_ptr& s);
   void on_message(transport::message m);
-  void on_lost(const std::string& why);
+  void post(transport::message_builder&& m);
+
+  // ---- compute thread ----
+  void handle(const std::shared_ptr<transport::message>& m);
   void on_plan(const wire::Plan& p);
-  void on_global_weights(std::shared_ptr<transport::message> m);
-  void on_step(transport::message m);
+  void on_global_weights(const wire::GlobalWeights& g);
+  void on_round_start(const wire::RoundStart& r);
+  void on_migrate(const wire::Migrate& m);
+  void on_step(const std::shared_ptr<transport::message>& m);
   asio::awaitable<void> run_round(std::uint64_t round, std::uint32_t steps, float lr, std::uint64_t gen);
   // Switches to the pending plan before `step`: hands over the blocks leaving, tells the route
   // (Cutover), waits for the blocks arriving. False when the round ended meanwhile.
   asio::awaitable<bool> cut_over(std::uint64_t step, std::uint64_t gen);
-  bool over(std::uint64_t gen) const { return gen != round_gen_ || ex_.stopping(); }
+  bool over(std::uint64_t gen) const { return gen != round_gen_; }
   void abandon(const std::string& why);
-  void post(transport::message_builder&& m);
-
-  // ---- compute thread ----
-  void forward_step(const runtime::route_state& p, std::uint64_t step);
+  void forward_step(std::uint64_t step);
   void next_batch(std::int64_t n, float* x, std::int32_t* y);
-  void send_profile(std::uint64_t step, std::uint32_t epoch, std::uint32_t up_id);
-  void upload_replicas(const split::route& r, std::uint64_t round, std::uint64_t n_samples,
-                       const transport::round_stats& stats);
+  void send_profile(std::uint64_t step);
+  void upload_replicas(std::uint64_t round, std::uint64_t n_samples, const transport::round_stats& stats);
 
   agent_config c_;
   runtime::executors ex_;
-  runtime::signal wake_;  // a micro-batch came back, blocks arrived, the round ended
+  runtime::signal wake_;  // compute thread: a micro-batch came back, blocks arrived, the round ended
   std::optional<transport::tls_context> tls_;
   std::optional<runtime::upstream> up_;
-  std::optional<runtime::link_schedule> schedule_;
+  std::optional<runtime::link_schedule> schedule_;  // I/O thread
   std::unique_ptr<core::backend> be_;
   std::optional<runtime::segment_runner> runner_;
+  core::dataset_split data_;  // read-only once loaded
+  core::shard shard_;
+  std::uint64_t memory_budget_ = 0;
+  std::mutex profile_mu_;
+  std::vector<std::byte> latest_profile_;  // its frame, sent again after a reconnect
 
-  // I/O thread.
+  // Compute thread.
   core::model_spec model_;                    // of the current plan
   std::optional<runtime::route_state> plan_;  // with a re-split announced, switched at a step boundary
-  std::uint32_t edge_id_ = 0;                 // the edge on the route (0: none); copied into compute tasks
+  std::uint32_t edge_id_ = 0;                 // the edge on the route (0: none)
   std::uint32_t micro_batch_size_ = 0, n_micro_batches_ = 1;
   std::uint64_t round_ = 0, round_gen_ = 0;
   bool in_round_ = false;
@@ -81,17 +87,10 @@ class agent::impl {
   double loss_sum_ = 0;
   std::uint64_t n_loss_ = 0, n_correct_ = 0;
   int steps_since_profile_ = 0;
-
-  // Compute thread.
-  core::dataset_split data_;
-  core::shard shard_;
   std::int64_t position_ = 0;  // samples drawn from this device's data stream
   std::vector<std::int64_t> order_;
   std::int64_t order_epoch_ = -1;
   std::map<split::micro_batch_id, core::tensor> labels_;  // U-shape: labels waiting for the top
-  std::uint64_t memory_budget_ = 0;
-  std::mutex profile_mu_;
-  std::optional<split::node_profile> latest_profile_;  // sent again after a reconnect
 };
 
 agent::agent(agent_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
@@ -120,13 +119,50 @@ void agent::impl::on_connected(const runtime::session_ptr& s) {
   post(transport::make_hello(h));
   schedule_->apply(*s);
   std::lock_guard lock(profile_mu_);
-  if (latest_profile_) post(transport::make_profile(*latest_profile_, plan_ ? plan_->epoch : 0, 0));
+  if (!latest_profile_.empty()) post(transport::message_builder::from_frame(latest_profile_));
 }
 
-void agent::impl::on_lost(const std::string& why) {
-  spdlog::warn("device {}: link lost: {}", c_.id, why);
-  // What was in flight went with the link; the server counts this device out of the round.
-  abandon("the link was lost");
+void agent::impl::on_message(transport::message m) {
+  switch (m.type()) {
+    case wire::Body::RoundStart: {
+      const auto& r = *m.as<wire::RoundStart>();
+      if (r.device_id() != 0 && r.device_id() != c_.id) return;
+      for (const auto& ev : schedule_->advance(r.round(), {up_->current()}))
+        ex_.post_compute([this, s = ev.slowdown] { runner_->set_slowdown(s); });
+      break;
+    }
+    case wire::Body::Migrate: {
+      const auto* mg = m.as<wire::Migrate>();
+      if (mg->device_id() != c_.id || transport::tier_of(mg->to_role()) != core::tier::device)
+        throw core::error("Migrate for device " + std::to_string(mg->device_id()) + " reached device " +
+                          std::to_string(c_.id));
+      break;
+    }
+    case wire::Body::Plan:
+    case wire::Body::GlobalWeights:
+    case wire::Body::Activations:
+    case wire::Body::Gradients:
+      break;
+    default:
+      return;  // Welcome, heartbeats
+  }
+  auto held = std::make_shared<transport::message>(std::move(m));
+  ex_.post_compute([this, held] { handle(held); }, [this](const std::string& why) { up_->drop(why); });
+}
+
+void agent::impl::handle(const std::shared_ptr<transport::message>& m) {
+  switch (m->type()) {
+    case wire::Body::Plan:
+      return on_plan(*m->as<wire::Plan>());
+    case wire::Body::GlobalWeights:
+      return on_global_weights(*m->as<wire::GlobalWeights>());
+    case wire::Body::RoundStart:
+      return on_round_start(*m->as<wire::RoundStart>());
+    case wire::Body::Migrate:
+      return on_migrate(*m->as<wire::Migrate>());
+    default:
+      return on_step(m);
+  }
 }
 
 void agent::impl::abandon(const std::string& why) {
@@ -134,54 +170,8 @@ void agent::impl::abandon(const std::string& why) {
   ++round_gen_;
   in_round_ = false;
   wake_.notify();
-  ex_.post_compute([this] {
-    if (runner_->has_model()) runner_->discard(c_.id);
-    labels_.clear();
-  });
-}
-
-void agent::impl::on_message(transport::message m) {
-  switch (m.type()) {
-    case wire::Body::Plan:
-      on_plan(*m.as<wire::Plan>());
-      return;
-    case wire::Body::GlobalWeights:
-      on_global_weights(std::make_shared<transport::message>(std::move(m)));
-      return;
-    case wire::Body::RoundStart: {
-      const auto& r = *m.as<wire::RoundStart>();
-      if (r.device_id() != 0 && r.device_id() != c_.id) return;
-      if (!plan_) {
-        spdlog::warn("device {}: round {} started before a plan arrived; skipping it", c_.id, r.round());
-        return;
-      }
-      if (in_round_) abandon("round " + std::to_string(r.round()) + " started");
-      ex_.spawn(run_round(r.round(), r.local_steps(), r.learning_rate(), ++round_gen_), "a round");
-      return;
-    }
-    case wire::Body::Activations:
-    case wire::Body::Gradients:
-      on_step(std::move(m));
-      return;
-    case wire::Body::Migrate: {
-      const auto* mg = m.as<wire::Migrate>();
-      if (mg->device_id() != c_.id || transport::tier_of(mg->to_role()) != core::tier::device)
-        throw core::error("Migrate for device " + std::to_string(mg->device_id()) + " reached device " +
-                          std::to_string(c_.id));
-      if (!plan_ || mg->epoch() != plan_->epoch) return;  // of a plan that is over
-      auto held = std::make_shared<transport::message>(std::move(m));
-      ex_.post_compute([this, held] {
-        runner_->install(c_.id, *held->as<wire::Migrate>());
-        ex_.post_io([this, n = runner_->host().n_missing(c_.id)] {
-          missing_ = n;
-          wake_.notify();
-        });
-      });
-      return;
-    }
-    default:
-      return;  // Welcome, heartbeats
-  }
+  if (runner_->has_model()) runner_->discard(c_.id);
+  labels_.clear();
 }
 
 void agent::impl::on_plan(const wire::Plan& p) {
@@ -189,11 +179,11 @@ void agent::impl::on_plan(const wire::Plan& p) {
   if (json != model_.json) {
     auto m = core::parse_model_spec(json, "plan");
     if (!(m.input == data_.train.item) || m.n_classes < data_.train.n_classes) {
-      ex_.fail(std::make_exception_ptr(core::error("the server's model takes " + m.input.str() + " inputs and " +
+      auto e = std::make_exception_ptr(core::error("the server's model takes " + m.input.str() + " inputs and " +
                                                    std::to_string(m.n_classes) + " classes; this device's data has " +
                                                    data_.train.item.str() + " and " +
-                                                   std::to_string(data_.train.n_classes))),
-               "joining");
+                                                   std::to_string(data_.train.n_classes)));
+      ex_.post_io([this, e] { ex_.fail(e, "joining"); });
       return;
     }
     model_ = std::move(m);
@@ -207,105 +197,101 @@ void agent::impl::on_plan(const wire::Plan& p) {
   if (p.resplit() && plan_) return plan_->announce(route, p.epoch());  // switched at the next step boundary
   // A new plan (a join or a rejoin): segments start from the seed; the global weights follow.
   if (in_round_) abandon("a new plan arrived");
-  missing_ = 0;  // the new plan's segments start from the seed here
+  missing_ = 0;
   const bool reprofile = p.micro_batch_size() != micro_batch_size_;
   micro_batch_size_ = p.micro_batch_size();
   n_micro_batches_ = std::max(1u, p.n_micro_batches());
   plan_.emplace().reset(route, p.epoch());
   spdlog::info("device {}: plan {}: {} (batch {} x {})", c_.id, p.epoch(), route.str(), micro_batch_size_,
                n_micro_batches_);
-  ex_.post_compute([this, json, training = transport::training_of(p), route, epoch = p.epoch(), edge = edge_id_,
-                    reprofile, mbs = micro_batch_size_] {
-    const bool fresh = runner_->set_model(json, training);
-    runner_->discard(c_.id, true);
-    for (int seg : route.segments_on(core::tier::device)) runner_->host().host(c_.id, route, seg);
-    // Every block timed on this board before training, so the server's plan is informed from
-    // the first round.
-    if (fresh || reprofile) {
-      runner_->profile(mbs, training);
-      send_profile(0, epoch, edge);
-    }
-  });
+  const auto training = transport::training_of(p);
+  const bool fresh = runner_->set_model(json, training);
+  runner_->discard(c_.id, true);
+  for (int seg : route.segments_on(core::tier::device)) runner_->host().host(c_.id, route, seg);
+  // Every block timed on this board before training, so the server's plan is informed from the
+  // first round.
+  if (fresh || reprofile) {
+    runner_->profile(micro_batch_size_, training);
+    send_profile(0);
+  }
 }
 
-void agent::impl::on_global_weights(std::shared_ptr<transport::message> m) {
-  const auto& g = *m->as<wire::GlobalWeights>();
+void agent::impl::on_global_weights(const wire::GlobalWeights& g) {
   if (!plan_) return;
   // Weights of a round closed while this device was still in it: it missed the deadline.
   if (in_round_ && g.round() >= round_) abandon("the server closed it without this device");
-  ex_.post_compute([this, m, r = plan_->route] {
-    const auto& g = *m->as<wire::GlobalWeights>();
-    const auto w = transport::weights_of(g, runner_->model());
-    runner_->load(c_.id, r, w.params, w.buffers);
-    if (c_.on_weights) c_.on_weights(g.round());
-    if (g.round() > 0)
-      spdlog::info("device {}: global weights of round {} installed (test accuracy {:.4f})", c_.id, g.round(),
-                   g.test_accuracy());
-  });
+  const auto w = transport::weights_of(g, runner_->model());
+  runner_->load(c_.id, plan_->route, w.params, w.buffers);
+  if (c_.on_weights) c_.on_weights(g.round());
+  if (g.round() > 0)
+    spdlog::info("device {}: global weights of round {} installed (test accuracy {:.4f})", c_.id, g.round(),
+                 g.test_accuracy());
 }
 
-void agent::impl::on_step(transport::message m) {
-  const auto key = *transport::step_key_of(m);
-  const std::uint32_t epoch = key.epoch;
-  if (!in_round_ || !plan_ || epoch != plan_->epoch || key.device_id != c_.id)
+void agent::impl::on_round_start(const wire::RoundStart& r) {
+  if (!plan_) {
+    spdlog::warn("device {}: round {} started before a plan arrived; skipping it", c_.id, r.round());
+    return;
+  }
+  if (in_round_) abandon("round " + std::to_string(r.round()) + " started");
+  round_ = r.round();
+  in_round_ = true;
+  ex_.spawn_compute(run_round(r.round(), r.local_steps(), r.learning_rate(), ++round_gen_), "a round");
+}
+
+void agent::impl::on_migrate(const wire::Migrate& m) {
+  if (!plan_ || m.epoch() != plan_->epoch) return;  // of a plan that is over
+  runner_->install(c_.id, m);
+  missing_ = runner_->host().n_missing(c_.id);
+  wake_.notify();
+}
+
+void agent::impl::on_step(const std::shared_ptr<transport::message>& m) {
+  const auto key = *transport::step_key_of(*m);
+  if (!in_round_ || !plan_ || key.epoch != plan_->epoch || key.device_id != c_.id)
     return;  // of a round or plan that is over
-  auto held = std::make_shared<transport::message>(std::move(m));
-  const std::uint64_t gen = round_gen_;
-  auto task = [this, held, gen, r = plan_->route, epoch] {
-    const auto* a = held->as<wire::Activations>();
+  auto task = [this, m, gen = round_gen_, r = plan_->route, epoch = key.epoch] {
+    if (over(gen)) return;  // held while blocks migrated, and the round ended meanwhile
+    const auto* a = m->as<wire::Activations>();
     std::map<split::micro_batch_id, core::tensor>::iterator lab;
     if (a) {  // U-shape: the top segment, with the labels kept here
       lab = labels_.find({a->step(), a->micro_batch()});
       if (lab == labels_.end()) return;  // of a step abandoned
     }
     const core::tier from = a ? r.path[r.path.size() - 2] : r.path[1];
-    auto res = runner_->run(c_.id, r, epoch, from, *held, a ? &lab->second : nullptr);
+    auto res = runner_->run(c_.id, r, epoch, from, *m, a ? &lab->second : nullptr);
     if (a) labels_.erase(lab);
     const bool back = !res.out;  // a gradient through the bottom: the micro-batch is done
     if (res.out) post(std::move(*res.out));
-    ex_.post_io([this, gen, back, here = res.loss_here, loss = res.loss, n = res.n_samples, ok = res.n_correct] {
-      if (gen != round_gen_) return;
-      if (here || (back && !plan_->route.u_shape())) {
-        loss_sum_ += loss * static_cast<double>(n);
-        n_loss_ += static_cast<std::uint64_t>(n);
-        n_correct_ += ok;
-      }
-      if (back) ++back_;
-      wake_.notify();
-    });
+    if (res.loss_here || (back && !r.u_shape())) {
+      loss_sum_ += res.loss * static_cast<double>(res.n_samples);
+      n_loss_ += static_cast<std::uint64_t>(res.n_samples);
+      n_correct_ += res.n_correct;
+    }
+    if (back && ++back_ >= n_micro_batches_) wake_.notify();
   };
-  ex_.post_compute([this, task = std::move(task)] { runner_->submit(c_.id, task); });
+  runner_->submit(c_.id, std::move(task));
 }
 
 asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t steps, float lr, std::uint64_t gen) {
-  round_ = round;
-  in_round_ = true;
-  for (const auto& ev : schedule_->advance(round, {up_->current()}))
-    ex_.post_compute([this, s = ev.slowdown] { runner_->set_slowdown(s); });
   loss_sum_ = 0;
   n_loss_ = n_correct_ = 0;
   const auto t0 = clock::now();
-  if (lr > 0) ex_.post_compute([this, lr] { runner_->host().set_learning_rate(c_.id, lr); });  // 0: the plan's rate
-  auto reset_clock = [this] { return runner_->take_compute_seconds(); };
-  co_await ex_.compute(std::move(reset_clock));
+  if (lr > 0) runner_->host().set_learning_rate(c_.id, lr);  // 0: the plan's rate
+  runner_->take_compute_seconds();
   std::uint64_t n_samples = 0;
   co_await wake_.wait_until([&] { return missing_ == 0 || over(gen); });  // blocks still migrating here
   for (std::uint32_t i = 0; i < steps && !over(gen); ++i) {
     const std::uint64_t step = round * steps + i;
     if (plan_->next && !co_await cut_over(step, gen)) break;
     back_ = 0;
-    auto forward = [this, p = *plan_, step] {
-      forward_step(p, step);
-      return 0;
-    };
-    co_await ex_.compute(std::move(forward));
-    const std::uint32_t n_mb = n_micro_batches_;
-    co_await wake_.wait_until([&] { return back_ >= n_mb || over(gen); });
+    forward_step(step);
+    co_await wake_.wait_until([&] { return back_ >= n_micro_batches_ || over(gen); });
     if (over(gen)) break;
-    n_samples += static_cast<std::uint64_t>(micro_batch_size_) * n_mb;
+    n_samples += static_cast<std::uint64_t>(micro_batch_size_) * n_micro_batches_;
     if (++steps_since_profile_ >= c_.profile_every) {
       steps_since_profile_ = 0;
-      ex_.post_compute([this, step, epoch = plan_->epoch, edge = edge_id_] { send_profile(step, epoch, edge); });
+      send_profile(step);
     }
   }
   if (over(gen)) co_return;
@@ -314,16 +300,12 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
   transport::round_stats stats;
   // The loss is reported by whoever computed it: here only in U-shape.
   if (plan_->route.u_shape()) stats = {0, 0, 0, loss_sum_, n_loss_, n_correct_};
-  auto upload = [this, p = *plan_, edge = edge_id_, round, steps, n_samples, stats]() mutable {
-    stats.compute_us = static_cast<std::uint64_t>(runner_->take_compute_seconds() * 1e6);
-    upload_replicas(p.route, round, n_samples, stats);
-    send_profile(round * steps + steps, p.epoch, edge);
-    return static_cast<double>(stats.compute_us) * 1e-6;
-  };
-  const double compute = co_await ex_.compute(std::move(upload));
+  stats.compute_us = static_cast<std::uint64_t>(runner_->take_compute_seconds() * 1e6);
+  upload_replicas(round, n_samples, stats);
+  send_profile(round * steps + steps);
   const double loss = n_loss_ ? loss_sum_ / static_cast<double>(n_loss_) : std::nan("");
   spdlog::info("device {}: round {}: {} steps in {:.1f} s (compute {:.1f} s), loss {:.4f}", c_.id, round, steps, secs,
-               compute, loss);
+               static_cast<double>(stats.compute_us) * 1e-6, loss);
   if (c_.on_round) c_.on_round(round, loss);
 }
 
@@ -332,24 +314,20 @@ asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t ge
   // The new plan is in force from here: blocks for it may arrive before the switch is done.
   const split::route from = plan_->cut_over(plan_->next_epoch), to = plan_->route;
   const transport::migrate_desc md{plan_->epoch, step, c_.id, edge_id_, core::tier::device, c_.id};
-  auto switch_plan = [this, from, to, md] {
-    auto moved = runner_->rehost(c_.id, from, to, md);
-    for (auto& [tier, msg] : moved) post(std::move(msg));
-    post(transport::make_cutover(c_.id, md.epoch, md.step));
-    return std::pair{moved.size(), runner_->host().n_missing(c_.id)};
-  };
-  const auto n = co_await ex_.compute(std::move(switch_plan));
-  missing_ = n.second;
+  auto moved = runner_->rehost(c_.id, from, to, md);
+  for (auto& [tier, msg] : moved) post(std::move(msg));
+  post(transport::make_cutover(c_.id, md.epoch, md.step));
+  missing_ = runner_->host().n_missing(c_.id);
   // The blocks coming down from the edge or the server.
   co_await wake_.wait_until([&] { return missing_ == 0 || over(gen); });
   if (over(gen)) co_return false;
   spdlog::info("device {}: plan {} from step {}: {} -> {} ({} block range{} sent, {:.1f} ms)", c_.id, md.epoch, step,
-               from.str(), to.str(), n.first, n.first == 1 ? "" : "s",
+               from.str(), to.str(), moved.size(), moved.size() == 1 ? "" : "s",
                std::chrono::duration<double, std::milli>(clock::now() - t0).count());
   co_return true;
 }
 
-void agent::impl::forward_step(const runtime::route_state& p, std::uint64_t step) {
+void agent::impl::forward_step(std::uint64_t step) {
   const std::uint32_t mbs = micro_batch_size_, n_mb = n_micro_batches_;
   const std::int64_t per = data_.train.item.numel();
   std::vector<float> xb(static_cast<std::size_t>(mbs * n_mb * per));
@@ -362,8 +340,8 @@ void agent::impl::forward_step(const runtime::route_state& p, std::uint64_t step
     core::tensor y = be.empty({n}, core::dtype::i32);
     be.upload(x, xb.data() + mb * mbs * per);
     be.upload(y, yb.data() + mb * mbs);
-    if (p.route.u_shape()) labels_[{step, mb}] = y;
-    auto res = runner_->run_input(c_.id, p.route, p.epoch, {step, mb}, x, y, {mbs * n_mb, n_mb});
+    if (plan_->route.u_shape()) labels_[{step, mb}] = y;
+    auto res = runner_->run_input(c_.id, plan_->route, plan_->epoch, {step, mb}, x, y, {mbs * n_mb, n_mb});
     if (res.out) post(std::move(*res.out));
   }
 }
@@ -381,18 +359,20 @@ void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
   }
 }
 
-void agent::impl::send_profile(std::uint64_t step, std::uint32_t epoch, std::uint32_t up_id) {
+void agent::impl::send_profile(std::uint64_t step) {
   auto prof = runner_->snapshot(memory_budget_);
+  const std::uint32_t epoch = plan_ ? plan_->epoch : 0;
   {
     std::lock_guard lock(profile_mu_);
-    latest_profile_ = prof;
+    const auto b = transport::make_profile(prof, epoch, 0);
+    latest_profile_.assign(b.frame().begin(), b.frame().end());
   }
-  if (const auto s = up_->current()) prof.links.push_back(s->measured_link(up_id));
+  if (const auto s = up_->current()) prof.links.push_back(s->measured_link(edge_id_));
   post(transport::make_profile(prof, epoch, step));
 }
 
-void agent::impl::upload_replicas(const split::route& r, std::uint64_t round, std::uint64_t n_samples,
-                                  const transport::round_stats& stats) {
+void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, const transport::round_stats& stats) {
+  const split::route& r = plan_->route;
   const auto segs = r.segments_on(core::tier::device);
   const std::uint32_t me = c_.id;
   for (std::size_t i = 0; i < segs.size(); ++i) {
@@ -421,14 +401,20 @@ int agent::impl::run() {
   runner_.emplace(*be_, core::tier::device, c_.id, c_.slowdown);
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_.size(),
                c_.data, c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());
+  auto lost = [this](const std::string& why) {
+    spdlog::warn("device {}: link lost: {}", c_.id, why);
+    // What was in flight went with the link; the server counts this device out of the round.
+    ex_.post_compute([this] { abandon("the link was lost"); });
+  };
   up_.emplace(ex_, *tls_, c_.upstream_host, c_.upstream_port, c_.upstream_name, c_.links,
               runtime::upstream::handlers{[this](const runtime::session_ptr& s) { on_connected(s); },
-                                          [this](transport::message m) { on_message(std::move(m)); },
-                                          [this](const std::string& why) { on_lost(why); }});
+                                          [this](transport::message m) { on_message(std::move(m)); }, lost});
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("device {}: {}", c_.id, why);
-    ++round_gen_;
-    wake_.notify();
+    ex_.post_compute([this] {  // the round in progress ends
+      ++round_gen_;
+      wake_.notify();
+    });
     co_await up_->shutdown();
   });
   ex_.spawn(up_->run(), "the upstream link");

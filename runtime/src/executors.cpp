@@ -69,6 +69,12 @@ void executors::spawn(asio::awaitable<void> a, std::string what) {
   });
 }
 
+void executors::spawn_compute(asio::awaitable<void> a, std::string what) {
+  asio::co_spawn(work_, std::move(a), [this, what = std::move(what)](std::exception_ptr e) {
+    if (e) post_io([this, e, what] { fail(e, what); });
+  });
+}
+
 void executors::begin_stop(const std::string& why) {
   if (stopping_) return;
   stopping_ = true;

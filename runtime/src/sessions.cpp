@@ -242,6 +242,14 @@ void upstream::on_error(const wire::Error& e) {
   spdlog::warn("{}: {} reports: {}", ex_.who(), name_.empty() ? host_ : name_, text);
 }
 
+void upstream::drop(const std::string& why) {
+  const auto s = current();
+  if (!s) return;
+  spdlog::error("{}: dropping the link to {}: {}", ex_.who(), s->identity, why);
+  s->post(transport::make_error(wire::ErrorCode::bad_message, why));
+  ex_.spawn(close_channel(s), "dropping a link");
+}
+
 asio::awaitable<void> upstream::shutdown() {
   if (auto s = current()) {
     s->open = false;

@@ -35,6 +35,7 @@ class executors {
   executors& operator=(const executors&) = delete;
 
   asio::io_context& io() { return io_; }
+  asio::io_context& work() { return work_; }  // the compute thread's
   const std::string& who() const { return who_; }
   bool stopping() const { return stopping_; }  // I/O thread
   const std::string& stop_reason() const { return stop_reason_; }
@@ -55,6 +56,8 @@ class executors {
 
   // Starts a coroutine on the I/O thread; an exception escaping it is logged and stops the node.
   void spawn(asio::awaitable<void> a, std::string what);
+  // The same on the compute thread (for work that waits on the compute thread's own events).
+  void spawn_compute(asio::awaitable<void> a, std::string what);
 
   template <class F>
   void post_io(F&& f) {

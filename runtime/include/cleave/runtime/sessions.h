@@ -121,6 +121,8 @@ class upstream {
   bool post(transport::message_builder&& m) const;
   // Thread-safe: the current session, if connected.
   session_ptr current() const;
+  // I/O thread: closes the current channel with an Error saying why (then reconnects).
+  void drop(const std::string& why);
   asio::awaitable<void> shutdown();
 
  private:
