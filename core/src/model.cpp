@@ -1,6 +1,9 @@
 // Model specs: JSON parsing with errors that name the block and field, the zoo, building blocks.
 #include "cleave/core/model.h"
 
+#include <fmt/format.h>
+
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -27,7 +30,11 @@ class fields {
     }
     const json& v = j_.at(name);
     if (!v.is_number_integer()) throw error(std::string("field '") + name + "': must be an integer, got " + v.dump());
-    return v.get<std::int64_t>();
+    const auto x = v.get<std::int64_t>();
+    if (x < -spec_limits::max_field || x > spec_limits::max_field)
+      throw error(std::string("field '") + name + "': " + v.dump() + " is out of range (at most " +
+                  std::to_string(spec_limits::max_field) + ")");
+    return x;
   }
   // An integer or a pair [h, w].
   std::pair<int, int> pair(const char* name, std::optional<int> fallback = std::nullopt) {
@@ -82,18 +89,33 @@ class fields {
   std::set<std::string> used_;
 };
 
-std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::string& where);
+// Layers parsed so far, nested ones included, against spec_limits::max_layers.
+struct layer_budget {
+  int n = 0;
+};
 
-std::vector<std::unique_ptr<layer>> parse_chain(const json& list, shape in, const std::string& where) {
+std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::string& where, layer_budget& lb);
+
+std::vector<std::unique_ptr<layer>> parse_chain(const json& list, shape in, const std::string& where,
+                                                layer_budget& lb) {
   std::vector<std::unique_ptr<layer>> out;
   for (std::size_t i = 0; i < list.size(); ++i) {
-    out.push_back(parse_block(list[i], in, where + "[" + std::to_string(i) + "]"));
+    out.push_back(parse_block(list[i], in, where + "[" + std::to_string(i) + "]", lb));
     in = out.back()->output_shape();
   }
   return out;
 }
 
-std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::string& where) {
+// Values per sample of a shape, without overflow.
+double sample_values(const shape& s) {
+  double n = 1;
+  for (int i = 0; i < s.rank(); ++i) n *= static_cast<double>(s[i]);
+  return n;
+}
+
+std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::string& where, layer_budget& lb) {
+  if (++lb.n > spec_limits::max_layers)
+    throw error(where + ": more than " + std::to_string(spec_limits::max_layers) + " layers (nested ones included)");
   if (!j.is_object()) throw error(where + ": must be an object with a 'type'");
   if (!j.contains("type") || !j["type"].is_string())
     throw error(where + ": field 'type': missing (a string is required)");
@@ -127,9 +149,9 @@ std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::st
       l = layers::make_batchnorm2d(in, static_cast<float>(f.number("eps", 1e-5)),
                                    static_cast<float>(f.number("momentum", 0.1)));
     } else if (type == "residual") {
-      auto body = parse_chain(*f.array("body", true), in, here + ": body");
+      auto body = parse_chain(*f.array("body", true), in, here + ": body", lb);
       std::vector<std::unique_ptr<layer>> shortcut;
-      if (const json* s = f.array("shortcut", false)) shortcut = parse_chain(*s, in, here + ": shortcut");
+      if (const json* s = f.array("shortcut", false)) shortcut = parse_chain(*s, in, here + ": shortcut", lb);
       l = layers::make_residual(in, std::move(body), std::move(shortcut), f.boolean("relu", true));
     } else {
       throw error("unknown block type '" + type +
@@ -137,6 +159,9 @@ std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::st
                   "batchnorm2d, residual)");
     }
     f.reject_unknown();
+    if (sample_values(l->output_shape()) > static_cast<double>(spec_limits::max_sample_values))
+      throw error("outputs " + l->output_shape().str() + " per sample, more than the limit of " +
+                  std::to_string(spec_limits::max_sample_values) + " values");
     return l;
   } catch (const error& e) {
     const std::string msg = e.what();
@@ -162,6 +187,9 @@ shape parse_shape(const json& v) {
       throw error("field 'input': dimensions must be positive integers, got " + v.dump());
     s[static_cast<int>(i)] = v[i].get<std::int64_t>();
   }
+  if (sample_values(s) > static_cast<double>(spec_limits::max_sample_values))
+    throw error("field 'input': " + v.dump() + " is more than the limit of " +
+                std::to_string(spec_limits::max_sample_values) + " values per sample");
   return s;
 }
 
@@ -181,6 +209,13 @@ std::int64_t total(const std::vector<param_spec>& specs) {
   return n;
 }
 
+// Parameters of a layer, without overflow.
+double n_values(const std::vector<param_spec>& specs) {
+  double n = 0;
+  for (const auto& p : specs) n += sample_values(p.shape);
+  return n;
+}
+
 struct parsed {
   json root;
   shape input;
@@ -191,7 +226,15 @@ parsed parse_root(std::string_view text, std::string_view source) {
   const std::string prefix = "model spec '" + std::string(source) + "': ";
   parsed p;
   try {
-    p.root = json::parse(text);
+    // Nesting is bounded while parsing: deeper specs would overflow the stack of every recursive
+    // walk over them.
+    p.root = json::parse(text, [](int depth, json::parse_event_t, json&) {
+      if (depth > spec_limits::max_depth)
+        throw error("nested deeper than " + std::to_string(spec_limits::max_depth) + " levels");
+      return true;
+    });
+  } catch (const error& e) {
+    throw error(prefix + e.what());
   } catch (const json::parse_error& e) {
     throw error(prefix + "not valid JSON: " + e.what());
   }
@@ -227,13 +270,21 @@ model_spec parse_model_spec(std::string_view text, std::string_view source) {
   m.json = p.root.dump();
   shape in = m.input;
   const json& blocks = p.root["blocks"];
+  layer_budget lb;
+  double n_params = 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     std::unique_ptr<layer> l;
     try {
-      l = parse_block(blocks[i], in, "block " + std::to_string(i));
+      l = parse_block(blocks[i], in, "block " + std::to_string(i), lb);
     } catch (const error& e) {
       throw error(prefix + e.what());
     }
+    n_params += n_values(l->params()) + n_values(l->buffers());
+    if (n_params > static_cast<double>(spec_limits::max_params))
+      throw error(prefix + fmt::format("block {}: the model would hold more than {:.4g} parameters and buffers "
+                                       "({:.1f} GiB as f32; the limit is {} = {:.1f} GiB)",
+                                       i, n_params, n_params * 4 / (1 << 30), spec_limits::max_params,
+                                       static_cast<double>(spec_limits::max_params) * 4 / (1 << 30)));
     m.blocks.push_back({l->kind(), l->input_shape(), l->output_shape(), total(l->params()), total(l->buffers()),
                         l->flops_per_sample()});
     in = l->output_shape();
@@ -267,10 +318,11 @@ model_spec load_model_spec_file(const std::string& path) {
 std::vector<std::unique_ptr<layer>> build_blocks(const model_spec& m, int begin, int end) {
   CLEAVE_ASSERT(0 <= begin && begin <= end && end <= m.n_blocks(), "block range out of the model");
   const json root = json::parse(m.json);
+  layer_budget lb;
   std::vector<std::unique_ptr<layer>> out;
   for (int i = begin; i < end; ++i)
     out.push_back(parse_block(root["blocks"][static_cast<std::size_t>(i)], m.blocks[static_cast<std::size_t>(i)].in,
-                              "block " + std::to_string(i)));
+                              "block " + std::to_string(i), lb));
   return out;
 }
 

@@ -86,3 +86,42 @@ TEST_CASE("malformed JSON and a missing input are refused") {
   CHECK(error_of("{").find("model spec 'net.json': not valid JSON") == 0);
   CHECK(error_of(R"({"classes":2,"blocks":[{"type":"relu"}]})") == "model spec 'net.json': field 'input': missing");
 }
+
+TEST_CASE("a spec nested deeper than the limit is refused while parsing, not by a stack overflow") {
+  // 20,000 residual blocks inside each other: 580 KB of JSON.
+  std::string body = R"({"type": "relu"})";
+  std::string open, close;
+  for (int i = 0; i < 20000; ++i) {
+    open += R"({"type": "residual", "body": [)";
+    close += "]}";
+  }
+  const std::string spec = R"({"input": [8], "classes": 8, "blocks": [)" + open + body + close + "]}";
+  const auto e = error_of(spec);
+  CHECK(e.find("model spec 'net.json'") != std::string::npos);
+  CHECK(e.find("nested deeper than 64 levels") != std::string::npos);
+}
+
+TEST_CASE("a spec with more layers than the limit is refused") {
+  std::string blocks;
+  for (int i = 0; i < core::spec_limits::max_layers + 1; ++i)
+    blocks += std::string(i ? "," : "") + R"({"type": "relu"})";
+  const auto e = error_of(R"({"input": [8], "classes": 8, "blocks": [)" + blocks + "]}");
+  CHECK(e.find("block 10000") != std::string::npos);
+  CHECK(e.find("more than 10000 layers") != std::string::npos);
+}
+
+TEST_CASE("huge widths and models too big to allocate are refused before anything is allocated") {
+  auto linear = [](const std::string& input, const std::string& out) {
+    return R"({"input": )" + input + R"(, "classes": 10, "blocks": [{"type": "linear", "out_features": )" + out + "}]}";
+  };
+  const auto wide = error_of(linear("[784]", "1000000000000"));
+  CHECK(wide.find("block 0 (linear): field 'out_features': 1000000000000 is out of range (at most 16777216)") !=
+        std::string::npos);
+  // 2^20 inputs x 2^12 outputs: 4.3 billion weights, 16 GiB as f32.
+  const auto big = error_of(linear("[1048576]", "4096"));
+  CHECK(big.find("block 0: the model would hold more than 4.295e+09 parameters") != std::string::npos);
+  CHECK(big.find("16.0 GiB as f32; the limit is 1073741824 = 4.0 GiB") != std::string::npos);
+  const auto tall = error_of(R"({"input": [1048576, 1024, 1024], "classes": 10, "blocks": [{"type": "relu"}]})");
+  CHECK(tall.find("field 'input'") != std::string::npos);
+  CHECK(tall.find("values per sample") != std::string::npos);
+}

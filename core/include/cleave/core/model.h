@@ -37,6 +37,16 @@ struct flat_layout {
 };
 flat_layout layout_of(const model_spec& m);
 
+// Limits of a spec, local or from the network, checked while parsing and before anything is
+// allocated: JSON nesting, layers (nested ones included), parameters, values per sample.
+struct spec_limits {
+  static constexpr int max_depth = 64;
+  static constexpr int max_layers = 10000;
+  static constexpr std::int64_t max_params = std::int64_t{1} << 30;         // 4 GiB of f32
+  static constexpr std::int64_t max_sample_values = std::int64_t{1} << 28;  // any tensor, per sample
+  static constexpr std::int64_t max_field = std::int64_t{1} << 24;          // widths, channels, kernels
+};
+
 // Parses and validates a spec. `source` names it in errors (e.g. the file name). Errors name
 // the block and the field: "model spec 'net.json': block 3 (conv2d): field 'kernel': ...".
 model_spec parse_model_spec(std::string_view json_text, std::string_view source = "<text>");
