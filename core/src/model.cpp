@@ -120,7 +120,7 @@ std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::st
   if (!j.contains("type") || !j["type"].is_string())
     throw error(where + ": field 'type': missing (a string is required)");
   const std::string type = j["type"].get<std::string>();
-  const std::string here = where + " (" + type + ")";
+  const std::string here = where + " (" + printable(type, 64) + ")";
   try {
     fields f(j);
     std::unique_ptr<layer> l;
@@ -154,7 +154,7 @@ std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::st
       if (const json* s = f.array("shortcut", false)) shortcut = parse_chain(*s, in, here + ": shortcut", lb);
       l = layers::make_residual(in, std::move(body), std::move(shortcut), f.boolean("relu", true));
     } else {
-      throw error("unknown block type '" + type +
+      throw error("unknown block type '" + printable(type, 64) +
                   "' (known: conv2d, linear, maxpool2d, avgpool2d, global_avg_pool, relu, flatten, dropout, "
                   "batchnorm2d, residual)");
     }

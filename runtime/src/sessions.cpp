@@ -237,7 +237,7 @@ asio::awaitable<void> upstream::run() {
 }
 
 void upstream::on_error(const wire::Error& e) {
-  const std::string text = e.message() ? e.message()->str() : "";
+  const std::string text = core::printable(e.message() ? e.message()->str() : "");
   if (e.code() == wire::ErrorCode::shutting_down) return ex_.stop(text.empty() ? "training finished" : text);
   spdlog::warn("{}: {} reports: {}", ex_.who(), name_.empty() ? host_ : name_, text);
 }

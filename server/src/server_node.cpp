@@ -177,7 +177,7 @@ void server_node::impl::on_message(const runtime::session_ptr& s, transport::mes
       const auto* l = m.as<wire::Leave>();
       const auto it = devices_.find(l->node_id());
       if (it != devices_.end() && it->second.via == s)
-        device_gone(l->node_id(), l->reason() ? l->reason()->str() : "left");
+        device_gone(l->node_id(), core::printable(l->reason() ? l->reason()->str() : "left"));
       return;
     }
     case wire::Body::Cutover:
@@ -188,7 +188,7 @@ void server_node::impl::on_message(const runtime::session_ptr& s, transport::mes
       return on_profile(s, *m.as<wire::Profile>());
     case wire::Body::Error:
       spdlog::warn("server: {} reports: {}", s->identity,
-                   m.as<wire::Error>()->message() ? m.as<wire::Error>()->message()->str() : "error");
+                   core::printable(m.as<wire::Error>()->message() ? m.as<wire::Error>()->message()->str() : "error"));
       return;
     default:
       throw core::error("unexpected " + std::string(transport::body_name(m.type())) + " from " + s->identity);

@@ -125,3 +125,13 @@ TEST_CASE("huge widths and models too big to allocate are refused before anythin
   CHECK(tall.find("field 'input'") != std::string::npos);
   CHECK(tall.find("values per sample") != std::string::npos);
 }
+
+TEST_CASE("text from a peer or a file is logged escaped and cut short") {
+  CHECK(core::printable("round 3/5: ok") == "round 3/5: ok");
+  CHECK(core::printable("x\n[info] round 9/9\x1b[2J") == "x\\x0a[info] round 9/9\\x1b[2J");
+  CHECK(core::printable("a\\b\xff") == "a\\x5cb\\xff");
+  CHECK(core::printable(std::string(300, 'a'), 10) == std::string(10, 'a') + "... (290 more bytes)");
+  const auto e = error_of(R"({"input": [8], "classes": 8, "blocks": [{"type": "re\nlu\u001b[31m"}]})");
+  CHECK(e.find("unknown block type 're\\x0alu\\x1b[31m'") != std::string::npos);
+  CHECK(e.find('\n') == std::string::npos);
+}

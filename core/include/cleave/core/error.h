@@ -5,6 +5,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace cleave::core {
 
@@ -16,6 +17,10 @@ class error : public std::runtime_error {
 
 // The message of a caught exception ("unknown error" for one that is not a std::exception).
 std::string message_of(std::exception_ptr e);
+
+// Text from a peer or a file, made safe to log: control characters, escapes and bytes outside
+// printable ASCII as \xNN (no forged log lines, no terminal escapes), cut after max_chars.
+std::string printable(std::string_view text, std::size_t max_chars = 240);
 
 [[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
 
