@@ -68,7 +68,7 @@ void register_certs_command(CLI::App& app) {
   auto* init = certs->add_subcommand("init", "Create the federation CA: DIR/ca.crt and DIR/ca.key");
   init->add_option("--dir", ia->dir, "Directory of the CA")->capture_default_str();
   init->add_option("--name", ia->name, "Common name of the CA")->capture_default_str();
-  init->add_option("--days", ia->days, "Validity in days")->capture_default_str()->check(CLI::PositiveNumber);
+  init->add_option("--days", ia->days, "Validity in days")->capture_default_str()->check(CLI::Range(1, 36500));
   init->add_flag("--force", ia->force, "Replace an existing CA (every node must then be reissued)");
   init->callback([ia] { run_init(*ia); });
 
@@ -80,7 +80,7 @@ void register_certs_command(CLI::App& app) {
       ->check(CLI::IsMember({"server", "edge", "device"}));
   issue->add_option("--dir", ua->dir, "Directory of the CA")->capture_default_str();
   issue->add_option("--out", ua->out, "Directory for NAME.crt and NAME.key (default: the CA directory)");
-  issue->add_option("--days", ua->days, "Validity in days")->capture_default_str()->check(CLI::PositiveNumber);
+  issue->add_option("--days", ua->days, "Validity in days")->capture_default_str()->check(CLI::Range(1, 36500));
   issue->add_option("--dns", ua->dns, "Extra subjectAltName DNS entry (repeatable)");
   issue->add_option("--ip", ua->ips, "subjectAltName IP address (repeatable)");
   issue->add_flag("--force", ua->force, "Replace an existing certificate and key");

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,8 @@ namespace {
 using json = nlohmann::json;
 constexpr char k_magic[8] = {'C', 'L', 'V', 'C', 'K', 'P', 'T', '1'};
 constexpr std::uint64_t k_max_header = 64ull << 20;
+// A model at the spec limit with two optimizer moments per parameter, and its header.
+constexpr std::uintmax_t k_max_file = 16ull << 30;
 
 std::string sys_error() {
   return std::strerror(errno);
@@ -97,6 +100,14 @@ void save_checkpoint(const std::string& path, const checkpoint& c) {
 
 checkpoint load_checkpoint(const std::string& path) {
   const std::string where = "checkpoint '" + path + "': ";
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec) throw error(where + "cannot open (" + ec.message() + ")");
+  if (!std::filesystem::is_regular_file(st)) throw error(where + "not a regular file");
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec || size > k_max_file)
+    throw error(where +
+                (ec ? "cannot read its size (" + ec.message() + ")" : "larger than the 16 GiB a checkpoint may be"));
   std::ifstream f(path, std::ios::binary);
   if (!f) throw error(where + "cannot open (" + sys_error() + ")");
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

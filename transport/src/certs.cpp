@@ -144,7 +144,7 @@ bool valid_node_name(std::string_view name) {
 }
 
 pem_paths init_ca(const fs::path& dir, const ca_options& opts) {
-  if (opts.valid_days <= 0) throw core::error("CA validity must be at least one day");
+  if (opts.valid_days <= 0 || opts.valid_days > 36500) throw core::error("CA validity must be 1 to 36500 days");
   if (opts.name.empty() || opts.name.size() > 64) throw core::error("CA name must have 1 to 64 characters");
   ensure_dir(dir);
   const pem_paths out{dir / ca_cert_file, dir / ca_key_file};
@@ -180,7 +180,8 @@ pem_paths issue_certificate(const fs::path& ca_dir, std::string_view name, const
                       "': use 1 to 64 of [A-Za-z0-9._-], starting with a letter or digit");
   if (opts.not_before.has_value() != opts.not_after.has_value())
     throw core::error("set both not_before and not_after, or neither");
-  if (!opts.not_before && opts.valid_days <= 0) throw core::error("certificate validity must be at least one day");
+  if (!opts.not_before && (opts.valid_days <= 0 || opts.valid_days > 36500))
+    throw core::error("certificate validity must be 1 to 36500 days");
   const loaded_ca ca = load_ca(ca_dir);
   const fs::path dir = out_dir.empty() ? ca_dir : out_dir;
   ensure_dir(dir);

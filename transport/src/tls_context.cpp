@@ -1,6 +1,8 @@
 // TLS 1.3-only OpenSSL context with mutual authentication against the federation CA.
 #include "cleave/transport/tls_context.h"
 
+#include <spdlog/spdlog.h>
+
 #include "cleave/transport/certs.h"
 #include "openssl_util.h"
 
@@ -24,6 +26,12 @@ tls_context::tls_context(const tls_files& files) {
   if (!files.cert.empty() || !files.key.empty()) {
     cert = load_certificate(files.cert, "certificate");
     key = load_private_key(files.key, "key");
+    std::error_code ec;
+    const auto perms = std::filesystem::status(files.key, ec).permissions();
+    using p = std::filesystem::perms;
+    if (!ec && (perms & (p::group_all | p::others_all)) != p::none)
+      spdlog::warn("private key {} can be read by other users (mode {:o}); make it private: chmod 600 {}",
+                   files.key.string(), static_cast<unsigned>(perms) & 0777, files.key.string());
     if (X509_check_private_key(cert.get(), key.get()) != 1) {
       ERR_clear_error();
       throw core::error("key " + files.key.string() + " does not match certificate " + files.cert.string());
