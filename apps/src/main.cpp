@@ -5,16 +5,22 @@
 
 #include "cleave/core/error.h"
 #include "commands.h"
+#include "config_file.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"cleave: split learning across edge devices, edge servers and GPU servers"};
   app.require_subcommand(1);
   // One config format for every command: TOML, a [section] per subcommand, keys = long options.
   app.set_config("--config", "", "read options from a TOML file, e.g. [server] rounds = 10");
+  // Set before the subcommands exist: they inherit both.
+  const auto toml = std::make_shared<cleave::apps::strict_toml>();
+  app.config_formatter(toml);
+  app.allow_config_extras(CLI::config_extras_mode::error);
   std::string level = "info";
   app.add_option("--log-level", level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   app.parse_complete_callback([&] {
+    cleave::apps::require_finite_numbers(app);
     spdlog::set_level(spdlog::level::from_str(level));
     spdlog::set_pattern("%H:%M:%S.%e %^%-5l%$ %v");
   });
@@ -25,6 +31,9 @@ int main(int argc, char** argv) {
 #endif
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ConfigError& e) {
+    std::fprintf(stderr, "cleave: error: %s\n", cleave::apps::config_error(app, *toml, e).c_str());
+    return 2;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const cleave::core::error& e) {
@@ -33,6 +42,9 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "cleave: error: out of memory\n");
     return 1;
+  } catch (const std::exception& e) {  // a bug: still a message and a status, not an abort
+    std::fprintf(stderr, "cleave: internal error: %s\n", e.what());
+    return 70;
   }
   return 0;
 }

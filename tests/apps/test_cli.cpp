@@ -1,0 +1,161 @@
+// The command line refuses careless input clearly: configuration files with typos, unknown
+// sections or broken syntax, non-finite numbers, checkpoints that are not files, certificate
+// lifetimes out of range. Runs the real `cleave` binary.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct outcome {
+  int status = -1;     // exit status (-1: killed by a signal)
+  std::string output;  // stdout and stderr
+};
+
+outcome run_cleave(const std::vector<std::string>& args) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::dup2(fds[1], STDERR_FILENO);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    std::vector<char*> argv{const_cast<char*>(CLEAVE_BINARY)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(CLEAVE_BINARY, argv.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  outcome o;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) o.output.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  o.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return o;
+}
+
+// A scratch directory removed at the end of the test.
+struct scratch {
+  fs::path dir = fs::temp_directory_path() / ("cleave-cli-" + std::to_string(::getpid()));
+  scratch() { fs::create_directories(dir); }
+  ~scratch() { fs::remove_all(dir); }
+  std::string file(const std::string& name, const std::string& text) const {
+    std::ofstream(dir / name) << text;
+    return (dir / name).string();
+  }
+};
+
+bool has(const outcome& o, const std::string& text) {
+  return o.output.find(text) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("a configuration file with an unknown key, an unknown section or broken syntax is refused naming the line") {
+  scratch s;
+  struct bad_file {
+    const char* text;
+    const char* says;
+  };
+  for (const bad_file& b : {
+           bad_file{"[server]\nrounds = 3\nrouns = 3\n", "line 3: unknown key 'rouns' in [server]"},
+           bad_file{"# typo\n[sever]\nrounds = 3\n", "line 2: unknown section [sever]"},
+           bad_file{"rouns = 3\n", "line 1: unknown key 'rouns' outside any [section]"},
+           bad_file{"[server\nrounds = 3\n", "line 1: a section header without ']'"},
+           bad_file{"[server]\nrounds = = 3\n", "line 2: '=' is not a string, a number, true or false"},
+           bad_file{"[server]\nname = \"srv\n", "line 2: a string that does not close"},
+           bad_file{"[server]\nmodel = lenet5\n", "line 2: 'lenet5' is not a string, a number, true or false"},
+           bad_file{"[server]\nrounds 3\n", "line 2: expected KEY = VALUE or [SECTION], got 'rounds 3'"},
+           bad_file{"[server]\nrounds = 3\nrounds = 4\n", "line 3: 'rounds' is set twice (first on line 2)"},
+           bad_file{"[server]\nallowed = [\"a\", \n", "line 2: an array must close on its line"},
+       }) {
+    CAPTURE(b.text);
+    const auto path = s.file("bad.toml", b.text);
+    const auto o = run_cleave({"--config", path, "server", "--certs", (s.dir / "none").string()});
+    CHECK(o.status == 2);
+    CHECK_MESSAGE(has(o, "cleave: error: config '" + path + "': " + b.says), o.output);
+  }
+}
+
+TEST_CASE("the README's configuration file is accepted") {
+  scratch s;
+  const auto path = s.file("federation.toml",
+                           "# federation.toml\n[server]\ncerts = \"certs\"  # here\nlisten = \"0.0.0.0:7000\"\n"
+                           "model = 'resnet8'\nrounds = 20\nlocal-steps = 100\nmin-devices = 8\nu-shape = true\n"
+                           "allow = [\"device-1\", \"device-2\"]\n\n[agent]\nslowdown = 1.5\n");
+  const auto o = run_cleave({"--config", path, "server", "--certs", (s.dir / "none").string()});
+  CHECK(o.status == 1);  // it gets as far as the certificates
+  CHECK_MESSAGE(has(o, "CA certificate not found"), o.output);
+}
+
+TEST_CASE("non-finite numbers are refused for every floating-point option, from flags and from files") {
+  scratch s;
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"server", "--momentum", "nan"},
+           {"server", "--weight-decay", "inf"},
+           {"server", "--join-timeout", "nan"},
+           {"server", "--repay-rounds", "inf"},
+           {"train", "--momentum", "nan"},
+           {"train", "--weight-decay", "nan"},
+           {"agent", "--slowdown", "nan", "--id", "1"},
+       }) {
+    CAPTURE(args[0] + " " + args[1] + " " + args[2]);
+    auto all = args;
+    if (args[0] != "train") all.insert(all.end(), {"--certs", (s.dir / "none").string()});
+    const auto o = run_cleave(all);
+    CHECK(o.status != 0);
+    // NaN passes every range check: it is refused as not finite; an infinity may fail a range first.
+    CHECK_MESSAGE(has(o, args[2] == "nan" ? args[1] + ": 'nan' is not a finite number" : args[1] + ": "), o.output);
+  }
+  const auto path = s.file("nan.toml", "[server]\nmomentum = nan\n");
+  const auto o = run_cleave({"--config", path, "server", "--certs", (s.dir / "none").string()});
+  CHECK(o.status != 0);
+  CHECK_MESSAGE(has(o, "--momentum: 'nan' is not a finite number"), o.output);
+}
+
+TEST_CASE("a checkpoint that is a directory or a device is refused with a message, not an abort") {
+  for (const std::string path : {"/tmp", "/dev/zero"}) {
+    const auto o = run_cleave({"eval", "--checkpoint", path});
+    CHECK(o.status == 1);
+    CHECK_MESSAGE(has(o, "cleave: error: checkpoint '" + path + "': not a regular file"), o.output);
+  }
+}
+
+TEST_CASE("certificate lifetimes outside 1 to 36500 days are refused") {
+  scratch s;
+  const auto certs = (s.dir / "certs").string();
+  REQUIRE(run_cleave({"certs", "init", "--dir", certs}).status == 0);
+  for (const std::string days : {"100000000", "36501", "0"}) {
+    const auto o = run_cleave({"certs", "issue", "device-1", "--role", "device", "--dir", certs, "--days", days});
+    CHECK(o.status != 0);
+    CHECK_MESSAGE(has(o, "--days"), o.output);
+    CHECK_FALSE(fs::exists(s.dir / "certs" / "device-1.crt"));
+  }
+  CHECK(run_cleave({"certs", "issue", "device-1", "--role", "device", "--dir", certs, "--days", "36500"}).status == 0);
+}
+
+TEST_CASE("a private key other users can read is used with a warning that says how to fix it") {
+  scratch s;
+  const auto certs = (s.dir / "certs").string();
+  REQUIRE(run_cleave({"certs", "init", "--dir", certs}).status == 0);
+  REQUIRE(run_cleave({"certs", "issue", "server", "--role", "server", "--dir", certs}).status == 0);
+  const auto quiet = run_cleave({"server", "--certs", certs, "--data", (s.dir / "no-data").string()});
+  CHECK_FALSE(has(quiet, "can be read by other users"));
+  fs::permissions(s.dir / "certs" / "server.key", fs::perms::group_read | fs::perms::others_read,
+                  fs::perm_options::add);
+  const auto o = run_cleave({"server", "--certs", certs, "--data", (s.dir / "no-data").string()});
+  CHECK(o.status == 1);  // it went on to the data, which is missing
+  CHECK_MESSAGE(has(o, "server.key can be read by other users (mode 644); make it private: chmod 600"), o.output);
+}
