@@ -29,6 +29,7 @@ struct issue_args {
   int days = 365;
   std::vector<std::string> dns;
   std::vector<std::string> ips;
+  std::uint32_t id = 0;
   bool force = false;
 };
 
@@ -52,8 +53,13 @@ void run_issue(const issue_args& a) {
   opts.dns_names = a.dns;
   opts.ip_addresses = a.ips;
   opts.overwrite = a.force;
+  if (a.id) opts.node_id = a.id;
+  const auto id = a.id ? std::optional<std::uint32_t>(a.id) : transport::node_id_of(a.name, "");
+  if (*role == core::tier::device && !id)
+    throw core::error("device '" + a.name + "' needs an id: give --id N, or a name ending in -N (device-3)");
   const auto files = transport::issue_certificate(a.dir, a.name, opts, a.out);
-  std::cout << a.role << " '" << a.name << "' valid for " << a.days << " days\n"
+  std::cout << a.role << " '" << a.name << "'" << (id ? " (id " + std::to_string(*id) + ")" : "") << " valid for "
+            << a.days << " days\n"
             << "  certificate " << files.cert.string() << "\n"
             << "  key         " << files.key.string() << " (mode 0600)\n";
 }
@@ -83,6 +89,11 @@ void register_certs_command(CLI::App& app) {
   issue->add_option("--days", ua->days, "Validity in days")->capture_default_str()->check(CLI::Range(1, 36500));
   issue->add_option("--dns", ua->dns, "Extra subjectAltName DNS entry (repeatable)");
   issue->add_option("--ip", ua->ips, "subjectAltName IP address (repeatable)");
+  issue
+      ->add_option("--id", ua->id,
+                   "Node id bound into the certificate (a device's Hello must claim it; default: N of a name "
+                   "ending in -N)")
+      ->check(CLI::Range(1u, transport::max_node_id));
   issue->add_flag("--force", ua->force, "Replace an existing certificate and key");
   issue->callback([ua] { run_issue(*ua); });
 }

@@ -393,6 +393,9 @@ void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, 
 int agent::impl::run() {
   schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
+  if (const auto bound = tls_->node_id(); !bound || *bound != c_.id)
+    throw core::error("device id " + std::to_string(c_.id) + " does not match certificate '" + c_.name + "' (" +
+                      (bound ? "it is for device " + std::to_string(*bound) : "it binds no id") + ")");
   be_ = backend::make_backend(c_.backend);
   data_ = core::load_dataset(c_.data);
   shard_ =

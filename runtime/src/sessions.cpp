@@ -37,6 +37,16 @@ void check_hello(session& s, const transport::message& m) {
   if (s.ch.peer_role() && *s.ch.peer_role() != s.role)
     throw core::error("Hello claims role " + std::string(core::tier_name(s.role)) + " but the certificate says " +
                       std::string(core::tier_name(*s.ch.peer_role())));
+  // A device is who its certificate says: nobody claims, locks out or evicts another's id.
+  if (s.role == core::tier::device) {
+    const auto bound = s.ch.peer_node_id();
+    if (!bound)
+      throw core::error("certificate '" + s.identity +
+                        "' binds no device id (issue it with `cleave certs issue --id N`, or name it DEVICE-N)");
+    if (*bound != s.id)
+      throw core::error("Hello claims device id " + std::to_string(s.id) + " but certificate '" + s.identity +
+                        "' is for device " + std::to_string(*bound));
+  }
 }
 
 }  // namespace

@@ -159,3 +159,17 @@ TEST_CASE("a private key other users can read is used with a warning that says h
   CHECK(o.status == 1);  // it went on to the data, which is missing
   CHECK_MESSAGE(has(o, "server.key can be read by other users (mode 644); make it private: chmod 600"), o.output);
 }
+
+TEST_CASE("a device certificate binds an id: given with --id or read from a name ending in -N") {
+  scratch s;
+  const auto certs = (s.dir / "certs").string();
+  REQUIRE(run_cleave({"certs", "init", "--dir", certs}).status == 0);
+  const auto none = run_cleave({"certs", "issue", "sensor", "--role", "device", "--dir", certs});
+  CHECK(none.status == 1);
+  CHECK_MESSAGE(has(none, "device 'sensor' needs an id: give --id N, or a name ending in -N (device-3)"), none.output);
+  const auto given = run_cleave({"certs", "issue", "sensor", "--role", "device", "--id", "9", "--dir", certs});
+  CHECK(given.status == 0);
+  CHECK_MESSAGE(has(given, "device 'sensor' (id 9) valid for 365 days"), given.output);
+  const auto named = run_cleave({"certs", "issue", "device-4", "--role", "device", "--dir", certs});
+  CHECK_MESSAGE(has(named, "device 'device-4' (id 4)"), named.output);
+}

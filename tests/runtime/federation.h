@@ -6,11 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -115,6 +117,24 @@ class runner {
   std::mutex mu_;
   std::string error_;
   std::thread t_;
+};
+
+// Tells when round `n` first starts (a round nobody finished starts again).
+struct round_started {
+  explicit round_started(std::uint64_t n) : n_(n) {}
+  std::function<void(std::uint64_t, int)> hook() {
+    return [this](std::uint64_t r, int) {
+      if (r == n_ && !seen_.exchange(true)) p_.set_value();
+    };
+  }
+  bool wait(double seconds) {
+    return p_.get_future().wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready;
+  }
+
+ private:
+  std::uint64_t n_;
+  std::atomic<bool> seen_{false};
+  std::promise<void> p_;
 };
 
 inline server::server_config server_cfg(const workspace& w, const std::string& backend) {

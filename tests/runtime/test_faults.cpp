@@ -10,6 +10,7 @@
 #include <future>
 #include <optional>
 
+#include "../support/error_of.h"
 #include "cleave/transport/connect.h"
 #include "cleave/transport/protocol.h"
 #include "federation.h"
@@ -242,4 +243,64 @@ TEST_CASE("bad sizes, schedules and backends on the command line are refused wit
         std::string::npos);
   CHECK(run("server --certs /nonexistent --rounds 3 --warmup-rounds 3")
             .find("warm-up rounds must be >= 0 and fewer than the rounds") != std::string::npos);
+}
+
+TEST_CASE("a device id is bound to the certificate: an impostor is refused and cannot evict the real device") {
+  const std::string be = test_backend();
+  workspace w("impostor", 2);
+  // The agent itself refuses a configuration whose id is not its certificate's.
+  auto wrong = agent_cfg(w, 1, 1, be, "server");
+  wrong.id = 2;
+  device::agent misconfigured(wrong);
+  CHECK(error_of([&] { misconfigured.run(); }) ==
+        "device id 2 does not match certificate 'device-1' (it is for device 1)");
+
+  auto sc = server_cfg(w, be);
+  sc.rounds = 2;
+  sc.local_steps = 10;
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+  std::promise<std::uint16_t> port;
+  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  round_started round1(1);
+  sc.on_round_start = round1.hook();
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  // device-2's certificate claiming device 1: refused with the reason every time, before device 1
+  // joins (no lock-out) and while it trains (no eviction).
+  const transport::tls_context tls2(transport::tls_files_in(w.certs, "device-2"));
+  auto impostor = [&]() -> asio::awaitable<std::string> {
+    std::string said;
+    for (int i = 0; i < 3; ++i) {
+      auto ch = co_await transport::connect(tls2, "127.0.0.1", sp);
+      if (!ch) co_return "connect failed: " + ch.error().reason();
+      transport::hello_info h;
+      h.role = core::tier::device;
+      h.node_id = 1;
+      co_await ch->send(transport::make_hello(h));
+      auto m = co_await ch->receive();
+      if (!m || !m->as<cleave::wire::Error>()) co_return "not refused";
+      said = m->as<cleave::wire::Error>()->message()->str();
+      co_await ch->close();
+    }
+    co_return said;
+  };
+  auto attempt = [&] {
+    asio::io_context io;
+    auto f = asio::co_spawn(io, impostor(), asio::use_future);
+    io.run();
+    return f.get();
+  };
+  const std::string refusal = "Hello claims device id 1 but certificate 'device-2' is for device 2";
+  CHECK(attempt() == refusal);
+  device::agent real(agent_cfg(w, 1, sp, be, "server"));
+  runner rr([&] { real.run(); });
+  REQUIRE(round1.wait(60));
+  CHECK(attempt() == refusal);
+  rs.join();
+  rr.join();
+  CHECK(rs.error() == "");
+  REQUIRE(reports.size() == 2);
+  for (const auto& r : reports) CHECK(r.n_devices == 1);
 }

@@ -39,24 +39,6 @@ struct reports {
   }
 };
 
-// Tells when round `n` first starts (a round nobody finished starts again).
-struct round_started {
-  explicit round_started(std::uint64_t n) : n_(n) {}
-  std::function<void(std::uint64_t, int)> hook() {
-    return [this](std::uint64_t r, int) {
-      if (r == n_ && !seen_.exchange(true)) p_.set_value();
-    };
-  }
-  bool wait(double seconds) {
-    return p_.get_future().wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready;
-  }
-
- private:
-  std::uint64_t n_;
-  std::atomic<bool> seen_{false};
-  std::promise<void> p_;
-};
-
 server::server_config fault_server(const workspace& w, reports& rep, std::promise<std::uint16_t>& port) {
   auto sc = server_cfg(w, test_backend());
   sc.on_round = [&rep](const server::round_report& r) { rep.add(r); };

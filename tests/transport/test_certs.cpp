@@ -139,6 +139,29 @@ TEST_CASE("issued certificates carry the name, role and usages of their node") {
   }
 }
 
+TEST_CASE("a certificate binds a node id: issued into it, or the N of a name ending in -N") {
+  CHECK(node_id_of("device-12", "") == 12u);
+  CHECK(node_id_of("rack-3.device-7", "") == 7u);
+  CHECK(node_id_of("device-12", "40") == 40u);  // the issued id wins over the name
+  for (const char* none : {"sensor", "device-", "device-0", "device-007", "device-1000000", "device-1x", "-5"}) {
+    CAPTURE(none);
+    CHECK_FALSE(node_id_of(none, "").has_value());
+  }
+  temp_dir d;
+  init_ca(d.path);
+  issue_options o;
+  o.node_id = 42;
+  issue_certificate(d.path, "sensor", o);
+  CHECK(read_certificate_info(d.path / "sensor.crt").node_id == 42u);
+  CHECK(tls_context(tls_files_in(d.path, "sensor")).node_id() == 42u);
+  issue_certificate(d.path, "device-5", issue_options{});
+  CHECK(read_certificate_info(d.path / "device-5.crt").node_id == 5u);
+  issue_certificate(d.path, "phone", issue_options{});
+  CHECK_FALSE(read_certificate_info(d.path / "phone.crt").node_id.has_value());
+  o.node_id = 0;
+  CHECK(error_of([&] { issue_certificate(d.path, "bad-id", o); }) == "node id 0 out of range (1 to 999999)");
+}
+
 TEST_CASE("a certificate can be issued into another directory with an explicit validity window") {
   temp_dir d;
   init_ca(d.path / "ca");

@@ -206,6 +206,12 @@ pem_paths issue_certificate(const fs::path& ca_dir, std::string_view name, const
   set_name(subject, "O", "cleave");
   set_name(subject, "OU", core::tier_name(opts.role));
   set_name(subject, "CN", name);
+  if (opts.node_id) {
+    if (*opts.node_id < 1 || *opts.node_id > max_node_id)
+      throw core::error("node id " + std::to_string(*opts.node_id) + " out of range (1 to " +
+                        std::to_string(max_node_id) + ")");
+    set_name(subject, "serialNumber", std::to_string(*opts.node_id));
+  }
   CLEAVE_CHECK_SSL(X509_set_issuer_name(cert.get(), X509_get_subject_name(ca.cert.get())));
   CLEAVE_CHECK_SSL(X509_set_pubkey(cert.get(), key.get()));
 
@@ -237,11 +243,29 @@ pem_paths issue_certificate(const fs::path& ca_dir, std::string_view name, const
   return out;
 }
 
+std::optional<std::uint32_t> node_id_of(std::string_view name, std::string_view serial_number) {
+  std::string_view digits = serial_number;
+  if (digits.empty()) {
+    const auto dash = name.rfind('-');
+    if (dash == std::string_view::npos || dash == 0) return std::nullopt;
+    digits = name.substr(dash + 1);
+  }
+  if (digits.empty() || digits.size() > 6 || digits[0] == '0') return std::nullopt;
+  std::uint32_t id = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    id = id * 10 + static_cast<std::uint32_t>(c - '0');
+  }
+  if (id < 1 || id > max_node_id) return std::nullopt;
+  return id;
+}
+
 certificate_info read_certificate_info(const fs::path& path) {
   const auto cert = load_certificate(path, "certificate");
   certificate_info info;
   info.name = common_name(cert.get());
   info.role = certificate_role(cert.get());
+  info.node_id = certificate_node_id(cert.get());
   if (const X509_NAME* issuer = X509_get_issuer_name(cert.get())) {
     const int i = X509_NAME_get_index_by_NID(issuer, NID_commonName, -1);
     if (i >= 0) {

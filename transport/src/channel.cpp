@@ -367,6 +367,9 @@ const std::string& channel::peer_identity() const {
 std::optional<core::tier> channel::peer_role() const {
   return impl_->peer_role();
 }
+std::optional<std::uint32_t> channel::peer_node_id() const {
+  return impl_->peer_node_id();
+}
 const std::string& channel::remote() const {
   return impl_->remote();
 }

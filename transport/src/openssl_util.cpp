@@ -1,6 +1,8 @@
 // OpenSSL helpers: error text, PEM loading with clear messages, certificate names.
 #include "openssl_util.h"
 
+#include "cleave/transport/certs.h"
+
 #include <openssl/pem.h>
 
 #include <system_error>
@@ -90,6 +92,10 @@ std::string common_name(const X509* cert) {
 
 std::optional<core::tier> certificate_role(const X509* cert) {
   return core::tier_from_name(name_entry(cert, NID_organizationalUnitName));
+}
+
+std::optional<std::uint32_t> certificate_node_id(const X509* cert) {
+  return node_id_of(common_name(cert), name_entry(cert, NID_serialNumber));
 }
 
 std::chrono::system_clock::time_point asn1_time_point(const ASN1_TIME* t) {

@@ -50,6 +50,8 @@ evp_pkey_ptr load_private_key(const std::filesystem::path& path, const char* wha
 std::string common_name(const X509* cert);
 // The role written in the subject's organizational unit, if any.
 std::optional<core::tier> certificate_role(const X509* cert);
+// The node id a certificate binds (see certs.h: node_id_of).
+std::optional<std::uint32_t> certificate_node_id(const X509* cert);
 
 std::chrono::system_clock::time_point asn1_time_point(const ASN1_TIME* t);
 

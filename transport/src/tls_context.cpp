@@ -42,6 +42,7 @@ tls_context::tls_context(const tls_files& files) {
                           ": " + *why);
     identity_ = common_name(cert.get());
     role_ = certificate_role(cert.get());
+    node_id_ = certificate_node_id(cert.get());
     if (identity_.empty()) throw core::error("certificate " + files.cert.string() + " has no common name");
   }
 

@@ -245,6 +245,7 @@ asio::awaitable<status> tls_stream::handshake() {
   if (X509* peer = SSL_get0_peer_certificate(ssl_)) {
     peer_identity_ = common_name(peer);
     peer_role_ = certificate_role(peer);
+    peer_node_id_ = certificate_node_id(peer);
   }
   co_return co_await flush();
 }

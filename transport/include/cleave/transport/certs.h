@@ -41,8 +41,16 @@ struct issue_options {
   std::optional<std::chrono::system_clock::time_point> not_after;
   std::vector<std::string> dns_names;     // subjectAltName DNS entries besides the node's name
   std::vector<std::string> ip_addresses;  // subjectAltName IP entries
+  // The node id bound into the certificate (subject serialNumber); none: the one its name gives.
+  std::optional<std::uint32_t> node_id;
   bool overwrite = false;
 };
+
+// The node id a certificate binds: its subject's serialNumber when present, else the number a
+// name of the form WORD-N ends with ("device-12" -> 12); none when neither gives one in
+// [1, max_node_id]. A device's Hello must claim this id.
+inline constexpr std::uint32_t max_node_id = 999999;
+std::optional<std::uint32_t> node_id_of(std::string_view name, std::string_view serial_number);
 
 // Writes <out_dir>/<name>.crt and <name>.key (mode 0600), signed by the CA in `ca_dir`
 // (out_dir defaults to ca_dir). Subject CN=<name> (the node's identity), OU=<role>, O=cleave;
@@ -58,7 +66,8 @@ bool valid_node_name(std::string_view name);
 struct certificate_info {
   std::string name;  // subject CN
   std::optional<core::tier> role;
-  std::string issuer;  // issuer CN
+  std::optional<std::uint32_t> node_id;  // as node_id_of reads it
+  std::string issuer;                    // issuer CN
   bool is_ca = false;
   std::chrono::system_clock::time_point not_before;
   std::chrono::system_clock::time_point not_after;

@@ -104,6 +104,8 @@ class channel {
   // The peer's identity: the common name of its certificate, checked against the CA.
   const std::string& peer_identity() const;
   std::optional<core::tier> peer_role() const;
+  // The node id the peer's certificate binds (transport/certs.h: node_id_of).
+  std::optional<std::uint32_t> peer_node_id() const;
   // "address:port" of the peer.
   const std::string& remote() const;
   channel_stats stats() const;

@@ -34,6 +34,7 @@ class tls_context {
   // This node's identity: the common name of its certificate ("" without one).
   const std::string& identity() const { return identity_; }
   std::optional<core::tier> role() const { return role_; }
+  std::optional<std::uint32_t> node_id() const { return node_id_; }  // as certs.h reads it
   bool has_certificate() const { return !identity_.empty(); }
 
   SSL_CTX* native() const { return ctx_.get(); }
@@ -45,6 +46,7 @@ class tls_context {
   std::shared_ptr<SSL_CTX> ctx_;
   std::string identity_;
   std::optional<core::tier> role_;
+  std::optional<std::uint32_t> node_id_;
 };
 
 }  // namespace cleave::transport

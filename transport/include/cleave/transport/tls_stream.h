@@ -59,6 +59,7 @@ class tls_stream {
 
   const std::string& peer_identity() const { return peer_identity_; }
   std::optional<core::tier> peer_role() const { return peer_role_; }
+  std::optional<std::uint32_t> peer_node_id() const { return peer_node_id_; }  // as certs.h reads it
   // "address:port" of the peer, or "?" when unknown.
   const std::string& remote() const { return remote_; }
   asio::ip::tcp::socket& socket() { return socket_; }
@@ -73,6 +74,7 @@ class tls_stream {
   std::unique_ptr<detail::peer_check> check_;
   std::string peer_identity_;
   std::optional<core::tier> peer_role_;
+  std::optional<std::uint32_t> peer_node_id_;
   std::string remote_;
 };
 
