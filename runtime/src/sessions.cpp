@@ -199,6 +199,7 @@ asio::awaitable<void> upstream::run() {
     auto r = co_await transport::connect(tls_, host_, port_, opts);
     if (ex_.stopping()) co_return;
     if (!r) {
+      if (r.error().code() == transport::errc::refused && refused(r.error().reason(), backoff)) co_return;
       spdlog::warn("{}: cannot reach {}:{}: {}; retrying in {:.1f} s", ex_.who(), host_, port_, r.error().reason(),
                    backoff);
       co_await wait();
@@ -214,7 +215,8 @@ asio::awaitable<void> upstream::run() {
       cur_ = s;
     }
     h_.on_connected(s);
-    std::string why;
+    std::string why, refusal;
+    bool admitted = false;  // a message other than an Error came
     while (why.empty()) {
       auto m = co_await s->ch.receive();
       if (ex_.stopping()) co_return;
@@ -223,10 +225,13 @@ asio::awaitable<void> upstream::run() {
         break;
       }
       try {
-        if (const auto* err = m->as<wire::Error>())
-          on_error(*err);
-        else
+        if (const auto* err = m->as<wire::Error>()) {
+          if (auto r = on_error(*err); !r.empty() && !admitted) refusal = r;
+        } else {
+          admitted = true;
+          n_refused_ = 0;
           h_.on_message(std::move(m.value()));
+        }
       } catch (const core::error& e) {
         spdlog::error("{}: bad message from {}: {}", ex_.who(), s->identity, e.what());
         s->post(transport::make_error(wire::ErrorCode::bad_message, e.what()));
@@ -242,14 +247,30 @@ asio::awaitable<void> upstream::run() {
     co_await s->ch.close();
     // A link that held for a while comes back at once; one that keeps failing backs off.
     if (clock::now() - since > std::chrono::seconds(5)) backoff = 0.2;
+    if (!refusal.empty() && refused(refusal, backoff)) co_return;
     co_await wait();
   }
 }
 
-void upstream::on_error(const wire::Error& e) {
+std::string upstream::on_error(const wire::Error& e) {
   const std::string text = core::printable(e.message() ? e.message()->str() : "");
-  if (e.code() == wire::ErrorCode::shutting_down) return ex_.stop(text.empty() ? "training finished" : text);
+  if (e.code() == wire::ErrorCode::shutting_down) {
+    ex_.stop(text.empty() ? "training finished" : text);
+    return {};
+  }
   spdlog::warn("{}: {} reports: {}", ex_.who(), name_.empty() ? host_ : name_, text);
+  return e.code() == wire::ErrorCode::refused ? (text.empty() ? "refused" : text) : std::string();
+}
+
+bool upstream::refused(const std::string& why, double& backoff) {
+  backoff = std::max(backoff, 2.0);  // waits of 1 to 2 s: at most one attempt a second
+  if (++n_refused_ < links_.max_refusals) return false;
+  ex_.fail(std::make_exception_ptr(
+               core::error("refused by " + (name_.empty() ? host_ + ":" + std::to_string(port_) : name_) + " " +
+                           std::to_string(n_refused_) + " times in a row: " + why +
+                           " (check this node's certificate, its id and the upstream's allowed names)")),
+           "connecting");
+  return true;
 }
 
 void upstream::drop(const std::string& why) {

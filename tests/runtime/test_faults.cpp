@@ -304,3 +304,28 @@ TEST_CASE("a device id is bound to the certificate: an impostor is refused and c
   REQUIRE(reports.size() == 2);
   for (const auto& r : reports) CHECK(r.n_devices == 1);
 }
+
+TEST_CASE("a node refused at every attempt waits a second or more between attempts and stops after five") {
+  const std::string be = test_backend();
+  workspace w("refused", 1);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 1;
+  std::promise<std::uint16_t> port;
+  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  // An agent holding an edge's certificate: the server refuses its Hello every time.
+  auto a = agent_cfg(w, 1, sp, be, "server");
+  a.name = "edge-1";
+  device::agent wrong(a);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = error_of([&] { wrong.run(); });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(e ==
+        "refused by server 5 times in a row: Hello claims role device but the certificate says edge (check this node's "
+        "certificate, its id and the upstream's allowed names)");
+  CHECK(secs >= 4.0);  // four waits of at least one second
+  srv.stop();
+  rs.join();
+}

@@ -68,6 +68,9 @@ class link_schedule {
 struct link_settings {
   std::chrono::milliseconds idle_timeout{10000};  // no frame for this long: the link is gone
   double reconnect_max_s = 5.0;                   // backoff cap between reconnection attempts
+  // Refused this many times in a row (TLS, or an Error before admission): a configuration a
+  // retry will not fix; the node stops with the reason. Between refusals it waits >= 1 s.
+  int max_refusals = 5;
 };
 
 class acceptor {
@@ -126,7 +129,10 @@ class upstream {
   asio::awaitable<void> shutdown();
 
  private:
-  void on_error(const wire::Error& e);
+  // An Error from the node above; returns the reason when it refuses this node.
+  std::string on_error(const wire::Error& e);
+  // Counts a refusal; true when the node gives up (it has then been stopped).
+  bool refused(const std::string& why, double& backoff);
 
   executors& ex_;
   const transport::tls_context& tls_;
@@ -136,6 +142,7 @@ class upstream {
   handlers h_;
   mutable std::mutex mu_;
   session_ptr cur_;
+  int n_refused_ = 0;  // in a row
 };
 
 }  // namespace cleave::runtime
