@@ -151,6 +151,13 @@ inline server::server_config server_cfg(const workspace& w, const std::string& b
   return c;
 }
 
+// Records the server's round reports (on its thread: read them after it ends) and tells its port.
+inline void record(server::server_config& sc, std::vector<server::round_report>& reports,
+                   std::promise<std::uint16_t>& port) {
+  sc.on_round = [&reports](const server::round_report& r) { reports.push_back(r); };
+  sc.on_listening = [&port](std::uint16_t p) { port.set_value(p); };
+}
+
 inline device::agent_config agent_cfg(const workspace& w, std::uint32_t id, std::uint16_t port,
                                       const std::string& backend, const std::string& upstream) {
   device::agent_config a;

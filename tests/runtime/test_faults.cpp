@@ -89,9 +89,8 @@ TEST_CASE("a device sending an out-of-plan or malformed message is disconnected 
   sc.local_steps = 10;
   sc.min_devices = 3;
   std::vector<server::round_report> reports;
-  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
   std::promise<std::uint16_t> port;
-  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  record(sc, reports, port);
   server::server_node srv(sc);
   runner rs([&] { srv.run(); });
   const auto sp = port.get_future().get();
@@ -259,9 +258,8 @@ TEST_CASE("a device id is bound to the certificate: an impostor is refused and c
   sc.rounds = 2;
   sc.local_steps = 10;
   std::vector<server::round_report> reports;
-  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
   std::promise<std::uint16_t> port;
-  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  record(sc, reports, port);
   round_started round1(1);
   sc.on_round_start = round1.hook();
   server::server_node srv(sc);
