@@ -29,6 +29,19 @@ transport::message_builder activation_of(core::backend& b, std::uint32_t epoch, 
   return transport::make_activations(key, {2, 1}, b, x, &y);
 }
 
+// A raw device connection to the server on loopback port `port` that has sent its Hello
+// claiming device `id` (a failed connect is the result's error).
+asio::awaitable<transport::result<transport::channel>> hello_as(const transport::tls_context& tls, std::uint16_t port,
+                                                                std::uint32_t id) {
+  auto ch = co_await transport::connect(tls, "127.0.0.1", port);
+  if (!ch) co_return ch;
+  transport::hello_info h;
+  h.role = core::tier::device;
+  h.node_id = id;
+  co_await ch->send(transport::make_hello(h));
+  co_return ch;
+}
+
 }  // namespace
 
 TEST_CASE("a device killed mid-round is left out of that round and rejoins a later one") {
@@ -103,12 +116,8 @@ TEST_CASE("a device sending an out-of-plan or malformed message is disconnected 
   const transport::tls_context tls2(transport::tls_files_in(w.certs, "device-2"));
   const transport::tls_context tls3(transport::tls_files_in(w.certs, "device-3"));
   auto rogue = [&](const transport::tls_context& tls, std::uint32_t id, bool garbage) -> asio::awaitable<std::string> {
-    auto ch = co_await transport::connect(tls, "127.0.0.1", sp);
+    auto ch = co_await hello_as(tls, sp, id);
     if (!ch) co_return "connect failed: " + ch.error().reason();
-    transport::hello_info h;
-    h.role = core::tier::device;
-    h.node_id = id;
-    co_await ch->send(transport::make_hello(h));
     for (;;) {
       auto m = co_await ch->receive();
       if (!m) co_return "closed: " + m.error().reason();
@@ -164,12 +173,8 @@ TEST_CASE("after a re-split, step messages of the old plan epoch are refused and
   asio::io_context io;
   const transport::tls_context tls(transport::tls_files_in(w.certs, "device-1"));
   auto device = [&]() -> asio::awaitable<std::string> {
-    auto ch = co_await transport::connect(tls, "127.0.0.1", sp);
+    auto ch = co_await hello_as(tls, sp, 1);
     if (!ch) co_return "connect failed: " + ch.error().reason();
-    transport::hello_info h;
-    h.role = core::tier::device;
-    h.node_id = 1;
-    co_await ch->send(transport::make_hello(h));
     auto b = backend::make_backend("reference");
     const core::shape pool1{6, 14, 14}, conv2{16, 10, 10};
     std::uint32_t epoch = 0, new_epoch = 0;
@@ -271,12 +276,8 @@ TEST_CASE("a device id is bound to the certificate: an impostor is refused and c
   auto impostor = [&]() -> asio::awaitable<std::string> {
     std::string said;
     for (int i = 0; i < 3; ++i) {
-      auto ch = co_await transport::connect(tls2, "127.0.0.1", sp);
+      auto ch = co_await hello_as(tls2, sp, 1);
       if (!ch) co_return "connect failed: " + ch.error().reason();
-      transport::hello_info h;
-      h.role = core::tier::device;
-      h.node_id = 1;
-      co_await ch->send(transport::make_hello(h));
       auto m = co_await ch->receive();
       if (!m || !m->as<cleave::wire::Error>()) co_return "not refused";
       said = m->as<cleave::wire::Error>()->message()->str();
