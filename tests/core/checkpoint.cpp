@@ -24,6 +24,11 @@ struct fixture {
   core::optimizer opt{*b, core::optimizer_config{}, st.n_params()};
   fs::path path = fs::temp_directory_path() / ("cleave-test-" + std::to_string(::getpid()) + "-" +
                                                doctest::getContextOptions()->currentTest->m_name + ".ckpt");
+  ~fixture() {
+    std::error_code ec;
+    fs::remove(path, ec);
+    fs::remove(path.string() + ".tmp", ec);
+  }
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <set>
+#include <vector>
 
 #include "../support/error_of.h"
 #include "cleave/core/dataset.h"
@@ -33,10 +34,24 @@ void write_file(const fs::path& p, const std::string& bytes, bool gz) {
   }
 }
 
+// The folders the tests made, removed when the test program ends.
+struct made_dirs {
+  std::vector<fs::path> all;
+  ~made_dirs() {
+    std::error_code ec;
+    for (const auto& d : all) fs::remove_all(d, ec);
+  }
+};
+made_dirs& made() {
+  static made_dirs m;
+  return m;
+}
+
 // A tiny IDX data set: n images of 2x3 pixels, labels i % 3.
 fs::path make_dir(const std::string& name, int n_train, bool gz) {
   const fs::path dir = fs::temp_directory_path() / ("cleave-test-" + std::to_string(::getpid()) + "-" + name);
   fs::remove_all(dir);
+  made().all.push_back(dir);
   fs::create_directories(dir);
   for (auto [prefix, n] : {std::pair{"train", n_train}, std::pair{"t10k", 4}}) {
     std::string img = be32(0x803) + be32(static_cast<std::uint32_t>(n)) + be32(2) + be32(3);
