@@ -199,7 +199,9 @@ asio::awaitable<void> upstream::run() {
     auto r = co_await transport::connect(tls_, host_, port_, opts);
     if (ex_.stopping()) co_return;
     if (!r) {
-      if (r.error().code() == transport::errc::refused && refused(r.error().reason(), backoff)) co_return;
+      // A failed handshake waits as a refusal does, but does not count towards giving up: one cut
+      // short by an overloaded upstream looks the same.
+      if (r.error().code() == transport::errc::refused) backoff = std::max(backoff, 2.0);
       spdlog::warn("{}: cannot reach {}:{}: {}; retrying in {:.1f} s", ex_.who(), host_, port_, r.error().reason(),
                    backoff);
       co_await wait();

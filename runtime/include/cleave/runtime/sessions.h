@@ -68,8 +68,8 @@ class link_schedule {
 struct link_settings {
   std::chrono::milliseconds idle_timeout{10000};  // no frame for this long: the link is gone
   double reconnect_max_s = 5.0;                   // backoff cap between reconnection attempts
-  // Refused this many times in a row (TLS, or an Error before admission): a configuration a
-  // retry will not fix; the node stops with the reason. Between refusals it waits >= 1 s.
+  // Refused this many times in a row (an Error before admission): a configuration a retry will
+  // not fix; the node stops with the reason. After a refusal or a failed handshake it waits >= 1 s.
   int max_refusals = 5;
 };
 
