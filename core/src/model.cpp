@@ -106,8 +106,8 @@ std::vector<std::unique_ptr<layer>> parse_chain(const json& list, shape in, cons
   return out;
 }
 
-// Values per sample of a shape, without overflow.
-double sample_values(const shape& s) {
+// The number of values a shape holds (per sample, for an activation), without overflow.
+double values_of(const shape& s) {
   double n = 1;
   for (int i = 0; i < s.rank(); ++i) n *= static_cast<double>(s[i]);
   return n;
@@ -159,7 +159,7 @@ std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::st
                   "batchnorm2d, residual)");
     }
     f.reject_unknown();
-    if (sample_values(l->output_shape()) > static_cast<double>(spec_limits::max_sample_values))
+    if (values_of(l->output_shape()) > static_cast<double>(spec_limits::max_sample_values))
       throw error("outputs " + l->output_shape().str() + " per sample, more than the limit of " +
                   std::to_string(spec_limits::max_sample_values) + " values");
     return l;
@@ -187,7 +187,7 @@ shape parse_shape(const json& v) {
       throw error("field 'input': dimensions must be positive integers, got " + v.dump());
     s[static_cast<int>(i)] = v[i].get<std::int64_t>();
   }
-  if (sample_values(s) > static_cast<double>(spec_limits::max_sample_values))
+  if (values_of(s) > static_cast<double>(spec_limits::max_sample_values))
     throw error("field 'input': " + v.dump() + " is more than the limit of " +
                 std::to_string(spec_limits::max_sample_values) + " values per sample");
   return s;
@@ -212,7 +212,7 @@ std::int64_t total(const std::vector<param_spec>& specs) {
 // Parameters of a layer, without overflow.
 double n_values(const std::vector<param_spec>& specs) {
   double n = 0;
-  for (const auto& p : specs) n += sample_values(p.shape);
+  for (const auto& p : specs) n += values_of(p.shape);
   return n;
 }
 
