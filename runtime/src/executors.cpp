@@ -6,6 +6,7 @@
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <asio/experimental/as_tuple.hpp>
 #include <mutex>
@@ -13,13 +14,20 @@
 
 namespace cleave::runtime {
 
-void ignore_sigpipe() {
+void prepare_process() {
   static std::once_flag once;
-  std::call_once(once, [] { ::signal(SIGPIPE, SIG_IGN); });
+  std::call_once(once, [] {
+    ::signal(SIGPIPE, SIG_IGN);
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+      lim.rlim_cur = lim.rlim_max == RLIM_INFINITY ? rlim_t{1} << 20 : lim.rlim_max;
+      if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) spdlog::debug("cannot raise the open-file limit");
+    }
+  });
 }
 
 executors::executors(std::string who) : who_(std::move(who)), work_guard_(asio::make_work_guard(work_)), signals_(io_) {
-  ignore_sigpipe();
+  prepare_process();
 }
 
 executors::~executors() {

@@ -4,9 +4,13 @@
 #include <asio/co_spawn.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/experimental/as_tuple.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
+#include <cerrno>
 #include <deque>
+#include <list>
+#include <unordered_map>
 
 #include "channel_impl.h"
 #include "cleave/transport/log.h"
@@ -15,14 +19,73 @@ namespace cleave::transport {
 
 namespace detail {
 
-namespace {}
+namespace {
+
+// Refusals before authentication come in floods: the first few of each second are logged, the
+// rest counted and summed up in one line when the second is over.
+class refusal_log {
+ public:
+  explicit refusal_log(const asio::any_io_executor& ex) : timer_(ex) {}
+
+  void note(std::uint16_t port, const std::string& remote, const std::string& reason) {
+    const auto now = clock::now();
+    if (now - window_ >= std::chrono::seconds(1)) {
+      flush(port);
+      window_ = now;
+      logged_ = 0;
+    }
+    if (logged_ < per_second) {
+      ++logged_;
+      logger()->warn("refused connection from {}: {}", remote, reason);
+      return;
+    }
+    if (suppressed_++ == 0) {
+      timer_.expires_at(window_ + std::chrono::seconds(1));
+      timer_.async_wait([this, port](const asio::error_code& ec) {
+        if (!ec) flush(port);
+      });
+    }
+  }
+
+  void flush(std::uint16_t port) {
+    if (suppressed_ == 0) return;
+    logger()->warn("listener on port {}: {} more connections refused in the last second (not logged one by one)", port,
+                   suppressed_);
+    suppressed_ = 0;
+  }
+
+  void cancel() { timer_.cancel(); }
+
+ private:
+  static constexpr int per_second = 5;
+  asio::steady_timer timer_;
+  clock::time_point window_{};
+  int logged_ = 0;
+  std::uint64_t suppressed_ = 0;
+};
+
+bool out_of_descriptors(const asio::error_code& ec) {
+  return ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space || ec == asio::error::no_memory ||
+         ec.value() == ENFILE;
+}
+
+}  // namespace
 
 class listener_impl : public std::enable_shared_from_this<listener_impl> {
  public:
   listener_impl(const asio::any_io_executor& ex, const tls_context& ctx, const asio::ip::tcp::endpoint& at,
                 listener_options opts)
-      : ex_(ex), ctx_(ctx), opts_(std::move(opts)), acceptor_(ex), ready_wake_(ex), slot_wake_(ex) {
+      : ex_(ex),
+        ctx_(ctx),
+        opts_(std::move(opts)),
+        acceptor_(ex),
+        ready_wake_(ex),
+        slot_wake_(ex),
+        backoff_(ex),
+        refusals_(ex) {
     if (!ctx_.has_certificate()) throw core::error("a listener needs a TLS context with a certificate");
+    if (opts_.max_handshakes == 0 || opts_.max_handshakes_per_address == 0 || opts_.max_unaccepted == 0)
+      throw core::error("listener limits must be > 0");
     asio::error_code ec;
     acceptor_.open(at.protocol(), ec);
     if (!ec) acceptor_.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
@@ -51,7 +114,6 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
       if (!ready_.empty()) {
         channel ch = std::move(ready_.front());
         ready_.pop_front();
-        --pending_;
         slot_wake_.notify();
         co_return ch;
       }
@@ -65,6 +127,10 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
     closed_ = true;
     asio::error_code ec;
     acceptor_.close(ec);
+    backoff_.cancel();
+    refusals_.flush(endpoint_.port());
+    refusals_.cancel();
+    for (auto& h : handshakes_) h.stream->close();
     ready_wake_.notify();
     slot_wake_.notify();
   }
@@ -74,38 +140,104 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
   std::atomic<std::uint64_t> n_refused_{0};
 
  private:
+  struct handshake_slot {
+    std::string address;
+    tls_stream* stream = nullptr;
+    bool cut_off = false;
+    const char* reason = "";
+  };
+
+  // A handshake's place in the slots for as long as it runs, however it ends.
+  class slot_lease {
+   public:
+    slot_lease(listener_impl& l, std::string address, tls_stream* stream) : l_(l) {
+      ++l_.per_address_[address];
+      it_ = l_.handshakes_.insert(l_.handshakes_.end(), handshake_slot{std::move(address), stream});
+    }
+    ~slot_lease() {
+      auto n = l_.per_address_.find(it_->address);
+      if (n != l_.per_address_.end() && --n->second == 0) l_.per_address_.erase(n);
+      l_.handshakes_.erase(it_);
+    }
+    slot_lease(const slot_lease&) = delete;
+    slot_lease& operator=(const slot_lease&) = delete;
+    const handshake_slot& slot() const { return *it_; }
+
+   private:
+    listener_impl& l_;
+    std::list<handshake_slot>::iterator it_;
+  };
+
   asio::awaitable<void> accept_loop(std::shared_ptr<listener_impl> self) {
     while (!closed_) {
-      while (pending_ >= opts_.max_pending && !closed_) co_await slot_wake_.wait();
+      while (ready_.size() >= opts_.max_unaccepted && !closed_) co_await slot_wake_.wait();
       if (closed_) break;
       auto [ec, socket] = co_await acceptor_.async_accept(nothrow);
       if (closed_) break;
       if (ec) {
-        logger()->warn("listener on port {}: accept failed: {}", endpoint_.port(), ec.message());
+        co_await accept_failed(ec);
         continue;
       }
-      ++pending_;
-      // An exception escaping a handshake (a bug) refuses that connection only: its slot is freed.
-      asio::co_spawn(ex_, handshake(self, std::move(socket)),
+      asio::error_code aec;
+      const auto peer = socket.remote_endpoint(aec);
+      std::string address = aec ? std::string("?") : peer.address().to_string();
+      if (const auto n = per_address_.find(address);
+          n != per_address_.end() && n->second >= opts_.max_handshakes_per_address) {
+        refuse(address + ":" + std::to_string(peer.port()),
+               std::to_string(n->second) + " handshakes from that address already in progress");
+        continue;  // the socket closes here
+      }
+      if (handshakes_.size() >= opts_.max_handshakes) cut_off_oldest("all handshake slots taken");
+      // An exception escaping a handshake (a bug) refuses that connection only.
+      asio::co_spawn(ex_, handshake(self, std::move(socket), std::move(address)),
                      log_failure("TLS handshake", [self](const std::string& why) { self->refuse("?", why); }));
     }
   }
 
-  asio::awaitable<void> handshake(std::shared_ptr<listener_impl> self, asio::ip::tcp::socket socket) {
+  // Out of descriptors: the oldest handshake makes room, and accepting pauses a moment so the
+  // loop does not spin on an error it cannot clear.
+  asio::awaitable<void> accept_failed(const asio::error_code& ec) {
+    if (!out_of_descriptors(ec)) {
+      logger()->warn("listener on port {}: accept failed: {}", endpoint_.port(), ec.message());
+      co_return;
+    }
+    refusals_.note(endpoint_.port(), "?", "cannot accept: " + ec.message());
+    cut_off_oldest("out of file descriptors");
+    backoff_.expires_after(std::chrono::milliseconds(50));
+    co_await backoff_.async_wait(nothrow);
+  }
+
+  void cut_off_oldest(const char* why) {
+    for (auto& h : handshakes_)
+      if (!h.cut_off) {
+        h.cut_off = true;
+        h.reason = why;
+        h.stream->close();
+        return;
+      }
+  }
+
+  asio::awaitable<void> handshake(std::shared_ptr<listener_impl> self, asio::ip::tcp::socket socket,
+                                  std::string address) {
     std::unique_ptr<tls_stream> stream;
     try {
       stream = std::make_unique<tls_stream>(std::move(socket), ctx_, tls_stream::side::server);
     } catch (const std::exception& e) {
-      refuse("?", e.what());
+      refuse(address, e.what());
       co_return;
     }
     stream->set_allowed_identities(opts_.allowed_identities);
     tls_stream* raw = stream.get();
     status st;
     {
+      slot_lease lease(*this, std::move(address), raw);
       watchdog guard(ex_, opts_.handshake_timeout, [raw] { raw->close(); });
       st = co_await stream->handshake();
-      if (guard.fired()) st = failure(errc::timeout, "handshake timed out");
+      if (lease.slot().cut_off)
+        st = failure(errc::closed, std::string("cut off before authentication: ") + lease.slot().reason);
+      else if (guard.fired())
+        st = failure(errc::timeout, "no authenticated peer after " + std::to_string(opts_.handshake_timeout.count()) +
+                                        " ms (handshake timed out)");
     }
     if (!st) {
       refuse(stream->remote(), st.error().reason());
@@ -114,20 +246,14 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
     logger()->info("accepted {} ({}) from {}", stream->peer_identity(),
                    stream->peer_role() ? core::tier_name(*stream->peer_role()) : "no role", stream->remote());
     ++n_accepted_;
-    if (closed_) {
-      --pending_;
-      slot_wake_.notify();
-      co_return;
-    }
+    if (closed_) co_return;
     ready_.push_back(start_channel(std::move(stream), opts_.channel));
     ready_wake_.notify();
   }
 
   void refuse(const std::string& remote, const std::string& reason) {
-    logger()->warn("refused connection from {}: {}", remote, reason);
     ++n_refused_;
-    --pending_;
-    slot_wake_.notify();
+    refusals_.note(endpoint_.port(), remote, reason);
   }
 
   asio::any_io_executor ex_;
@@ -135,10 +261,13 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
   listener_options opts_;
   asio::ip::tcp::acceptor acceptor_;
   std::deque<channel> ready_;
-  std::size_t pending_ = 0;
+  std::list<handshake_slot> handshakes_;  // oldest first
+  std::unordered_map<std::string, std::size_t> per_address_;
   bool closed_ = false;
   wakeup ready_wake_;
   wakeup slot_wake_;
+  asio::steady_timer backoff_;
+  refusal_log refusals_;
 };
 
 }  // namespace detail

@@ -22,9 +22,11 @@
 
 namespace cleave::runtime {
 
-// SIGPIPE never kills a node: a write to a peer that reset the connection is an error value.
-// Idempotent; every node calls it before it opens a socket.
-void ignore_sigpipe();
+// Process settings every node needs before it opens a socket (idempotent): SIGPIPE never kills
+// it (a write to a peer that reset the connection is an error value), and its soft limit on open
+// files is raised to the hard one, so that a flood of connections meets the listener's own
+// limits rather than the system's 1024 descriptors.
+void prepare_process();
 
 class executors {
  public:

@@ -18,11 +18,17 @@
 
 namespace cleave::transport {
 
+// Before a connection is authenticated it costs the listener a socket and a TLS state, so
+// what strangers can hold is bounded: each handshake has a deadline, one address may have only
+// a few in progress, and when all slots are taken the oldest handshake is cut off for the
+// newcomer (a flood of idle connections cannot keep devices out).
 struct listener_options {
   channel_options channel;
-  std::vector<std::string> allowed_identities;  // empty: any identity the CA signed
-  std::chrono::milliseconds handshake_timeout{10000};
-  std::size_t max_pending = 64;  // handshakes in progress + channels not yet accepted
+  std::vector<std::string> allowed_identities;        // empty: any identity the CA signed
+  std::chrono::milliseconds handshake_timeout{5000};  // from TCP accept to an authenticated peer
+  std::size_t max_handshakes = 1024;                  // in progress at once
+  std::size_t max_handshakes_per_address = 16;        // in progress from one IP address; more are closed
+  std::size_t max_unaccepted = 64;  // authenticated channels not yet taken by accept(); accepting waits above
 };
 
 namespace detail {
@@ -47,7 +53,7 @@ class listener {
   // Stops accepting; channels already accepted are not affected.
   void close();
 
-  // Thread-safe counters.
+  // Thread-safe counters: authenticated channels; connections refused or cut off before that.
   std::uint64_t n_accepted() const;
   std::uint64_t n_refused() const;
 

@@ -1,0 +1,160 @@
+// What a stranger or a slow peer can hold of a listener: floods of idle TCP connections (from one
+// address and from many) do not keep a device from joining, and a peer trickling a frame after
+// login is closed when the frame is overdue.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <chrono>
+#include <vector>
+
+#include "channel_pair.h"
+#include "cleave/transport/connect.h"
+#include "cleave/transport/listener.h"
+#include "cleave/transport/tls_stream.h"
+#include "test_support.h"
+
+using namespace cleave;
+using namespace cleave::transport;
+using namespace cleave::transport::testing;
+using namespace std::chrono_literals;
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+// Plain TCP connections that never speak, from 127.0.0.x addresses chosen by `source(i)`.
+class idle_flood {
+ public:
+  template <class Source>
+  idle_flood(std::uint16_t port, int n, Source source) {
+    rlimit lim{};
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &lim) == 0);
+    if (lim.rlim_cur < lim.rlim_max) {
+      lim.rlim_cur = lim.rlim_max;
+      ::setrlimit(RLIMIT_NOFILE, &lim);
+    }
+    REQUIRE_MESSAGE(lim.rlim_cur > static_cast<rlim_t>(2 * n + 200), "too few file descriptors for the flood");
+    for (int i = 0; i < n; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      REQUIRE(fd >= 0);
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      REQUIRE(::inet_pton(AF_INET, source(i).c_str(), &from.sin_addr) == 1);
+      REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0);
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_port = htons(port);
+      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
+      fds_.push_back(fd);
+    }
+  }
+  ~idle_flood() {
+    for (int fd : fds_) ::close(fd);
+  }
+  idle_flood(const idle_flood&) = delete;
+  idle_flood& operator=(const idle_flood&) = delete;
+
+ private:
+  std::vector<int> fds_;
+};
+
+// Seconds a device needs to connect and be accepted while the flood holds.
+double join_seconds(io_thread& rt, listener& lis) {
+  const tls_context device_ctx(pki().device());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto pair = rt.run(open_pair(lis, device_ctx));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(pair.server.peer_identity() == "device-1");
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("2000 idle connections from one address do not keep a device from another address out") {
+  io_thread rt;
+  listener lis(rt.executor(), tls_context(pki().server()), loopback());
+  idle_flood flood(lis.port(), 2000, [](int) { return std::string("127.0.0.2"); });
+  const double s = join_seconds(rt, lis);
+  MESSAGE("device joined in " << s << " s during a flood of 2000 idle connections from one address");
+  CHECK(s < 5.0);
+  // All but the per-address allowance were turned away at once, and said so (in few lines).
+  CHECK(eventually([&] { return lis.n_refused() >= 2000 - 16; }));
+  CHECK(logged("refused connection from 127.0.0.2", "handshakes from that address already in progress"));
+  CHECK(eventually([] { return logged("more connections refused in the last second"); }));
+}
+
+TEST_CASE("2000 idle connections from 200 addresses: the oldest handshakes make room, a device still joins") {
+  io_thread rt;
+  listener_options lo;
+  lo.max_handshakes = 256;
+  listener lis(rt.executor(), tls_context(pki().server()), loopback(), lo);
+  idle_flood flood(lis.port(), 2000, [](int i) { return "127.0.1." + std::to_string(1 + i % 200); });
+  const double s = join_seconds(rt, lis);
+  MESSAGE("device joined in " << s << " s during a flood of 2000 idle connections from 200 addresses");
+  CHECK(s < 5.0);
+  CHECK(eventually([&] { return lis.n_refused() >= 2000 - 256; }));
+  CHECK(eventually([] { return logged("cut off before authentication: all handshake slots taken"); }));
+}
+
+TEST_CASE("an idle connection is closed when the pre-authentication deadline passes") {
+  io_thread rt;
+  listener_options lo;
+  lo.handshake_timeout = 300ms;
+  listener lis(rt.executor(), tls_context(pki().server()), loopback(), lo);
+  {
+    idle_flood flood(lis.port(), 3, [](int) { return std::string("127.0.0.3"); });
+    CHECK(eventually([&] { return lis.n_refused() == 3; }));
+  }
+  CHECK(logged("refused connection from 127.0.0.3", "no authenticated peer after 300 ms"));
+  CHECK(join_seconds(rt, lis) < 5.0);
+}
+
+TEST_CASE("an authenticated peer that trickles a frame one byte at a time is closed when the frame is overdue") {
+  io_thread rt;
+  listener_options lo;
+  lo.channel.heartbeat = 20ms;
+  lo.channel.idle_timeout = 300ms;
+  lo.channel.min_frame_rate = 1000;  // bytes per second: a 204-byte frame is due 0.5 s after it began
+  listener lis(rt.executor(), tls_context(pki().server()), loopback(), lo);
+  const tls_context device_ctx(pki().device());
+  const auto t0 = std::chrono::steady_clock::now();
+  rt.run([&]() -> asio::awaitable<void> {
+    auto trickle = [&]() -> asio::awaitable<void> {
+      auto ex = co_await asio::this_coro::executor;
+      asio::ip::tcp::socket socket(ex);
+      co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), lis.port()}, asio::use_awaitable);
+      tls_stream s(std::move(socket), device_ctx, tls_stream::side::client);
+      REQUIRE((co_await s.handshake()).ok());
+      const std::byte frame[4] = {std::byte{200}, std::byte{0}, std::byte{0}, std::byte{0}};
+      asio::steady_timer t(ex);
+      // One byte every 50 ms: far quicker than the idle timeout, far slower than the frame rate.
+      for (int i = 0; i < 200; ++i) {
+        const std::byte b = i < 4 ? frame[i] : std::byte{0};
+        if (!(co_await s.write_all(std::span<const std::byte>(&b, 1))).ok()) break;
+        t.expires_after(50ms);
+        co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+      }
+    };
+    auto server_side = [&]() -> asio::awaitable<void> {
+      auto ch = co_await lis.accept();
+      REQUIRE_MESSAGE(ch.ok(), why(ch));
+      auto r = co_await ch->receive();
+      REQUIRE_FALSE(r.ok());
+      CHECK(r.error().code() == errc::timeout);
+      CHECK_MESSAGE(r.error().reason().find("a frame of 200 bytes still incomplete after") != std::string::npos,
+                    r.error().reason());
+    };
+    co_await (trickle() && server_side());
+  }());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(s < 5.0);  // the trickle alone would take 10 s
+  CHECK(logged("closed:", "the peer sends too slowly"));
+}
