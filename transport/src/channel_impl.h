@@ -116,6 +116,8 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   asio::awaitable<void> writer(std::shared_ptr<channel_impl> self);
   asio::awaitable<void> heartbeat(std::shared_ptr<channel_impl> self);
   asio::awaitable<status> read_exact(std::byte* p, std::size_t n, std::size_t& done);
+  void frame_length_known(std::uint32_t len);  // moves the frame's deadline by its size
+  void frame_complete();
   // The next message off the stream; nothing once the stream ended (cleanly between frames, or
   // the channel aborted with the reason).
   asio::awaitable<std::optional<message>> read_message();
@@ -178,6 +180,11 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   // (sequence, send time) of recent Pings: only Pongs answering one of them count.
   std::array<std::pair<std::uint64_t, std::uint64_t>, 8> recent_pings_{};
   clock::time_point last_rx_;
+  // While a frame is being read: when it began, its length (0 while the header is incomplete)
+  // and when it must be complete.
+  clock::time_point frame_began_{};
+  std::uint32_t frame_len_ = 0;
+  clock::time_point frame_due_ = clock::time_point::max();
   clock::time_point last_big_send_;  // the last frame that measured the send bandwidth
   errc close_code_ = errc::closed;
 

@@ -16,8 +16,25 @@ asio::awaitable<status> channel_impl::read_exact(std::byte* p, std::size_t n, st
     if (!r) co_return r.error();
     done += *r;
     last_rx_ = clock::now();
+    if (frame_due_ == clock::time_point::max() && opts_.idle_timeout.count() > 0 && opts_.min_frame_rate > 0) {
+      frame_began_ = last_rx_;
+      frame_due_ = last_rx_ + opts_.idle_timeout;
+    }
   }
   co_return status{};
+}
+
+void channel_impl::frame_length_known(std::uint32_t len) {
+  frame_len_ = len;
+  if (frame_due_ == clock::time_point::max()) return;
+  const double secs = static_cast<double>(frame_header_bytes + len) / opts_.min_frame_rate;
+  frame_due_ = frame_began_ + opts_.idle_timeout +
+               std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(secs));
+}
+
+void channel_impl::frame_complete() {
+  frame_due_ = clock::time_point::max();
+  frame_len_ = 0;
 }
 
 void channel_impl::handle_pong(const wire::Pong& p) {
@@ -55,6 +72,7 @@ asio::awaitable<std::optional<message>> channel_impl::read_message() {
     abort(errc::bad_frame, *why);
     co_return std::nullopt;
   }
+  frame_length_known(len);
   aligned_bytes buf = aligned_bytes::allocate(frame_header_bytes + len);
   if (buf.empty()) {
     abort(errc::out_of_memory, "cannot allocate " + std::to_string(len) + " bytes for a frame");
@@ -72,6 +90,7 @@ asio::awaitable<std::optional<message>> channel_impl::read_message() {
     const double secs = std::chrono::duration<double>(clock::now() - t0).count();
     if (secs > 0) ewma(receive_bps_, static_cast<double>(len) / secs);
   }
+  frame_complete();
   bytes_received_ += frame_header_bytes + len;
   auto decoded = decode_frame(std::move(buf), opts_.limits);
   if (!decoded) {
@@ -238,6 +257,13 @@ asio::awaitable<void> channel_impl::heartbeat(std::shared_ptr<channel_impl> self
     if (closing_ || closed_) break;
     if (opts_.idle_timeout.count() > 0 && !reader_paused_ && clock::now() - last_rx_ > opts_.idle_timeout) {
       abort(errc::timeout, "idle timeout: nothing received for " + std::to_string(opts_.idle_timeout.count()) + " ms");
+      break;
+    }
+    if (clock::now() > frame_due_) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - frame_began_).count();
+      abort(errc::timeout, frame_len_ ? "a frame of " + std::to_string(frame_len_) + " bytes still incomplete after " +
+                                            std::to_string(ms) + " ms (the peer sends too slowly)"
+                                      : "a frame header still incomplete after " + std::to_string(ms) + " ms");
       break;
     }
     if (opts_.heartbeat.count() > 0 && pings_queued_ == 0) {

@@ -28,6 +28,9 @@ struct channel_options {
   std::size_t max_inbox_bytes = 256u << 20;       // received, not yet taken by receive()
   std::chrono::milliseconds heartbeat{1000};      // Ping period, at most idle_timeout / 4 (0: no Pings)
   std::chrono::milliseconds idle_timeout{10000};  // close when nothing arrives for this long (0: never)
+  // A frame, once begun, must be complete within idle_timeout plus its size at this rate
+  // (bytes per second), so a peer trickling bytes cannot hold a channel (0: no bound).
+  double min_frame_rate = 32 * 1024;
   std::chrono::milliseconds close_timeout{2000};  // bound on a clean close
   // When no frame of 64 KiB or more went out for this long, a heartbeat carries 64 KiB of
   // padding so the link's bandwidth stays measured (0: never).
