@@ -117,6 +117,7 @@ struct agent_options {
   double idle_timeout = 10;
   std::string memory_budget;
   std::string connect = "127.0.0.1:7000", shard = "0/1";
+  std::string upstream_role;
 };
 
 struct demo_options {
@@ -175,6 +176,7 @@ void run_agent(agent_options& o) {
     throw core::error("--shard '" + o.shard + "': expected K/N, e.g. 2/4");
   }
   if (o.c.name.empty()) o.c.name = "device-" + std::to_string(o.c.id);
+  if (!o.upstream_role.empty()) o.c.upstream_role = core::tier_from_name(o.upstream_role);
   if (!o.memory_budget.empty()) o.c.memory_budget = parse_bytes(o.memory_budget, "--memory-budget");
   set_idle_timeout(o.c.links, o.idle_timeout);
   device::agent node(o.c);
@@ -459,6 +461,10 @@ void add_agent_command(CLI::App& app) {
   a->add_option("--id", ao.c.id, "device id (> 0, unique)")->required()->check(CLI::Range(1, 999999));
   a->add_option("--connect", ao.connect, "HOST:PORT of its edge or the server")->capture_default_str();
   a->add_option("--upstream-name", ao.c.upstream_name, "required certificate name of the upstream node");
+  a->add_option("--upstream-role", ao.upstream_role,
+                "role the upstream's certificate must hold: server or edge (default: server, or either when "
+                "--upstream-name pins the node)")
+      ->check(CLI::IsMember({"server", "edge"}));
   a->add_option("--backend", ao.c.backend, "compute backend")->capture_default_str();
   a->add_option("--data", ao.c.data, "'fashion-mnist' or a directory of IDX files")->capture_default_str();
   a->add_option("--shard", ao.shard, "K/N: this device holds shard K of N")->capture_default_str();

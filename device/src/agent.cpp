@@ -26,10 +26,21 @@ std::uint64_t default_order_seed(std::uint64_t partition_seed, std::uint32_t id)
   return core::mix64(partition_seed ^ (0xde71ce00ULL + id));
 }
 
+namespace {
+
+std::vector<core::tier> upstream_roles(const agent_config& c) {
+  if (c.upstream_role) return {*c.upstream_role};
+  if (c.upstream_name.empty()) return {core::tier::server};
+  return {core::tier::server, core::tier::edge};
+}
+
+}  // namespace
+
 class agent::impl {
  public:
   explicit impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_string(c_.id)), wake_(ex_.work()) {
     if (c_.id == 0) throw core::error("device id must be > 0");
+    if (c_.upstream_role == core::tier::device) throw core::error("a device's upstream is a server or an edge");
     if (!(c_.slowdown >= 1.0)) throw core::error("slowdown must be >= 1");
     if (c_.order_seed == 0) c_.order_seed = default_order_seed(c_.partition_seed, c_.id);
   }
@@ -409,7 +420,7 @@ int agent::impl::run() {
     // What was in flight went with the link; the server counts this device out of the round.
     ex_.post_compute([this] { abandon("the link was lost"); });
   };
-  up_.emplace(ex_, *tls_, c_.upstream_host, c_.upstream_port, c_.upstream_name, c_.links,
+  up_.emplace(ex_, *tls_, c_.upstream_host, c_.upstream_port, c_.upstream_name, upstream_roles(c_), c_.links,
               runtime::upstream::handlers{[this](const runtime::session_ptr& s) { on_connected(s); },
                                           [this](transport::message m) { on_message(std::move(m)); }, lost});
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {

@@ -444,7 +444,8 @@ int edge_node::impl::run() {
                      [this](const runtime::session_ptr& s, transport::message m) { on_device(s, std::move(m)); },
                      [this](const runtime::session_ptr& s, const std::string& why) { on_device_closed(s, why); }});
   port_.store(below_->port());
-  up_.emplace(ex_, *tls_, c_.upstream_host, c_.upstream_port, c_.upstream_name, c_.links,
+  up_.emplace(ex_, *tls_, c_.upstream_host, c_.upstream_port, c_.upstream_name, std::vector{core::tier::server},
+              c_.links,
               runtime::upstream::handlers{[this](const runtime::session_ptr& s) { on_upstream_connected(s); },
                                           [this](transport::message m) { on_server(std::move(m)); },
                                           [this](const std::string&) { collecting_ = false; }});

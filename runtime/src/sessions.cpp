@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <asio/experimental/as_tuple.hpp>
 #include <random>
 
@@ -159,11 +160,12 @@ asio::awaitable<void> acceptor::shutdown() {
 }
 
 upstream::upstream(executors& ex, const transport::tls_context& tls, std::string host, std::uint16_t port,
-                   std::string name, const link_settings& links, handlers h)
+                   std::string name, std::vector<core::tier> roles, const link_settings& links, handlers h)
     : ex_(ex),
       tls_(tls),
       host_(std::move(host)),
       name_(std::move(name)),
+      roles_(std::move(roles)),
       port_(port),
       links_(links),
       h_(std::move(h)) {}
@@ -211,6 +213,14 @@ asio::awaitable<void> upstream::run() {
     s->ch = std::move(r.value());
     s->identity = s->ch.peer_identity();
     const auto since = clock::now();
+    if (const std::string wrong = wrong_peer(*s); !wrong.empty()) {
+      // Nothing is sent to a node that is not the one configured: not a Hello, not data.
+      spdlog::error("{}: {} at {}:{} is not the configured upstream: {}", ex_.who(), s->identity, host_, port_, wrong);
+      co_await s->ch.close();
+      if (refused(wrong, backoff)) co_return;
+      co_await wait();
+      continue;
+    }
     spdlog::info("{}: connected to {} ({})", ex_.who(), s->identity, s->ch.remote());
     {
       std::lock_guard lock(mu_);
@@ -252,6 +262,24 @@ asio::awaitable<void> upstream::run() {
     if (!refusal.empty() && refused(refusal, backoff)) co_return;
     co_await wait();
   }
+}
+
+std::string upstream::wrong_peer(const session& s) const {
+  const auto role = s.ch.peer_role();
+  auto names = [this] {
+    std::string out;
+    for (auto r : roles_) out += (out.empty() ? "" : " or ") + std::string(core::tier_name(r));
+    return out;
+  };
+  if (!role) return "its certificate '" + s.identity + "' holds no role (expected " + names() + ")";
+  if (std::find(roles_.begin(), roles_.end(), *role) == roles_.end())
+    return "its certificate '" + s.identity + "' is for the " + std::string(core::tier_name(*role)) +
+           " role, expected " + names() +
+           (roles_ == std::vector{core::tier::server} && name_.empty()
+                ? " (an agent behind an edge names it with --upstream-name or "
+                  "--upstream-role edge)"
+                : "");
+  return {};
 }
 
 std::string upstream::on_error(const wire::Error& e) {

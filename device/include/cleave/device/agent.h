@@ -23,6 +23,9 @@ struct agent_config {
   std::string upstream_host = "127.0.0.1";
   std::uint16_t upstream_port = 7000;
   std::string upstream_name;  // required certificate name of the upstream node ("" = any the CA signed)
+  // The role the upstream's certificate must hold. Unset: a server when no name is pinned, a
+  // server or an edge when upstream_name pins one. Never a device.
+  std::optional<core::tier> upstream_role;
   std::string backend = "auto";
   std::string data = "fashion-mnist";
   // Which part of the training set this device holds: shard `shard` of `n_shards` under

@@ -116,8 +116,10 @@ class upstream {
     std::function<void(transport::message)> on_message;
     std::function<void(const std::string& why)> on_lost;
   };
+  // `name`: the certificate name the upstream must have ("" = any the CA signed); `roles`: the
+  // tiers its certificate may hold (a peer with another is left, counted as a refusal).
   upstream(executors& ex, const transport::tls_context& tls, std::string host, std::uint16_t port, std::string name,
-           const link_settings& links, handlers h);
+           std::vector<core::tier> roles, const link_settings& links, handlers h);
   // Connects and serves until the node stops; reconnects after every loss.
   asio::awaitable<void> run();
   // Thread-safe: posts on the current channel; false (message dropped) while disconnected.
@@ -133,10 +135,13 @@ class upstream {
   std::string on_error(const wire::Error& e);
   // Counts a refusal; true when the node gives up (it has then been stopped).
   bool refused(const std::string& why, double& backoff);
+  // Why a freshly connected upstream is not the one configured ("" when it is).
+  std::string wrong_peer(const session& s) const;
 
   executors& ex_;
   const transport::tls_context& tls_;
   std::string host_, name_;
+  std::vector<core::tier> roles_;
   std::uint16_t port_;
   link_settings links_;
   handlers h_;
