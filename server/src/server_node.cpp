@@ -336,8 +336,16 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
     }
     return 0;
   };
+  std::vector<runtime::session_ptr> via;
+  for (auto id : participants) via.push_back(devices_.at(id).via);
   co_await ex_.compute(std::move(install));
-  round_.members.insert(participants.begin(), participants.end());
+  // Devices that left (or came back on a new connection) while the replicas were installed are
+  // not in this round: it would wait for them until its deadline.
+  for (std::size_t i = 0; i < participants.size(); ++i) {
+    const auto& d = devices_.at(participants[i]);
+    if (d.connected && d.via == via[i]) round_.members.insert(participants[i]);
+  }
+  std::erase_if(participants, [this](std::uint32_t id) { return !round_.members.count(id); });
   round_.at = phase::collecting;
   if (c_.on_round_start) c_.on_round_start(number, static_cast<int>(participants.size()));
   const auto deadline = clock::now() + std::chrono::milliseconds(static_cast<long>(c_.round_deadline_s * 1000));
