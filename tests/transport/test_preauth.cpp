@@ -1,11 +1,6 @@
 // What a stranger or a slow peer can hold of a listener: floods of idle TCP connections (from one
 // address and from many) do not keep a device from joining, and a peer trickling a frame after
 // login is closed when the frame is overdue.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
@@ -15,6 +10,7 @@
 #include <chrono>
 #include <vector>
 
+#include "../support/idle_flood.h"
 #include "channel_pair.h"
 #include "cleave/transport/connect.h"
 #include "cleave/transport/listener.h"
@@ -24,47 +20,11 @@
 using namespace cleave;
 using namespace cleave::transport;
 using namespace cleave::transport::testing;
+using cleave::testing::idle_flood;
 using namespace std::chrono_literals;
 using namespace asio::experimental::awaitable_operators;
 
 namespace {
-
-// Plain TCP connections that never speak, from 127.0.0.x addresses chosen by `source(i)`.
-class idle_flood {
- public:
-  template <class Source>
-  idle_flood(std::uint16_t port, int n, Source source) {
-    rlimit lim{};
-    REQUIRE(::getrlimit(RLIMIT_NOFILE, &lim) == 0);
-    if (lim.rlim_cur < lim.rlim_max) {
-      lim.rlim_cur = lim.rlim_max;
-      ::setrlimit(RLIMIT_NOFILE, &lim);
-    }
-    REQUIRE_MESSAGE(lim.rlim_cur > static_cast<rlim_t>(2 * n + 200), "too few file descriptors for the flood");
-    for (int i = 0; i < n; ++i) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      REQUIRE(fd >= 0);
-      sockaddr_in from{};
-      from.sin_family = AF_INET;
-      REQUIRE(::inet_pton(AF_INET, source(i).c_str(), &from.sin_addr) == 1);
-      REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0);
-      sockaddr_in to{};
-      to.sin_family = AF_INET;
-      to.sin_port = htons(port);
-      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
-      fds_.push_back(fd);
-    }
-  }
-  ~idle_flood() {
-    for (int fd : fds_) ::close(fd);
-  }
-  idle_flood(const idle_flood&) = delete;
-  idle_flood& operator=(const idle_flood&) = delete;
-
- private:
-  std::vector<int> fds_;
-};
 
 // Seconds a device needs to connect and be accepted while the flood holds.
 double join_seconds(io_thread& rt, listener& lis) {

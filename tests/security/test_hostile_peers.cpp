@@ -1,0 +1,296 @@
+// Probes as an attacker would make them, against the real `cleave server`, `edge` and `agent`
+// on loopback: openssl s_client and a hostile client written here (raw TCP, and mutual TLS with
+// certificates of the federation). Each asserts the refusal, its logged reason, and that a
+// legitimate device keeps training.
+#include <doctest/doctest.h>
+
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+
+#include "cleave/transport/tls_stream.h"
+#include "nodes.h"
+
+using namespace cleave;
+using namespace cleave::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
+
+// Connects with `tls`, says Hello as device `id` and returns the first answer's type, or the
+// reason the link ended ("closed: ...").
+asio::awaitable<std::string> hello_answer(transport::tls_context tls, std::uint16_t port, std::uint32_t id) {
+  auto ch = co_await transport::connect(tls, "127.0.0.1", port);
+  if (!ch) co_return "connect failed: " + ch.error().reason();
+  transport::hello_info h;
+  h.role = core::tier::device;
+  h.node_id = id;
+  co_await ch->send(transport::make_hello(h));
+  auto m = co_await ch->receive();
+  if (!m) co_return "closed: " + m.error().reason();
+  std::string out(transport::body_name(m->type()));
+  if (const auto* e = m->as<wire::Error>()) out += ": " + (e->message() ? e->message()->str() : std::string());
+  co_await ch->close();
+  co_return out;
+}
+
+// TLS ClientHellos cut short in the ways a scanner does: openssl s_client without a client
+// certificate, and a TCP connection that sends the start of a ClientHello and resets.
+void cut_short_handshakes(std::uint16_t port, int n) {
+  for (int i = 0; i < n; ++i) {
+    CHECK(shell("openssl s_client -connect 127.0.0.1:" + std::to_string(port) +
+                " -tls1_3 -no_ign_eof < /dev/null > /dev/null 2>&1") >= 0);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
+    const unsigned char hello[] = {0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03};
+    CHECK(::write(fd, hello, sizeof hello) == static_cast<ssize_t>(sizeof hello));
+    linger reset{1, 0};  // close with RST
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ClientHellos followed by a close or a reset neither stop the server nor the edge") {
+  REQUIRE_MESSAGE(shell("openssl version > /dev/null 2>&1") == 0, "the openssl command is needed");
+  workspace w("sec-prekill", 2, 512, 128);
+  node server(w, "server", server_args(w, 2, 10, 2));
+  const auto sp = server.port_after("listening on ");
+  node edge(w, "edge",
+            {"--log-level", "info", "edge", "--certs", w.certs.string(), "--name", "edge-1", "--id", "100", "--listen",
+             "127.0.0.1:0", "--server", "127.0.0.1:" + std::to_string(sp), "--server-name", "server", "--backend",
+             "reference"});
+  const auto ep = edge.port_after("devices connect to ");
+  cut_short_handshakes(sp, 10);
+  cut_short_handshakes(ep, 10);
+  CHECK(server.alive());
+  CHECK(edge.alive());
+  CHECK(server.logged("refused connection from 127.0.0.1"));
+  CHECK(edge.logged("refused connection from 127.0.0.1"));
+  // Devices straight to the server and through the edge still train to the end.
+  node a1(w, "agent-1", agent_args(w, 1, sp));
+  node a2(w, "agent-2", agent_args(w, 2, ep, {"--upstream-name", "edge-1"}));
+  CHECK_MESSAGE(server.exit_code(120) == 0, server.log());
+  CHECK(server.logged("round 2/2: 2/2 devices"));
+  CHECK(server.signal_number() == 0);
+  CHECK(edge.signal_number() == 0);
+}
+
+TEST_CASE("a device id is bound to the certificate: an impostor is refused and cannot evict the owner") {
+  workspace w("sec-identity", 2, 512, 128);
+  node server(w, "server", server_args(w, 4, 40, 1));
+  const auto sp = server.port_after("listening on ");
+  node owner(w, "agent-2", agent_args(w, 2, sp));
+  REQUIRE(server.wait_for("server: device 2 joined", 60));
+  // device-1's certificate claiming id 2, while device 2 trains.
+  node impostor(w, "impostor", agent_args(w, 2, sp, {"--name", "device-1"}));
+  CHECK(impostor.exit_code(60) != 0);
+  CHECK_MESSAGE(impostor.logged("device id 2 does not match certificate 'device-1' (it is for device 1)"),
+                impostor.log());
+  // The hostile client does not check itself: the server refuses its Hello, with the reason.
+  client_thread client;
+  for (int i = 0; i < 3; ++i)
+    CHECK(client.run(hello_answer(tls_of(w, "device-1"), sp, 2)) ==
+          "Error: Hello claims device id 2 but certificate 'device-1' is for device 1");
+  CHECK(server.logged("Hello claims device id 2 but certificate 'device-1' is for device 1"));
+  CHECK_MESSAGE(server.exit_code(120) == 0, server.log());
+  // The owner was never superseded or counted out.
+  CHECK_FALSE(server.logged("device 2 reconnected"));
+  CHECK(server.count("/1 devices") == 4);
+  CHECK(server.logged("round 4/4: 1/1 devices"));
+}
+
+TEST_CASE("idle TCP floods from one address and from 200 keep no device out: it joins within 5 s") {
+  workspace w("sec-flood", 2, 512, 128);
+  node server(w, "server", server_args(w, 2, 10, 1));
+  const auto sp = server.port_after("listening on ");
+  idle_flood one(sp, 2000, [](int) { return std::string("127.0.0.2"); });
+  idle_flood many(sp, 2000, [](int i) { return "127.0.1." + std::to_string(1 + i % 200); });
+  client_thread client;
+  const auto t0 = steady_clock::now();
+  const std::string answer = client.run(hello_answer(tls_of(w, "device-2"), sp, 2));
+  const double join = seconds_since(t0);
+  MESSAGE("a device was welcomed " << join << " s after connecting, with 4000 idle connections held");
+  CHECK(answer == "Welcome");
+  CHECK(join < 5.0);
+  // A real agent joins and trains while the flood still holds.
+  node agent(w, "agent-1", agent_args(w, 1, sp));
+  CHECK_MESSAGE(server.exit_code(120) == 0, server.log() << agent.log());
+  CHECK(server.logged("handshakes from that address already in progress"));
+  CHECK(server.logged("more connections refused in the last second"));
+}
+
+TEST_CASE("a node refused for its role gets the reason as an Error, backs off and stops with a clear message") {
+  workspace w("sec-role", 3, 512, 128);
+  node server(w, "server", server_args(w, 2, 10, 1));
+  const auto sp = server.port_after("listening on ");
+  // An edge running with a device's certificate: the server refuses its Hello.
+  client_thread client;
+  const auto t0 = steady_clock::now();
+  node fake_edge(w, "fake-edge",
+                 {"--log-level", "info", "edge", "--certs", w.certs.string(), "--name", "device-3", "--id", "100",
+                  "--listen", "127.0.0.1:0", "--server", "127.0.0.1:" + std::to_string(sp), "--server-name", "server",
+                  "--backend", "reference"});
+  CHECK(fake_edge.exit_code(60) != 0);
+  const double took = seconds_since(t0);
+  CHECK_MESSAGE(fake_edge.logged("refused by server 5 times in a row"), fake_edge.log());
+  CHECK(fake_edge.logged("Hello claims role edge but the certificate says device"));
+  // At most one attempt a second after a refusal: no storm.
+  const int attempts = server.count("refused device-3");
+  MESSAGE(attempts << " attempts in " << took << " s");
+  CHECK(attempts == 5);
+  CHECK(took >= 4.0);
+  // The server still serves devices.
+  node agent(w, "agent-1", agent_args(w, 1, sp));
+  CHECK_MESSAGE(server.exit_code(120) == 0, server.log());
+}
+
+TEST_CASE("the server's memory stays flat over 10,000 device connect and disconnect cycles") {
+  workspace w("sec-cycles", 2, 512, 128);
+  node server(w, "server", server_args(w, 1, 10, 2));
+  const auto sp = server.port_after("listening on ", 60);
+  client_thread client;
+  const auto tls = tls_of(w, "device-1");
+  auto cycles = [&](int n) {
+    return client.run([&, n]() -> asio::awaitable<int> {
+      int welcomed = 0;
+      for (int i = 0; i < n; ++i)
+        if (co_await hello_answer(tls, sp, 1) == "Welcome") ++welcomed;
+      co_return welcomed;
+    }());
+  };
+  const int n = std::getenv("CLEAVE_SECURITY_CYCLES") ? std::atoi(std::getenv("CLEAVE_SECURITY_CYCLES")) : 10000;
+  const auto t0 = steady_clock::now();
+  CHECK(cycles(n / 10) == n / 10);  // warm-up: pools, allocator arenas, the TLS session cache
+  const long before = server.rss_kib();
+  CHECK(cycles(n - n / 10) == n - n / 10);
+  const long after = server.rss_kib();
+  MESSAGE("server RSS " << before / 1024.0 << " MiB after " << n / 10 << " cycles, " << after / 1024.0 << " MiB after "
+                        << n << " (" << (100.0 * (after - before) / before) << "%), " << seconds_since(t0) << " s");
+  CHECK(after <= before * 105 / 100);
+  CHECK(server.alive());
+}
+
+TEST_CASE("an agent that pins no upstream refuses an edge's certificate; specs too deep or too big are refused") {
+  workspace w("sec-upstream", 2, 512, 128);
+  client_thread client;
+  // A hostile node holding an edge certificate, listening for agents.
+  transport::listener fake(client.executor(), tls_of(w, "edge-1"), {asio::ip::make_address("127.0.0.1"), 0});
+  {
+    node agent(w, "agent-unpinned", agent_args(w, 1, fake.port()));
+    const std::string got = client.run([&]() -> asio::awaitable<std::string> {
+      auto ch = co_await fake.accept();
+      if (!ch) co_return "not accepted";
+      auto m = co_await ch->receive();
+      co_return m ? std::string(transport::body_name(m->type())) : "nothing";
+    }());
+    CHECK(got == "nothing");  // not even a Hello
+    CHECK(agent.wait_for("its certificate 'edge-1' is for the edge role, expected server", 30));
+  }
+  // Told its upstream is an edge, the agent talks to it, and refuses what it sends.
+  node agent(w, "agent-edge", agent_args(w, 1, fake.port(), {"--upstream-role", "edge"}));
+  std::string nested = R"({"type": "relu"})";
+  for (int i = 0; i < 20000; ++i) nested = R"({"type": "residual", "body": [)" + nested + "]}";
+  const std::string deep = R"({"input": [784], "classes": 10, "blocks": [)" + nested + "]}";
+  const std::string wide =
+      R"({"input": [784], "classes": 10, "blocks": [{"type": "linear", "out_features": 1000000000000}]})";
+  for (const auto& [spec, reason] : {std::pair{deep, std::string("nested deeper than 64 levels")},
+                                     std::pair{wide, std::string("1000000000000 is out of range")}}) {
+    CAPTURE(reason);
+    const std::string answer = client.run([&, spec = spec]() -> asio::awaitable<std::string> {
+      auto ch = co_await fake.accept();
+      if (!ch) co_return "not accepted";
+      auto hello = co_await ch->receive();
+      if (!hello || !hello->as<wire::Hello>()) co_return "no Hello";
+      transport::plan_desc p;
+      p.epoch = 1;
+      p.model_json = spec;
+      p.micro_batch_size = 16;
+      p.n_micro_batches = 1;
+      p.device_id = 1;
+      co_await ch->send(transport::make_plan(p));
+      for (;;) {
+        auto m = co_await ch->receive();
+        if (!m) co_return "closed: " + m.error().reason();
+        if (const auto* e = m->as<wire::Error>()) co_return e->message() ? e->message()->str() : "";
+      }
+    }());
+    CHECK_MESSAGE(answer.find(reason) != std::string::npos, answer);
+    CHECK(agent.alive());
+  }
+  ::kill(agent.pid(), SIGTERM);
+  CHECK(agent.exit_code(30) == 0);
+}
+
+TEST_CASE("peer text is escaped in the server's log: a device cannot forge log lines or send terminal escapes") {
+  workspace w("sec-escape", 2, 512, 128);
+  node server(w, "server", server_args(w, 1, 10, 2));
+  const auto sp = server.port_after("listening on ");
+  client_thread client;
+  const std::string forged = "oops\n[2026-01-01 00:00:00.000] [info] round 9/9: 9/9 devices\x1b[2J\r";
+  client.run([&]() -> asio::awaitable<void> {
+    auto ch = co_await transport::connect(tls_of(w, "device-1"), "127.0.0.1", sp);
+    REQUIRE(ch.ok());
+    transport::hello_info h;
+    h.role = core::tier::device;
+    h.node_id = 1;
+    co_await ch->send(transport::make_hello(h));
+    co_await ch->send(transport::make_error(wire::ErrorCode::internal, forged));
+    co_await ch->close();
+  }());
+  REQUIRE(server.wait_for("device-1 reports: ", 30));
+  const std::string log = server.log();
+  CHECK(log.find("oops\\x0a[2026-01-01 00:00:00.000] [info] round 9/9: 9/9 devices\\x1b[2J\\x0d") != std::string::npos);
+  CHECK(log.find('\x1b') == std::string::npos);
+  CHECK(log.find("\n[2026-01-01") == std::string::npos);
+}
+
+TEST_CASE("an authenticated peer trickling one byte at a time is closed when its frame is overdue") {
+  workspace w("sec-trickle", 2, 512, 128);
+  node server(w, "server", server_args(w, 1, 10, 2, {"--idle-timeout", "1"}));
+  const auto sp = server.port_after("listening on ");
+  client_thread client;
+  const auto t0 = steady_clock::now();
+  const int sent = client.run([&]() -> asio::awaitable<int> {
+    auto ex = co_await asio::this_coro::executor;
+    asio::ip::tcp::socket socket(ex);
+    co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), sp}, asio::use_awaitable);
+    transport::tls_stream s(std::move(socket), tls_of(w, "device-1"), transport::tls_stream::side::client);
+    REQUIRE((co_await s.handshake()).ok());
+    // A frame header announcing 256 KiB, then a byte every 200 ms: always inside the idle timeout.
+    const std::byte header[4] = {std::byte{0}, std::byte{0}, std::byte{4}, std::byte{0}};
+    CHECK((co_await s.write_all(header)).ok());
+    asio::steady_timer t(ex);
+    int n = 0;
+    for (; n < 600; ++n) {
+      const std::byte b{0};
+      if (!(co_await s.write_all(std::span<const std::byte>(&b, 1))).ok()) break;
+      t.expires_after(200ms);
+      co_await t.async_wait(nothrow);
+      if (server.logged("still incomplete")) break;
+    }
+    co_return n;
+  }());
+  const double took = seconds_since(t0);
+  MESSAGE("closed after " << sent << " bytes, " << took << " s");
+  CHECK(took < 30.0);  // 1 s idle timeout + 256 KiB at 32 KiB/s = 9 s; the trickle alone takes 120 s
+  CHECK(server.logged("a frame of 262144 bytes still incomplete after"));
+  CHECK(server.alive());
+}
+
+TEST_CASE("a private key other users can read is used with a warning") {
+  workspace w("sec-key", 2, 512, 128);
+  fs::permissions(w.certs / "device-1.key", fs::perms::others_read | fs::perms::group_read, fs::perm_options::add);
+  node server(w, "server", server_args(w, 1, 5, 1));
+  const auto sp = server.port_after("listening on ");
+  node agent(w, "agent-1", agent_args(w, 1, sp));
+  CHECK(agent.wait_for("can be read by other users", 30));
+  CHECK_MESSAGE(server.exit_code(120) == 0, server.log());
+}
