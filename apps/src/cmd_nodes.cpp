@@ -437,7 +437,9 @@ void add_edge_command(CLI::App& app) {
   auto* e = app.add_subcommand("edge", "run an edge relay: devices below, the server above");
   e->add_option("--certs", eo.c.certs, "certificate directory (cleave certs)")->required();
   e->add_option("--name", eo.c.name, "this node's certificate name")->capture_default_str();
-  e->add_option("--id", eo.c.id, "node id (distinct from device ids)")->capture_default_str();
+  e->add_option("--id", eo.c.id, "node id (distinct from device ids)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 999999));
   e->add_option("--listen", eo.listen, "HOST:PORT to accept devices on")->capture_default_str();
   e->add_option("--allow", eo.c.allowed, "device certificate names allowed to connect (repeatable)");
   e->add_option("--server", eo.upstream, "HOST:PORT of the server")->capture_default_str();
@@ -492,7 +494,9 @@ void add_demo_command(CLI::App& app) {
   d->add_option("--work", dm.work, "work directory (default: a new one under /tmp)");
   d->add_option("--devices", dm.devices, "devices")->capture_default_str()->check(CLI::Range(1, 64));
   d->add_option("--rounds", dm.rounds, "rounds")->capture_default_str()->check(CLI::Range(1, 1000));
-  d->add_option("--local-steps", dm.local_steps, "steps per device per round")->capture_default_str();
+  d->add_option("--local-steps", dm.local_steps, "steps per device per round")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
   d->add_option("--partition", dm.partition, "how the training set is split across devices")->capture_default_str();
   d->add_option("--backend", dm.backend, "backend of every node")->capture_default_str();
   d->add_option("--device-backends", dm.device_backends,
@@ -500,7 +504,7 @@ void add_demo_command(CLI::App& app) {
   d->add_option("--mode", dm.mode, "splitfed or sequential")->capture_default_str();
   d->add_option("--model", dm.model, "zoo model or .json spec")->capture_default_str();
   d->add_option("--data", dm.data, "data set")->capture_default_str();
-  d->add_option("--lr", dm.lr, "learning rate")->capture_default_str();
+  d->add_option("--lr", dm.lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
   d->add_option("--lr-schedule", dm.lr_schedule, "learning rate by round: constant, step or cosine")
       ->capture_default_str();
   d->add_option("--seed", dm.seed, "seed")->capture_default_str();

@@ -47,6 +47,9 @@ std::string format_rate(double r) {
 }
 
 void run_train(const train_options& o) {
+  // A bad --resume is found before the data is read, not minutes later.
+  std::optional<core::checkpoint> resumed;
+  if (!o.resume.empty()) resumed = core::load_checkpoint(o.resume);
   const auto data = core::load_dataset(o.data);
   const auto model = core::resolve_model(o.model, data.train.item, data.train.n_classes);
   auto be = backend::make_backend(o.backend);
@@ -68,8 +71,8 @@ void run_train(const train_options& o) {
                data.train.n_classes, be->name(), be->device_name());
   core::trainer t(*be, model, c);
   int first_epoch = 0;
-  if (!o.resume.empty()) {
-    const auto ck = core::load_checkpoint(o.resume);
+  if (resumed) {
+    const auto& ck = *resumed;
     core::restore(t.model_stage(), t.opt(), ck);
     first_epoch = static_cast<int>(ck.epoch);
     spdlog::info("resumed from {} at epoch {}, step {}", o.resume, ck.epoch, ck.step);
@@ -133,7 +136,8 @@ void register_train_commands(CLI::App& app) {
   train->add_option("--warmup", o.warmup, "linear warm-up steps")->capture_default_str()->check(CLI::NonNegativeNumber);
   train->add_option("--checkpoint", o.checkpoint, "checkpoint written after each epoch (default: MODEL.ckpt)");
   train->add_option("--resume", o.resume, "continue from a checkpoint");
-  train->add_option("--max-steps", o.max_steps, "stop each epoch after this many steps (quick runs)");
+  train->add_option("--max-steps", o.max_steps, "stop each epoch after this many steps (quick runs)")
+      ->check(CLI::NonNegativeNumber);
   train->callback([] { run_train(o); });
 
   auto* eval = app.add_subcommand("eval", "evaluate a checkpoint on a data set's test split");

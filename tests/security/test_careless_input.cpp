@@ -127,9 +127,32 @@ TEST_CASE("non-finite numbers are refused for every floating-point option, from 
 
 TEST_CASE("a checkpoint that is a directory or a device is refused with a message, not an abort") {
   for (const std::string path : {"/tmp", "/dev/zero"}) {
-    const auto o = run_cleave({"eval", "--checkpoint", path});
-    CHECK(o.status == 1);
-    CHECK_MESSAGE(has(o, "cleave: error: checkpoint '" + path + "': not a regular file"), o.output);
+    for (const std::string option : {"eval --checkpoint", "train --resume"}) {
+      CAPTURE(option);
+      const auto o = run_cleave(
+          {option.substr(0, option.find(' ')), option.substr(option.find(' ') + 1), path, "--data", "/nonexistent"});
+      CHECK(o.status == 1);
+      CHECK_MESSAGE(has(o, "cleave: error: checkpoint '" + path + "': not a regular file"), o.output);
+    }
+  }
+}
+
+TEST_CASE("integer options out of their range are refused naming the option") {
+  scratch s;
+  const std::string certs = (s.dir / "none").string();
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"server", "--certs", certs, "--rounds", "0"}, "--rounds: Value 0 not in range 1 to 1000000"},
+           {{"server", "--certs", certs, "--batch", "100000"}, "--batch: Value 100000 not in range 1 to 65536"},
+           {{"edge", "--certs", certs, "--id", "0"}, "--id: Value 0 not in range 1 to 999999"},
+           {{"agent", "--certs", certs, "--id", "1000000"}, "--id: Value 1000000 not in range 1 to 999999"},
+           {{"demo", "--local-steps", "0"}, "--local-steps: Value 0 not in range 1 to 1000000"},
+           {{"server", "--certs", certs, "--rounds", "3.5"}, "--rounds"},
+       }) {
+    CAPTURE(args[args.size() - 2] + " " + args.back());
+    const auto o = run_cleave(args);
+    CHECK(o.status != 0);
+    CHECK(o.status != 1);  // refused while parsing, before anything runs
+    CHECK_MESSAGE(has(o, says), o.output);
   }
 }
 

@@ -284,13 +284,3 @@ TEST_CASE("an authenticated peer trickling one byte at a time is closed when its
   CHECK(server.logged("a frame of 262144 bytes still incomplete after"));
   CHECK(server.alive());
 }
-
-TEST_CASE("a private key other users can read is used with a warning") {
-  workspace w("sec-key", 2, 512, 128);
-  fs::permissions(w.certs / "device-1.key", fs::perms::others_read | fs::perms::group_read, fs::perm_options::add);
-  node server(w, "server", server_args(w, 1, 5, 1));
-  const auto sp = server.port_after("listening on ");
-  node agent(w, "agent-1", agent_args(w, 1, sp));
-  CHECK(agent.wait_for("can be read by other users", 30));
-  CHECK_MESSAGE(server.exit_code(120) == 0, server.log());
-}
