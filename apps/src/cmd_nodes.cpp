@@ -90,6 +90,15 @@ std::vector<std::string> parse_backend_list(const std::string& s, const char* op
   }
 }
 
+// --aggregate RULE -> the typed rule (names the option in errors).
+split::aggregate_rule parse_aggregate_option(const std::string& s) {
+  try {
+    return split::parse_aggregate(s);
+  } catch (const core::error& e) {
+    throw core::error("--aggregate '" + s + "': " + e.what());
+  }
+}
+
 // --idle-timeout SECONDS -> the node's link settings (names the option in errors).
 void set_idle_timeout(runtime::link_settings& l, double seconds) {
   if (!(seconds >= 0.5 && seconds <= 3600)) throw core::error("--idle-timeout: expected 0.5 to 3600 seconds");
@@ -102,7 +111,7 @@ struct server_options {
   std::string memory_budget;
   bool no_adapt = false;
   std::string listen = "127.0.0.1:7000";
-  std::string mode = "splitfed", optimizer = "sgd", lr_schedule = "constant";
+  std::string mode = "splitfed", optimizer = "sgd", lr_schedule = "constant", aggregate = "mean";
 };
 
 struct edge_options {
@@ -124,7 +133,7 @@ struct demo_options {
   std::string work;
   int devices = 4, rounds = 8, local_steps = 150;
   std::string partition = "dirichlet:0.5", backend = "auto", mode = "splitfed", model = "lenet5";
-  std::string lr_schedule = "constant";
+  std::string lr_schedule = "constant", aggregate = "mean";
   std::string data = "fashion-mnist";
   bool u_shape = false, keep = false, no_adapt = false;
   std::string schedule, device_backends;
@@ -141,6 +150,7 @@ void run_server(server_options& o) {
   o.c.mode = server::parse_mode(o.mode);
   o.c.opt.kind = core::parse_optimizer_kind(o.optimizer);
   o.c.lr_schedule = core::parse_schedule_kind(o.lr_schedule);
+  o.c.aggregate = parse_aggregate_option(o.aggregate);
   if (!o.memory_budget.empty()) o.c.memory_budget = parse_bytes(o.memory_budget, "--memory-budget");
   o.c.adaptive = !o.no_adapt;
   set_idle_timeout(o.c.links, o.idle_timeout);
@@ -281,6 +291,7 @@ std::vector<std::string> demo_server_args(const demo_options& o, const fs::path&
                                  "--min-devices", std::to_string(o.devices),
                                  "--lr",          std::to_string(o.lr),
                                  "--lr-schedule", o.lr_schedule,
+                                 "--aggregate",   o.aggregate,
                                  "--seed",        std::to_string(o.seed),
                                  "--checkpoint",  (work / "global.ckpt").string()};
   if (o.u_shape) sargs.push_back("--u-shape");
@@ -295,6 +306,7 @@ std::vector<std::string> demo_server_args(const demo_options& o, const fs::path&
 void run_demo(const demo_options& o) {
   const auto device_specs = parse_backend_list(o.device_backends, "--device-backends");
   core::parse_schedule_kind(o.lr_schedule);  // named now, not in the server's log
+  parse_aggregate_option(o.aggregate);
   const fs::path work =
       o.work.empty() ? fs::temp_directory_path() / ("cleave-demo-" + std::to_string(::getpid())) : fs::path(o.work);
   fs::create_directories(work);
@@ -417,6 +429,11 @@ void add_server_command(CLI::App& app) {
   s->add_option("--weight-decay", so.c.opt.weight_decay, "weight decay")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  s->add_option("--aggregate", so.aggregate,
+                "how replicas combine each round: mean (weighted by samples), median, trimmed-mean:F (F of the "
+                "largest and smallest values per coordinate dropped, 0 <= F < 0.5) or clip:C (each update's norm "
+                "bounded by C, then the mean); all but mean have edges forward each device's replicas")
+      ->capture_default_str();
   s->add_option("--checkpoint", so.c.checkpoint, "save the global model here after every round");
   s->add_flag("--no-adapt", so.no_adapt, "keep the initial cuts (no adaptive re-splitting)");
   s->add_option("--min-gain", so.c.min_gain, "re-split only for at least this relative step-time gain")
@@ -506,6 +523,8 @@ void add_demo_command(CLI::App& app) {
   d->add_option("--data", dm.data, "data set")->capture_default_str();
   d->add_option("--lr", dm.lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
   d->add_option("--lr-schedule", dm.lr_schedule, "learning rate by round: constant, step or cosine")
+      ->capture_default_str();
+  d->add_option("--aggregate", dm.aggregate, "mean, median, trimmed-mean:F or clip:C (see cleave server --help)")
       ->capture_default_str();
   d->add_option("--seed", dm.seed, "seed")->capture_default_str();
   d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");

@@ -397,7 +397,15 @@ void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, 
     d.final_part = i + 1 == segs.size();
     if (d.final_part) d.stats = stats;
     core::stage& st = runner_->host().stage_of(c_.id, segs[i]);
-    post(transport::make_replica_upload(d, runner_->backend(), st.params(), st.buffers()));
+    if (!c_.on_upload) {
+      post(transport::make_replica_upload(d, runner_->backend(), st.params(), st.buffers()));
+      continue;
+    }
+    std::vector<float> p(static_cast<std::size_t>(st.n_params())), b(static_cast<std::size_t>(st.n_buffers()));
+    if (!p.empty()) runner_->backend().download(st.params(), p.data());
+    if (!b.empty()) runner_->backend().download(st.buffers(), b.data());
+    c_.on_upload(p, b);
+    post(transport::make_replica_upload(d, p, b));
   }
 }
 

@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <map>
+#include <set>
 
 #include "cleave/backend/registry.h"
 #include "cleave/runtime/executors.h"
+#include "cleave/runtime/replica_checks.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/split/aggregate.h"
 #include "cleave/transport/protocol.h"
@@ -26,12 +28,19 @@ class edge_node::impl {
   std::atomic<std::uint16_t> port_{0};
 
  private:
+  // A part of a device's upload that passed the checks, held until the round's flush.
+  struct held_part {
+    int first, end;
+    std::uint64_t n_samples;
+    std::vector<float> params, buffers;
+  };
   struct device_state {
     runtime::session_ptr s;        // its current session (null: not connected here)
     std::vector<std::byte> hello;  // passed on to the server again after a reconnect
     runtime::route_state rs;
     bool planned = false, expected = false, done = false;
-    std::uint64_t n_samples = 0;  // its upload's, this round
+    std::uint64_t n_samples = 0;   // its upload's, this round
+    std::vector<held_part> parts;  // its upload, this round
   };
 
   // Server side.
@@ -43,6 +52,8 @@ class edge_node::impl {
   void on_hello(const runtime::session_ptr& s, const transport::message& hello);
   void on_device(const runtime::session_ptr& s, transport::message m);
   void on_device_closed(const runtime::session_ptr& s, const std::string& why);
+  // A part of a device's upload: checked against its plan and steps (a violation closes its
+  // channel), held until the flush.
   void on_replica(device_state& d, const wire::ReplicaUpload& r);
   void on_cutover(device_state& d, const transport::message& m);
   // Both: a step message for `dev` from tier `from`, run on the compute thread.
@@ -72,7 +83,12 @@ class edge_node::impl {
   // The round being relayed.
   std::uint64_t round_ = 0;
   bool collecting_ = false, flushing_ = false;
-  std::unique_ptr<split::model_average> avg_;
+  // The server's aggregation rule needs each device's own replicas (from its Welcome): no
+  // pre-average, every device's replicas go up on their own.
+  bool per_device_ = false;
+  std::uint64_t local_steps_ = 0, batch_ = 0;  // of the round and the plan: the samples a device may claim
+  runtime::replica_ledger uploaded_;           // the blocks each device's upload covered
+  std::vector<std::uint32_t> arrived_;         // devices in the order their uploads completed
   clock::time_point last_progress_{};
   std::chrono::milliseconds patience_{0};
   asio::steady_timer flush_timer_;
@@ -99,7 +115,9 @@ void edge_node::impl::on_server(transport::message m) {
   switch (m.type()) {
     case wire::Body::Welcome: {
       const auto* w = m.as<wire::Welcome>();
-      if (w->node_id() != c_.id) relay_down(w->node_id(), m);
+      if (w->node_id() != c_.id) return relay_down(w->node_id(), m);
+      per_device_ = w->per_device_replicas();
+      if (per_device_) spdlog::info("edge {}: the server aggregates each device's own replicas: no pre-average", c_.id);
       return;
     }
     case wire::Body::Plan:
@@ -161,6 +179,7 @@ void edge_node::impl::on_plan(const transport::message& m) {
   const auto& p = *m.as<wire::Plan>();
   const std::string json = p.model() ? p.model()->str() : "";
   const auto training = transport::training_of(p);
+  batch_ = static_cast<std::uint64_t>(p.micro_batch_size()) * std::max(1u, p.n_micro_batches());
   if (json != model_json_) {
     model_ = core::parse_model_spec(json, "plan");
     model_json_ = json;
@@ -207,10 +226,14 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
     schedule_->advance(round_, open);
     collecting_ = true;
     flushing_ = false;
-    avg_ = std::make_unique<split::model_average>(model_);
+    uploaded_.clear();
+    arrived_.clear();
     stats_ = {};
     bytes_mark_ = below_->bytes_moved();
-    for (auto& [id, d] : devices_) d.expected = d.done = false;
+    for (auto& [id, d] : devices_) {
+      d.expected = d.done = false;
+      d.parts.clear();
+    }
     if (r.devices())
       for (auto id : *r.devices())
         if (const auto it = devices_.find(id); it != devices_.end() && it->second.s) it->second.expected = true;
@@ -218,6 +241,7 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
     ex_.post_compute([this] { runner_->take_compute_seconds(); });
   }
   last_progress_ = clock::now();
+  local_steps_ = r.local_steps();
   if (r.learning_rate() > 0)  // 0: the server keeps the plan's rate
     ex_.post_compute([this, id = r.device_id(), lr = r.learning_rate()] { runner_->host().set_learning_rate(id, lr); });
   const auto it = devices_.find(r.device_id());
@@ -247,6 +271,8 @@ void edge_node::impl::on_hello(const runtime::session_ptr& s, const transport::m
   }
   d.s = s;
   d.planned = d.expected = d.done = false;
+  d.parts.clear();
+  uploaded_.forget(s->id);
   d.hello.assign(hello.frame().begin(), hello.frame().end());
   spdlog::info("edge {}: device {} ({}) connected", c_.id, s->id, s->identity);
   schedule_->apply(*s);
@@ -300,12 +326,27 @@ void edge_node::impl::on_device(const runtime::session_ptr& s, transport::messag
 
 void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) {
   const auto devs = transport::devices_of(r);
-  if (devs.size() != 1 || devs[0] != d.s->id) throw core::error("a device may only upload its own replicas");
-  if (!collecting_ || flushing_ || r.round() != round_ || !d.expected || d.done) return;
+  const std::uint32_t id = d.s->id;
+  if (devs.size() != 1 || devs[0] != id) throw core::error("a device may only upload its own replicas");
+  if (!collecting_ || flushing_ || r.round() != round_ || !d.expected) return;
   const auto w = transport::replica_weights_of(r, model_);
-  if (r.n_samples() > 0)
-    avg_->add(static_cast<int>(r.first_block()), static_cast<int>(r.end_block()), static_cast<double>(r.n_samples()),
-              w.params, w.buffers);
+  try {
+    // The route in force now: a device that cut over during the round sent its Cutover first.
+    uploaded_.check(
+        devs, runtime::device_rights(d.rs.route, local_steps_ * batch_),
+        {static_cast<int>(r.first_block()), static_cast<int>(r.end_block()), r.n_samples(), w.params, w.buffers});
+  } catch (const core::error& e) {
+    // Counted out of the round here: nothing of it goes up.
+    d.parts.clear();
+    d.done = false;
+    throw core::error("device " + std::to_string(id) + ": replica of round " + std::to_string(round_) +
+                      " refused: " + e.what());
+  }
+  d.parts.push_back({static_cast<int>(r.first_block()),
+                     static_cast<int>(r.end_block()),
+                     r.n_samples(),
+                     {w.params.begin(), w.params.end()},
+                     {w.buffers.begin(), w.buffers.end()}});
   if (!r.final_part()) return;
   const auto s = transport::stats_of(r);
   stats_.device_compute_us += s.compute_us;
@@ -314,6 +355,7 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
   stats_.n_correct += s.n_correct;
   d.done = true;
   d.n_samples = r.n_samples();
+  arrived_.push_back(id);
   last_progress_ = clock::now();
   maybe_flush(false);
 }
@@ -384,37 +426,89 @@ void edge_node::impl::maybe_flush(bool deadline) {
 
 asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, std::uint64_t round) {
   // This edge's own replicas of the devices that finished join their uploads.
-  std::vector<std::tuple<std::uint32_t, split::route, double>> own;
-  for (auto id : done) own.emplace_back(id, devices_.at(id).rs.route, static_cast<double>(devices_.at(id).n_samples));
-  auto add_own = [this, own, avg = avg_.get()] {
-    for (const auto& [id, r, n] : own) runner_->add_replicas(*avg, id, r, n);
-    return runner_->take_compute_seconds();
+  std::vector<std::pair<std::uint32_t, split::route>> own;
+  for (auto id : done) own.emplace_back(id, devices_.at(id).rs.route);
+  struct taken {
+    std::vector<std::vector<runtime::segment_runner::replica>> replicas;  // per device of `own`
+    double compute = 0;
   };
-  const double compute = co_await ex_.compute(std::move(add_own));
+  auto take = [this, own] {
+    taken t;
+    for (const auto& [id, r] : own) t.replicas.push_back(runner_->replicas(id, r));
+    t.compute = runner_->take_compute_seconds();
+    return t;
+  };
+  taken mine = co_await ex_.compute(std::move(take));
   if (round != round_ || !collecting_) co_return;
   const std::uint64_t bytes = below_->bytes_moved();
-  const auto runs = avg_->runs();
+  struct part {
+    std::vector<std::uint32_t> devices;
+    int first = 0, end = 0;
+    std::uint64_t n_samples = 0;
+    std::vector<float> params, buffers;
+    bool last_of_device = false;
+  };
+  std::vector<part> parts;
+  auto add = [&parts](std::vector<std::uint32_t> devices, int first = 0, int end = 0, std::uint64_t n = 0,
+                      std::vector<float> params = {}, std::vector<float> buffers = {}) -> part& {
+    part& p = parts.emplace_back();
+    p.devices = std::move(devices);
+    p.first = first;
+    p.end = end;
+    p.n_samples = n;
+    p.params = std::move(params);
+    p.buffers = std::move(buffers);
+    return p;
+  };
+  if (per_device_) {
+    // Each device's own replicas, its upload and this edge's, each part naming that device
+    // only; a device's last part is final, so the server counts it in as it comes.
+    for (std::size_t i = 0; i < done.size(); ++i) {
+      auto& d = devices_.at(done[i]);
+      const std::size_t from = parts.size();
+      for (auto& h : d.parts) add({done[i]}, h.first, h.end, h.n_samples, std::move(h.params), std::move(h.buffers));
+      for (auto& rep : mine.replicas[i])
+        add({done[i]}, rep.first, rep.end, d.n_samples, std::move(rep.params), std::move(rep.buffers));
+      if (parts.size() == from) add({done[i]});
+      parts.back().last_of_device = true;
+    }
+  } else {
+    // One pre-average: the devices' uploads in the order they came, then this edge's replicas.
+    split::model_average avg(model_);
+    const std::set<std::uint32_t> in(done.begin(), done.end());
+    for (auto id : arrived_)
+      if (in.count(id))
+        for (const auto& h : devices_.at(id).parts)
+          if (h.n_samples > 0) avg.add(h.first, h.end, static_cast<double>(h.n_samples), h.params, h.buffers);
+    for (std::size_t i = 0; i < done.size(); ++i)
+      for (const auto& rep : mine.replicas[i])
+        avg.add(rep.first, rep.end, static_cast<double>(devices_.at(done[i]).n_samples), rep.params, rep.buffers);
+    // One part per run of blocks with one weight.
+    for (const auto& run : avg.runs()) {
+      part& p = add(done, run.first, run.end, static_cast<std::uint64_t>(run.weight));
+      avg.mean(run.first, run.end, p.params, p.buffers);
+    }
+  }
+  // An empty final part carries the statistics when nothing was averaged.
+  if (parts.empty()) add(done);
+  parts.back().last_of_device = true;
   transport::replica_desc d;
   d.round = round;
   d.node_id = c_.id;
-  d.devices = done;
-  // One part per run of blocks with one weight; an empty final part carries the statistics
-  // when nothing was averaged.
-  for (std::size_t i = 0; i < std::max<std::size_t>(1, runs.size()); ++i) {
-    std::vector<float> p, b;
-    if (i < runs.size()) {
-      avg_->mean(runs[i].first, runs[i].end, p, b);
-      d.first_block = static_cast<std::uint32_t>(runs[i].first);
-      d.end_block = static_cast<std::uint32_t>(runs[i].end);
-      d.n_samples = static_cast<std::uint64_t>(runs[i].weight);
-    }
-    d.final_part = i + 1 >= runs.size();
-    if (d.final_part) {
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const part& p = parts[i];
+    d.devices = p.devices;
+    d.first_block = static_cast<std::uint32_t>(p.first);
+    d.end_block = static_cast<std::uint32_t>(p.end);
+    d.n_samples = p.n_samples;
+    d.final_part = p.last_of_device;
+    // The statistics go with the last part only.
+    if (i + 1 == parts.size()) {
       d.stats = stats_;
-      d.stats.compute_us = static_cast<std::uint64_t>(compute * 1e6);
+      d.stats.compute_us = static_cast<std::uint64_t>(mine.compute * 1e6);
       d.stats.bytes_moved = bytes - std::min(bytes, bytes_mark_);
     }
-    up_->post(transport::make_replica_upload(d, p, b));
+    up_->post(transport::make_replica_upload(d, p.params, p.buffers));
   }
   collecting_ = false;
 }

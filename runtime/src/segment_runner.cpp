@@ -188,17 +188,20 @@ void segment_runner::load(std::uint32_t device, const split::route& r, std::span
   }
 }
 
-void segment_runner::add_replicas(split::model_average& avg, std::uint32_t device, const split::route& r, double weight,
-                                  std::set<std::pair<int, int>>* seen) {
+std::vector<segment_runner::replica> segment_runner::replicas(std::uint32_t device, const split::route& r,
+                                                              std::set<std::pair<int, int>>* seen) {
+  std::vector<replica> out;
   for (int seg : r.segments_on(here_)) {
     if (r.begin(seg) == r.end(seg) || !host_->hosts(device, seg)) continue;
     if (seen && !seen->insert({r.begin(seg), r.end(seg)}).second) continue;
     core::stage& st = host_->stage_of(device, seg);
-    std::vector<float> p(static_cast<std::size_t>(st.n_params())), b(static_cast<std::size_t>(st.n_buffers()));
-    if (!p.empty()) b_->download(st.params(), p.data());
-    if (!b.empty()) b_->download(st.buffers(), b.data());
-    avg.add(r.begin(seg), r.end(seg), weight, p, b);
+    replica& rep = out.emplace_back(replica{r.begin(seg), r.end(seg), {}, {}});
+    rep.params.resize(static_cast<std::size_t>(st.n_params()));
+    rep.buffers.resize(static_cast<std::size_t>(st.n_buffers()));
+    if (!rep.params.empty()) b_->download(st.params(), rep.params.data());
+    if (!rep.buffers.empty()) b_->download(st.buffers(), rep.buffers.data());
   }
+  return out;
 }
 
 void segment_runner::profile(std::uint32_t batch, const transport::training_settings& t) {

@@ -15,8 +15,9 @@
 #include "cleave/core/checkpoint.h"
 #include "cleave/core/trainer.h"
 #include "cleave/runtime/executors.h"
+#include "cleave/runtime/replica_checks.h"
 #include "cleave/runtime/segment_runner.h"
-#include "cleave/split/aggregate.h"
+#include "cleave/split/aggregator.h"
 #include "cleave/split/profile_book.h"
 #include "cleave/split/splitter.h"
 #include "cleave/transport/protocol.h"
@@ -51,7 +52,16 @@ class server_node::impl {
     phase at = phase::idle;
     std::set<std::uint32_t> members;  // asked to train and still counted
     std::set<std::uint32_t> done;     // replicas in
-    std::unique_ptr<split::model_average> avg;
+    std::unique_ptr<split::aggregator> avg;
+    runtime::replica_ledger uploaded;  // the blocks each device's uploads covered
+    // Parts of uploads whose final part has not come yet: averaged only once all passed the checks.
+    struct held_part {
+      std::vector<std::uint32_t> devices;
+      int first, end;
+      double weight;
+      std::vector<float> params, buffers;
+    };
+    std::map<runtime::session_ptr, std::vector<held_part>> held;
     double loss_sum = 0, device_compute = 0, edge_compute = 0, server_compute = 0;
     std::uint64_t n_loss = 0, n_correct = 0, edge_bytes = 0;
     int n_resplits = 0;
@@ -67,6 +77,10 @@ class server_node::impl {
   device_state& attached(std::uint32_t dev, const runtime::session_ptr& s, const char* what);
   void on_step(const runtime::session_ptr& s, transport::message m);
   void on_replica(const runtime::session_ptr& s, const wire::ReplicaUpload& r);
+  // Checks a part of an upload against the sender's plan and steps; throws core::error naming the
+  // sender and the fault (the channel closes: its devices are counted out of the round).
+  void check_replica(const runtime::session_ptr& s, const std::vector<std::uint32_t>& devs,
+                     const wire::ReplicaUpload& r, const transport::weights_view& w);
   // Rounds.
   float round_lr(std::uint64_t r) const;
   asio::awaitable<bool> wait_for_members();

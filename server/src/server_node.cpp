@@ -79,6 +79,7 @@ void server_node::impl::on_hello(const runtime::session_ptr& s, const transport:
   transport::welcome_info w;
   w.node_id = s->id;
   w.plan_epoch = plan_epoch_;
+  w.per_device_replicas = c_.aggregate.per_device();
   s->post(transport::make_welcome(w));
 }
 
@@ -94,6 +95,7 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
     throw core::error("device " + std::to_string(id) + " is already connected through " + old->identity);
   const bool in_round = round_.members.erase(id) > 0;
   round_.done.erase(id);
+  round_.uploaded.forget(id);
   d = device_state{};
   d.via = via;
   d.behind_edge = behind_edge;
@@ -133,6 +135,7 @@ void server_node::impl::device_gone(std::uint32_t id, const std::string& reason)
 
 void server_node::impl::on_closed(const runtime::session_ptr& s, const std::string& why) {
   spdlog::warn("server: channel to {} closed: {}", s->identity, why);
+  round_.held.erase(s);
   // Only the devices attached through this very session: a superseded one changes nothing.
   std::vector<std::uint32_t> gone;
   for (const auto& [id, d] : devices_)
@@ -240,21 +243,71 @@ void server_node::impl::device_failed(const runtime::session_ptr& s, std::uint32
     device_gone(dev, why);
 }
 
+void server_node::impl::check_replica(const runtime::session_ptr& s, const std::vector<std::uint32_t>& devs,
+                                      const wire::ReplicaUpload& r, const transport::weights_view& w) {
+  const bool from_edge = s->role == core::tier::edge;
+  const auto per_device = static_cast<std::uint64_t>(c_.local_steps) * static_cast<std::uint64_t>(c_.batch);
+  // The routes in force now: a device that cut over to a new plan during the round told this
+  // channel so (Cutover) before its upload.
+  runtime::replica_rights rights;
+  if (from_edge)
+    for (auto d : devs) runtime::add_relayed(rights, devices_.at(d).rs.route, per_device);
+  else
+    rights = runtime::device_rights(devices_.at(s->id).rs.route, per_device);
+  try {
+    if (from_edge && devs.size() > 1 && c_.aggregate.per_device())
+      throw core::error("a pre-average of " + std::to_string(devs.size()) + " devices, but aggregating by " +
+                        split::aggregate_name(c_.aggregate) + " needs each device's own replicas");
+    round_.uploaded.check(
+        devs, rights,
+        {static_cast<int>(r.first_block()), static_cast<int>(r.end_block()), r.n_samples(), w.params, w.buffers});
+  } catch (const core::error& e) {
+    round_.held.erase(s);
+    std::string who = "device " + std::to_string(s->id);
+    if (from_edge) {
+      who = "edge " + s->identity + " (for devices";
+      for (std::size_t i = 0; i < devs.size(); ++i) who += (i ? ", " : " ") + std::to_string(devs[i]);
+      who += ")";
+    }
+    throw core::error(who + ": replica of round " + std::to_string(round_.number) + " refused: " + e.what());
+  }
+}
+
 void server_node::impl::on_replica(const runtime::session_ptr& s, const wire::ReplicaUpload& r) {
   if (round_.at != phase::collecting || r.round() != round_.number) return;  // of a round closed
   const auto devs = transport::devices_of(r);
   if (s->role == core::tier::device && (devs.size() != 1 || devs[0] != s->id))
     throw core::error("a device may only upload its own replicas");
-  for (auto d : devs) attached(d, s, "replica");
-  // Devices counted out meanwhile (they left their edge after uploading) stay out.
+  for (auto d : devs) {
+    // A device that left its edge after its upload is still named in the edge's: counted out.
+    const auto it = devices_.find(d);
+    if (s->role != core::tier::edge || it == devices_.end() || it->second.via != s || it->second.connected)
+      attached(d, s, "replica");
+  }
+  const auto w = transport::replica_weights_of(r, model_);
+  // Parts for devices no longer in the round (counted out meanwhile) are neither checked nor
+  // averaged. The others are held until the upload's final part: one bad part refuses it all.
+  const auto counted = [this](std::uint32_t d) { return round_.members.count(d) > 0; };
+  if (std::any_of(devs.begin(), devs.end(), counted)) {
+    check_replica(s, devs, r, w);
+    round_.held[s].push_back({devs,
+                              static_cast<int>(r.first_block()),
+                              static_cast<int>(r.end_block()),
+                              static_cast<double>(r.n_samples()),
+                              {w.params.begin(), w.params.end()},
+                              {w.buffers.begin(), w.buffers.end()}});
+  }
+  if (!r.final_part()) return;
+  const auto in_now = [this](std::uint32_t d) { return round_.members.count(d) && !round_.done.count(d); };
+  if (const auto it = round_.held.find(s); it != round_.held.end()) {
+    for (const auto& p : it->second)
+      if (p.first < p.end && p.weight > 0 && std::any_of(p.devices.begin(), p.devices.end(), in_now))
+        round_.avg->add(p.first, p.end, p.weight, p.params, p.buffers);
+    round_.held.erase(it);
+  }
   std::vector<std::uint32_t> in;
   for (auto d : devs)
-    if (round_.members.count(d) && !round_.done.count(d)) in.push_back(d);
-  const auto w = transport::replica_weights_of(r, model_);
-  if (!in.empty() && r.n_samples() > 0)
-    round_.avg->add(static_cast<int>(r.first_block()), static_cast<int>(r.end_block()),
-                    static_cast<double>(r.n_samples()), w.params, w.buffers);
-  if (!r.final_part()) return;
+    if (in_now(d)) in.push_back(d);
   const auto st = transport::stats_of(r);
   (s->role == core::tier::device ? round_.device_compute : round_.edge_compute) += st.compute_us * 1e-6;
   round_.device_compute += st.device_compute_us * 1e-6;
@@ -312,7 +365,7 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
   schedule_->advance(number, acceptor_->open());
   round_ = round_state{};
   round_.number = number;
-  round_.avg = std::make_unique<split::model_average>(model_);
+  round_.avg = std::make_unique<split::aggregator>(model_, c_.aggregate, global_p_, global_b_);
   if (number > 1 && book_)
     ex_.post_compute([this] {
       if (runner_->reprofile_if_idle()) publish_profile();
@@ -405,10 +458,12 @@ asio::awaitable<void> server_node::impl::close_round(std::vector<std::pair<std::
     const bool shared = c_.mode == training_mode::sequential;
     const double w = static_cast<double>(c_.local_steps) * c_.batch * (shared ? static_cast<double>(in.size()) : 1.0);
     for (const auto& [id, r] : routes) {
-      if (in.count(id)) runner_->add_replicas(*avg, id, r, w, shared ? &seen : nullptr);
+      if (in.count(id))
+        for (const auto& rep : runner_->replicas(id, r, shared ? &seen : nullptr))
+          avg->add(rep.first, rep.end, w, rep.params, rep.buffers);
       runner_->discard(id);
     }
-    avg->mean_into(p, b);
+    avg->result_into(p, b);
     core::stage& es = eval_->model_stage();
     be_->upload(es.params(), p.data());
     if (!b.empty()) be_->upload(es.buffers(), b.data());
@@ -491,6 +546,11 @@ round_report server_node::impl::run() {
         "not the optimizer's per-step one");
   if (c_.warmup_rounds < 0 || c_.warmup_rounds >= c_.rounds)
     throw core::error("warm-up rounds must be >= 0 and fewer than the rounds");
+  try {
+    split::check_rule(c_.aggregate);
+  } catch (const core::error& e) {
+    throw core::error(std::string("aggregate: ") + e.what());
+  }
   schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
@@ -522,10 +582,11 @@ round_report server_node::impl::run() {
                         [this](const runtime::session_ptr& s, transport::message m) { on_message(s, std::move(m)); },
                         [this](const runtime::session_ptr& s, const std::string& why) { on_closed(s, why); }});
   spdlog::info(
-      "server: {} ({} blocks, {} parameters), mode {}, {}{} rounds x {} steps x batch {}, backend {} ({}); "
-      "listening on {}:{}",
+      "server: {} ({} blocks, {} parameters), mode {}, {}{} rounds x {} steps x batch {}, aggregate {}, backend {} "
+      "({}); listening on {}:{}",
       model_.name, model_.n_blocks(), model_.n_params(), mode_name(c_.mode), c_.u_shape ? "U-shaped, " : "", c_.rounds,
-      c_.local_steps, c_.batch, be_->name(), be_->device_name(), c_.listen_host, acceptor_->port());
+      c_.local_steps, c_.batch, split::aggregate_name(c_.aggregate), be_->name(), be_->device_name(), c_.listen_host,
+      acceptor_->port());
   if (c_.on_listening) c_.on_listening(acceptor_->port());
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("server: {}", why);

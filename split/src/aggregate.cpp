@@ -13,8 +13,7 @@ model_average::model_average(const core::model_spec& m)
       params_(static_cast<std::size_t>(layout_.param_offset.back()), 0.0),
       buffers_(static_cast<std::size_t>(layout_.buffer_offset.back()), 0.0) {}
 
-void model_average::add(int first, int end, double weight, std::span<const float> params,
-                        std::span<const float> buffers) {
+void model_average::check_fits(int first, int end, double weight, std::size_t n_params, std::size_t n_buffers) const {
   const int n = static_cast<int>(weight_.size());
   if (first < 0 || first > end || end > n)
     throw core::error("replica blocks [" + std::to_string(first) + "," + std::to_string(end) + ") outside the model");
@@ -22,11 +21,20 @@ void model_average::add(int first, int end, double weight, std::span<const float
   const auto p1 = layout_.param_offset[static_cast<std::size_t>(end)];
   const auto b0 = layout_.buffer_offset[static_cast<std::size_t>(first)];
   const auto b1 = layout_.buffer_offset[static_cast<std::size_t>(end)];
-  if (static_cast<std::int64_t>(params.size()) != p1 - p0 || static_cast<std::int64_t>(buffers.size()) != b1 - b0)
+  if (static_cast<std::int64_t>(n_params) != p1 - p0 || static_cast<std::int64_t>(n_buffers) != b1 - b0)
     throw core::error("replica of blocks [" + std::to_string(first) + "," + std::to_string(end) + ") has " +
-                      std::to_string(params.size()) + " parameters and " + std::to_string(buffers.size()) +
+                      std::to_string(n_params) + " parameters and " + std::to_string(n_buffers) +
                       " state values, expected " + std::to_string(p1 - p0) + " and " + std::to_string(b1 - b0));
   if (!(weight > 0.0)) throw core::error("replica weight must be > 0");
+}
+
+void model_average::add(int first, int end, double weight, std::span<const float> params,
+                        std::span<const float> buffers) {
+  check_fits(first, end, weight, params.size(), buffers.size());
+  const auto p0 = layout_.param_offset[static_cast<std::size_t>(first)];
+  const auto p1 = layout_.param_offset[static_cast<std::size_t>(end)];
+  const auto b0 = layout_.buffer_offset[static_cast<std::size_t>(first)];
+  const auto b1 = layout_.buffer_offset[static_cast<std::size_t>(end)];
   for (int b = first; b < end; ++b) weight_[static_cast<std::size_t>(b)] += weight;
   for (std::int64_t i = 0; i < p1 - p0; ++i)
     params_[static_cast<std::size_t>(p0 + i)] += weight * params[static_cast<std::size_t>(i)];

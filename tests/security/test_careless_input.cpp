@@ -125,6 +125,36 @@ TEST_CASE("non-finite numbers are refused for every floating-point option, from 
   CHECK_MESSAGE(has(o, "--momentum: 'nan' is not a finite number"), o.output);
 }
 
+TEST_CASE("bad aggregation rules are refused naming the option, from flags and from files") {
+  scratch s;
+  struct bad_rule {
+    const char* rule;
+    const char* says;
+  };
+  for (const bad_rule& b : {
+           bad_rule{"average", "unknown aggregation 'average' (known: mean, median, trimmed-mean:F, clip:C)"},
+           bad_rule{"trimmed-mean:0.5", "trimmed-mean:F needs 0 <= F < 0.5, not 0.5"},
+           bad_rule{"trimmed-mean:nan", "trimmed-mean:F needs 0 <= F < 0.5, not nan"},
+           bad_rule{"clip:0", "clip:C needs a finite C > 0, not 0"},
+           bad_rule{"clip:inf", "clip:C needs a finite C > 0, not inf"},
+           bad_rule{"clip:x", "'x' in 'clip:x' is not a number"},
+       }) {
+    CAPTURE(b.rule);
+    const std::string says = std::string("cleave: error: --aggregate '") + b.rule + "': " + b.says;
+    for (const char* command : {"server", "demo"}) {
+      std::vector<std::string> args{command, "--aggregate", b.rule};
+      if (std::string(command) == "server") args.insert(args.end(), {"--certs", (s.dir / "none").string()});
+      const auto o = run_cleave(args);
+      CHECK(o.status == 1);
+      CHECK_MESSAGE(has(o, says), o.output);
+    }
+    const auto path = s.file("rule.toml", std::string("[server]\naggregate = \"") + b.rule + "\"\n");
+    const auto o = run_cleave({"--config", path, "server", "--certs", (s.dir / "none").string()});
+    CHECK(o.status == 1);
+    CHECK_MESSAGE(has(o, says), o.output);
+  }
+}
+
 TEST_CASE("a checkpoint that is a directory or a device is refused with a message, not an abort") {
   for (const std::string path : {"/tmp", "/dev/zero"}) {
     for (const std::string option : {"eval --checkpoint", "train --resume"}) {

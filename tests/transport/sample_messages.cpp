@@ -39,6 +39,7 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
   welcome.run_id = 99;
   welcome.plan_epoch = 3;
   welcome.heartbeat_ms = 1000;
+  welcome.per_device_replicas = true;
   out.emplace_back("Welcome", make_welcome(welcome));
 
   const stage_desc stages_a[] = {

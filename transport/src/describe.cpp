@@ -76,6 +76,7 @@ void body(std::string& s, const wire::Welcome* b) {
   add(s, "run", b->run_id());
   add(s, "epoch", b->plan_epoch());
   add(s, "heartbeat_ms", b->heartbeat_ms());
+  s += b->per_device_replicas() ? " per-device-replicas" : "";
 }
 
 void body(std::string& s, const wire::Plan* b) {

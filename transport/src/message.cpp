@@ -145,7 +145,8 @@ message_builder make_hello(const hello_info& info) {
 
 message_builder make_welcome(const welcome_info& info) {
   message_builder b(128);
-  b.finish(wire::CreateWelcome(b.fbb(), info.version, info.node_id, info.run_id, info.plan_epoch, info.heartbeat_ms));
+  b.finish(wire::CreateWelcome(b.fbb(), info.version, info.node_id, info.run_id, info.plan_epoch, info.heartbeat_ms,
+                               info.per_device_replicas));
   return b;
 }
 

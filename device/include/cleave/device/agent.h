@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "cleave/runtime/sessions.h"
 
@@ -51,6 +52,9 @@ struct agent_config {
   // every global model it installed (with the round that model comes from).
   std::function<void(std::uint64_t round, double loss)> on_round;
   std::function<void(std::uint64_t round)> on_weights;
+  // For tests of hostile devices only: may change the values of every replica this device
+  // uploads (a segment's flat parameters and state) just before they are encoded.
+  std::function<void(std::vector<float>& params, std::vector<float>& buffers)> on_upload;
 };
 
 class agent {

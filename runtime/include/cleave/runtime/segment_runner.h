@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "cleave/runtime/route_state.h"
-#include "cleave/split/aggregate.h"
 #include "cleave/split/pipeline.h"
 #include "cleave/split/profiler.h"
 #include "cleave/transport/protocol.h"
@@ -73,10 +72,14 @@ class segment_runner {
   // Hosts the segments of r on this tier (if not yet) and loads whole-model weights into them.
   void load(std::uint32_t device, const split::route& r, std::span<const float> params, std::span<const float> buffers,
             bool shared = false);
-  // Adds the replicas of device's segments here (blocks [begin, end) with `weight`) to avg;
-  // `seen` skips block ranges already added (one shared replica in sequential mode).
-  void add_replicas(split::model_average& avg, std::uint32_t device, const split::route& r, double weight,
-                    std::set<std::pair<int, int>>* seen = nullptr);
+  // The replicas of device's segments here, blocks [first, end) with their flat values; `seen`
+  // skips block ranges already taken (one shared replica in sequential mode).
+  struct replica {
+    int first, end;
+    std::vector<float> params, buffers;
+  };
+  std::vector<replica> replicas(std::uint32_t device, const split::route& r,
+                                std::set<std::pair<int, int>>* seen = nullptr);
 
   // Times every block on this backend (x the slowdown) for micro-batches of `batch`.
   void profile(std::uint32_t batch, const transport::training_settings& t);

@@ -15,6 +15,7 @@
 
 #include "cleave/core/optimizer.h"
 #include "cleave/runtime/sessions.h"
+#include "cleave/split/aggregator.h"
 #include "cleave/split/plan.h"
 
 namespace cleave::server {
@@ -66,6 +67,10 @@ struct server_config {
   bool exit_on_join_timeout = false;  // ...or end run() with an error
   runtime::link_settings links;       // idle timeout of every channel
   std::uint64_t seed = 1;
+  // How each block's replicas become the global block every round (split/aggregator.h): the
+  // weighted mean, or a rule robust to a few hostile replicas. Every rule but the mean has the
+  // edges forward each device's replicas instead of pre-averaging them.
+  split::aggregate_rule aggregate;
   // Optimizer settings of every replica. Its learning rate is the peak of a per-round schedule:
   // every node trains round r at lr_schedule's rate for step r - 1 of `rounds` (constant: opt.lr;
   // step: x0.1 after every third of the rounds; cosine: down towards 0), after warmup_rounds

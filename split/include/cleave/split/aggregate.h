@@ -17,6 +17,9 @@ class model_average {
   // Adds a replica of blocks [first, end): params and buffers are those blocks' flat slices
   // (stage layout), weight the number of samples behind it (> 0).
   void add(int first, int end, double weight, std::span<const float> params, std::span<const float> buffers);
+  // Throws core::error unless a replica of blocks [first, end) with these value counts and weight
+  // fits the model (what add checks first).
+  void check_fits(int first, int end, double weight, std::size_t n_params, std::size_t n_buffers) const;
   void clear();
 
   double weight(int block) const { return weight_[static_cast<std::size_t>(block)]; }

@@ -112,6 +112,7 @@ struct welcome_info {
   std::uint32_t plan_epoch = 0;
   std::uint32_t heartbeat_ms = 0;
   std::uint16_t version = protocol_version;
+  bool per_device_replicas = false;  // to an edge: forward each device's replicas, no pre-average
 };
 message_builder make_welcome(const welcome_info& info);
 

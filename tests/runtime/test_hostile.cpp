@@ -1,0 +1,276 @@
+// Hostile devices: replica uploads outside the plan, with too many samples or non-finite values
+// are refused and their devices counted out; a robust aggregation rule keeps one huge replica
+// from dragging the global model, where the plain mean collapses.
+#include <doctest/doctest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_future.hpp>
+#include <cmath>
+#include <limits>
+#include <mutex>
+
+#include "cleave/core/trainer.h"
+#include "cleave/transport/connect.h"
+#include "cleave/transport/protocol.h"
+#include "federation.h"
+
+using namespace cleave;
+using namespace cleave::testing;
+
+namespace {
+
+// Every log line of the nodes of this process while it lives.
+class log_capture {
+ public:
+  log_capture() : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(4096)) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  ~log_capture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  // The lines at warning level or above holding every one of `parts`.
+  int count(const std::vector<std::string>& parts) const {
+    int n = 0;
+    for (const auto& m : sink_->last_raw()) {
+      if (m.level < spdlog::level::warn) continue;
+      const std::string text(m.payload.begin(), m.payload.end());
+      n += std::all_of(parts.begin(), parts.end(), [&](const auto& p) { return text.find(p) != std::string::npos; });
+    }
+    return n;
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+};
+
+struct outcome {
+  std::vector<server::round_report> reports;
+  std::vector<float> params;
+};
+
+// A federation of four devices (behind one edge when `edge`); device 4 changes its uploads with
+// `hostile`. Agents are stopped once the server is done: a refused one may be reconnecting.
+outcome run_four(const workspace& w, const std::string& be, server::server_config sc, bool edge,
+                 const std::function<void(std::vector<float>&, std::vector<float>&)>& hostile) {
+  outcome out;
+  std::promise<std::uint16_t> port;
+  record(sc, out.reports, port);
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const std::uint16_t sp = port.get_future().get();
+  std::unique_ptr<edge::edge_node> en;
+  std::unique_ptr<runner> re;
+  std::uint16_t up = sp;
+  if (edge) {
+    edge::edge_config ec;
+    ec.certs = w.certs;
+    ec.name = "edge-1";
+    ec.port = 0;
+    ec.upstream_port = sp;
+    ec.backend = be;
+    en = std::make_unique<edge::edge_node>(ec);
+    re = std::make_unique<runner>([&] { en->run(); });
+    for (int i = 0; i < 1000 && en->port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    up = en->port();
+  }
+  std::vector<std::unique_ptr<device::agent>> agents;
+  std::vector<std::unique_ptr<runner>> ra;
+  for (std::uint32_t i = 1; i <= 4; ++i) {
+    auto ac = agent_cfg(w, i, up, be, edge ? "edge-1" : "server");
+    if (i == 4) ac.on_upload = hostile;
+    agents.push_back(std::make_unique<device::agent>(ac));
+    ra.push_back(std::make_unique<runner>([a = agents.back().get()] { a->run(); }));
+  }
+  rs.join();
+  for (auto& a : agents) a->stop();
+  if (en) en->stop();
+  for (auto& r : ra) r->join();
+  if (re) re->join();
+  CHECK(rs.error() == "");
+  out.params = srv.global_params();
+  return out;
+}
+
+// Four devices, ten steps a round at a rate at which three rounds learn the test set (a faster
+// one makes the honest average itself unstable).
+server::server_config four_device_cfg(const workspace& w, const std::string& be, int rounds) {
+  auto sc = server_cfg(w, be);
+  sc.rounds = rounds;
+  sc.local_steps = 10;
+  sc.opt.lr = 0.02f;
+  sc.min_devices = 4;
+  sc.round_deadline_s = 30;
+  return sc;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::fabs(static_cast<double>(x)));
+  return m;
+}
+
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+void set_all(std::vector<float>& params, std::vector<float>& buffers, float value) {
+  std::fill(params.begin(), params.end(), value);
+  std::fill(buffers.begin(), buffers.end(), value);
+}
+
+// A raw device connection to `port` that has sent its Hello claiming device `id`.
+asio::awaitable<transport::result<transport::channel>> hello_as(const transport::tls_context& tls, std::uint16_t port,
+                                                                std::uint32_t id) {
+  auto ch = co_await transport::connect(tls, "127.0.0.1", port);
+  if (!ch) co_return ch;
+  transport::hello_info h;
+  h.role = core::tier::device;
+  h.node_id = id;
+  co_await ch->send(transport::make_hello(h));
+  co_return ch;
+}
+
+}  // namespace
+
+TEST_CASE("a device uploading non-finite weights is refused each round with the reason, and the model stays finite") {
+  const std::string be = test_backend();
+  for (const bool edge : {false, true}) {
+    SUBCASE(edge ? "behind an edge" : "connected directly") {
+      workspace w(edge ? "nan-e" : "nan", 4);
+      const auto sc = four_device_cfg(w, be, 3);
+      log_capture logs;
+      const auto got = run_four(w, be, sc, edge, [](std::vector<float>& p, std::vector<float>& b) {
+        set_all(p, b, std::numeric_limits<float>::quiet_NaN());
+      });
+      REQUIRE(got.reports.size() == 3);
+      for (const auto& r : got.reports) {
+        CHECK(r.n_participants == 4);
+        CHECK(r.n_devices == 3);
+        CHECK(std::isfinite(r.test_loss));
+      }
+      MESSAGE(std::string(edge ? "behind an edge" : "connected directly")
+              << ": the NaN device refused, test accuracy " << got.reports.back().test_accuracy);
+      CHECK(got.reports.back().test_accuracy > 0.5);
+      CHECK(all_finite(got.params));
+      // The node it uploads to names it and the fault.
+      CHECK(logs.count({"device 4: replica of round 1 refused", "hold a non-finite value: parameter 0 (nan)"}) >= 1);
+      CHECK(logs.count({"device 4: replica of round 2 refused"}) >= 1);
+    }
+  }
+}
+
+TEST_CASE(
+    "one device uploading huge weights: the median and trimmed mean keep the honest accuracy, the mean collapses") {
+  const std::string be = test_backend();
+  workspace w("huge", 4);
+  const int rounds = 3;
+  const auto huge = [](std::vector<float>& p, std::vector<float>& b) { set_all(p, b, 1e30f); };
+  const auto honest = run_four(w, be, four_device_cfg(w, be, rounds), false, {});
+  REQUIRE(honest.reports.size() == static_cast<std::size_t>(rounds));
+  const double want = honest.reports.back().test_accuracy;
+
+  auto median_cfg = four_device_cfg(w, be, rounds);
+  median_cfg.aggregate = split::parse_aggregate("median");
+  const auto median = run_four(w, be, median_cfg, false, huge);
+  // Through an edge, which must then forward each device's replicas instead of pre-averaging.
+  auto trimmed_cfg = four_device_cfg(w, be, rounds);
+  trimmed_cfg.aggregate = split::parse_aggregate("trimmed-mean:0.25");
+  const auto trimmed = run_four(w, be, trimmed_cfg, true, huge);
+  // The mean: one round is enough (the next would train from the wrecked model).
+  const auto mean = run_four(w, be, four_device_cfg(w, be, 1), false, huge);
+
+  REQUIRE(median.reports.size() == static_cast<std::size_t>(rounds));
+  REQUIRE(trimmed.reports.size() == static_cast<std::size_t>(rounds));
+  REQUIRE(mean.reports.size() == 1);
+  const double acc_median = median.reports.back().test_accuracy, acc_trimmed = trimmed.reports.back().test_accuracy;
+  const double acc_mean = mean.reports.back().test_accuracy;
+  MESSAGE("test accuracy: honest " << want << ", huge + median " << acc_median << ", huge + trimmed-mean:0.25 (edge) "
+                                   << acc_trimmed << ", huge + mean " << acc_mean << " (largest weight "
+                                   << max_abs(mean.params) << ")");
+  for (const auto* r : {&median, &trimmed}) {
+    for (const auto& rep : r->reports) CHECK(rep.n_devices == 4);  // huge but finite: not refused
+    CHECK(all_finite(r->params));
+    CHECK(max_abs(r->params) < 100);
+  }
+  CHECK(std::fabs(acc_median - want) <= 0.01);
+  CHECK(std::fabs(acc_trimmed - want) <= 0.01);
+  CHECK(max_abs(mean.params) > 1e20);
+  CHECK(acc_mean < want - 0.3);
+}
+
+TEST_CASE(
+    "a device uploading blocks outside its route or more samples than its steps allow is refused with the reason") {
+  const std::string be = test_backend();
+  workspace w("outside", 3);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 1;  // (a second round would wait for three devices again)
+  sc.local_steps = 10;
+  sc.min_devices = 3;
+  sc.cuts = "4";
+  std::vector<server::round_report> reports;
+  std::promise<std::uint16_t> port;
+  record(sc, reports, port);
+  log_capture logs;
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  device::agent good(agent_cfg(w, 1, sp, be, "server"));
+  runner rg([&] { good.run(); });
+
+  // Two rogue devices upload zeros of the right size as soon as their round starts: device 2 the
+  // whole model, device 3 its own blocks [0,4) claiming a billion samples.
+  asio::io_context io;
+  const transport::tls_context tls2(transport::tls_files_in(w.certs, "device-2"));
+  const transport::tls_context tls3(transport::tls_files_in(w.certs, "device-3"));
+  auto rogue = [&](const transport::tls_context& tls, std::uint32_t id) -> asio::awaitable<std::string> {
+    auto ch = co_await hello_as(tls, sp, id);
+    if (!ch) co_return "connect failed: " + ch.error().reason();
+    core::model_spec model;
+    std::string said;
+    for (;;) {
+      auto m = co_await ch->receive();
+      if (!m) co_return said + "; closed";
+      if (const auto* p = m->as<cleave::wire::Plan>()) model = core::parse_model_spec(p->model()->str(), "plan");
+      if (const auto* e = m->as<cleave::wire::Error>()) said = e->message() ? e->message()->str() : "";
+      const auto* r = m->as<cleave::wire::RoundStart>();
+      if (!r) continue;
+      const auto lay = core::layout_of(model);
+      transport::replica_desc d;
+      d.round = r->round();
+      d.node_id = id;
+      d.first_block = 0;
+      d.end_block = id == 2 ? static_cast<std::uint32_t>(model.n_blocks()) : 4;
+      d.n_samples = id == 2 ? 640 : 1000000000;
+      d.devices = std::span(&id, 1);
+      const std::vector<float> p(static_cast<std::size_t>(lay.param_offset[d.end_block]), 0.0f);
+      const std::vector<float> b(static_cast<std::size_t>(lay.buffer_offset[d.end_block]), 0.0f);
+      co_await ch->send(transport::make_replica_upload(d, p, b));
+    }
+  };
+  auto f2 = asio::co_spawn(io, rogue(tls2, 2), asio::use_future);
+  auto f3 = asio::co_spawn(io, rogue(tls3, 3), asio::use_future);
+  std::thread io_thread([&] { io.run(); });
+  const std::string r2 = f2.get(), r3 = f3.get();
+  io_thread.join();
+  rs.join();
+  rg.join();
+  CHECK(rs.error() == "");
+  // Each is told why, in an Error before its channel closes, and the server logs it.
+  const std::string outside =
+      "device 2: replica of round 1 refused: blocks [0,12) are not one of its segments on route device[0,4) "
+      "server[4,12)";
+  const std::string too_many =
+      "device 3: replica of round 1 refused: blocks [0,4) claim 1000000000 samples; the round's steps allow 640";
+  CHECK(r2 == outside + "; closed");
+  CHECK(r3 == too_many + "; closed");
+  CHECK(logs.count({outside}) >= 1);
+  CHECK(logs.count({too_many}) >= 1);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].n_participants == 3);
+  CHECK(reports[0].n_devices == 1);
+  CHECK(reports[0].test_accuracy > 0.0);
+}
