@@ -130,6 +130,11 @@ std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::st
       const auto stride = static_cast<int>(f.integer("stride", 1));
       const auto pad = static_cast<int>(f.integer("padding", 0));
       l = layers::make_conv2d(in, out, kh, kw, stride, pad, f.boolean("bias", true));
+      // Checked before the layer counts its weights or FLOPs (C*R*S would overflow int64).
+      if (values_of(shape{in[0], kh, kw}) > static_cast<double>(spec_limits::max_params))
+        throw error("field 'kernel': " + std::to_string(kh) + "x" + std::to_string(kw) + " over " +
+                    std::to_string(in[0]) + " input channels is more than the limit of " +
+                    std::to_string(spec_limits::max_params) + " weights per output channel");
     } else if (type == "linear") {
       l = layers::make_linear(in, f.integer("out_features"), f.boolean("bias", true));
     } else if (type == "maxpool2d" || type == "avgpool2d") {
@@ -235,7 +240,8 @@ parsed parse_root(std::string_view text, std::string_view source) {
     });
   } catch (const error& e) {
     throw error(prefix + e.what());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number too large for a double (1e400).
     throw error(prefix + "not valid JSON: " + e.what());
   }
   if (!p.root.is_object()) throw error(prefix + "must be a JSON object");

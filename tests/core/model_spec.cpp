@@ -87,6 +87,23 @@ TEST_CASE("malformed JSON and a missing input are refused") {
   CHECK(error_of(R"({"classes":2,"blocks":[{"type":"relu"}]})") == "model spec 'net.json': field 'input': missing");
 }
 
+TEST_CASE("a number too large for a double is refused as a spec error, not an escaping JSON exception") {
+  const auto e = error_of(R"({"input": [8], "classes": 8, "blocks": [{"type": "relu", "p": 1e400}]})");
+  CHECK(e.find("model spec 'net.json': not valid JSON") == 0);
+  CHECK(e.find("number overflow parsing '1e400'") != std::string::npos);
+}
+
+TEST_CASE("a convolution whose weights per output channel cannot be counted in 64 bits is refused") {
+  // 2^24 input channels x a 2^20 x 2^20 kernel: 2^64 weights per output channel.
+  const auto e = error_of(
+      R"({"input": [1, 1, 1], "classes": 2, "blocks": [{"type": "conv2d", "out_channels": 16777216, "kernel": 1},)"
+      R"( {"type": "conv2d", "out_channels": 1, "kernel": 1048576, "stride": 16777216, "padding": 16777216},)"
+      R"( {"type": "flatten"}, {"type": "linear", "out_features": 2}]})");
+  CHECK(e ==
+        "model spec 'net.json': block 1 (conv2d): field 'kernel': 1048576x1048576 over 16777216 input channels "
+        "is more than the limit of 1073741824 weights per output channel");
+}
+
 TEST_CASE("a spec nested deeper than the limit is refused while parsing, not by a stack overflow") {
   // 20,000 residual blocks inside each other: 580 KB of JSON.
   std::string body = R"({"type": "relu"})";
