@@ -1,16 +1,63 @@
 // libFuzzer target: inbound bytes as a peer would send them go through frame parsing, the
-// FlatBuffers Verifier, the semantic checks and decoding of every message type and tensor.
+// FlatBuffers Verifier, the semantic checks, decoding of every message type and tensor, and the
+// model spec parser (the spec a Plan carries, and the whole input read as a spec text).
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
+#include "cleave/core/error.h"
+#include "cleave/core/model.h"
 #include "cleave/transport/message.h"
 
 using namespace cleave::transport;
+namespace core = cleave::core;
 
 namespace {
 
 volatile std::uint64_t sink;
+
+[[noreturn]] void violated(const char* what) {
+  std::fprintf(stderr, "fuzz: property violated: %s\n", what);
+  std::abort();
+}
+
+// Parses a spec as a receiver of a Plan does and builds its blocks. core::error is the expected
+// outcome of a bad spec; any other exception escapes and is a finding.
+void parse_spec(std::string_view text) {
+  core::model_spec m;
+  try {
+    m = core::parse_model_spec(text, "fuzz");
+  } catch (const core::error&) {
+    return;
+  }
+  // An accepted spec is one other nodes accept the same way: its compact JSON parses to itself.
+  core::model_spec again;
+  try {
+    again = core::parse_model_spec(m.json, "fuzz");
+  } catch (const core::error&) {
+    violated("the compact JSON of an accepted spec is refused");
+  }
+  if (again.json != m.json || again.n_blocks() != m.n_blocks() || again.n_params() != m.n_params() ||
+      !(again.input == m.input) || again.n_classes != m.n_classes)
+    violated("the compact JSON of an accepted spec parses to another spec");
+
+  const core::flat_layout lay = core::layout_of(m);
+  if (lay.param_offset.back() != m.n_params() || lay.param_offset.back() > core::spec_limits::max_params)
+    violated("parameter layout disagrees with the spec");
+  // Every block builds with the shapes the spec reported (what a stage does with its range).
+  const auto blocks = core::build_blocks(m, 0, m.n_blocks());
+  std::uint64_t h = m.name.size();
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const core::block_info& b = m.blocks[i];
+    if (blocks[i]->kind() != b.kind || !(blocks[i]->input_shape() == b.in) || !(blocks[i]->output_shape() == b.out))
+      violated("a built block differs from the spec's block");
+    h += static_cast<std::uint64_t>(b.flops);
+  }
+  sink = h;
+}
 
 // Reads everything a receiver could read from a decoded message.
 void consume(const message& m) {
@@ -20,6 +67,7 @@ void consume(const message& m) {
     if (!t.data.empty()) h += static_cast<std::uint64_t>(t.data.front()) + static_cast<std::uint64_t>(t.data.back());
   });
   sink = h;
+  if (const auto* p = m.as<cleave::wire::Plan>(); p && p->model()) parse_spec(p->model()->string_view());
 }
 
 void decode_one(const std::byte* body, std::uint32_t len, const frame_limits& limits) {
@@ -58,5 +106,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto len = static_cast<std::uint32_t>(size - frame_header_bytes);
     if (!check_frame_length(len, limits)) decode_one(bytes + frame_header_bytes, len, limits);
   }
+
+  // 3. The whole input as a model spec text (a local file, or a Plan's spec field as is). A frame
+  //    fails here at its first byte, and a spec fails the frame paths at once, so both run always.
+  parse_spec(std::string_view(reinterpret_cast<const char*>(data), size));
   return 0;
 }
