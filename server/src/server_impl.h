@@ -66,6 +66,7 @@ class server_node::impl {
     std::uint64_t n_loss = 0, n_correct = 0, edge_bytes = 0;
     int n_resplits = 0;
     double planner_s = 0;
+    std::string refused;  // the last upload refused in this round
   };
 
   // Sessions and membership (I/O thread).
@@ -113,6 +114,9 @@ class server_node::impl {
   server_config c_;
   runtime::executors ex_;
   runtime::signal wake_;  // membership changed, a replica came in, a round ended
+  // Rounds in a row in which uploads came and every one was refused: the run cannot go on.
+  int futile_rounds_ = 0;
+  static constexpr int max_futile_rounds = 3;
   std::optional<transport::tls_context> tls_;
   std::optional<runtime::acceptor> acceptor_;
 

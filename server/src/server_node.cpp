@@ -269,6 +269,7 @@ void server_node::impl::check_replica(const runtime::session_ptr& s, const std::
       for (std::size_t i = 0; i < devs.size(); ++i) who += (i ? ", " : " ") + std::to_string(devs[i]);
       who += ")";
     }
+    round_.refused = who + ": " + e.what();
     throw core::error(who + ": replica of round " + std::to_string(round_.number) + " refused: " + e.what());
   }
 }
@@ -436,8 +437,18 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
     ex_.post_compute([this, routes] {
       for (const auto& [id, r] : routes) runner_->discard(id);
     });
+    // Running it again from the same weights can only end the same way when every upload was
+    // refused (a model that diverged to NaN on every device, or only hostile ones).
+    futile_rounds_ = round_.refused.empty() ? 0 : futile_rounds_ + 1;
+    if (futile_rounds_ >= max_futile_rounds)
+      ex_.fail(std::make_exception_ptr(
+                   core::error("round " + std::to_string(number) + ": every upload was refused in " +
+                               std::to_string(futile_rounds_) + " attempts in a row (last: " + round_.refused +
+                               "); stopping rather than repeating it (a diverged model? check --lr)")),
+               "running rounds");
     co_return false;
   }
+  futile_rounds_ = 0;
   co_await close_round(std::move(routes), static_cast<int>(participants.size()), train_seconds, t0, lr, bytes0);
   co_return true;
 }

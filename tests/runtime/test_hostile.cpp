@@ -274,3 +274,31 @@ TEST_CASE(
   CHECK(reports[0].n_devices == 1);
   CHECK(reports[0].test_accuracy > 0.0);
 }
+
+TEST_CASE("when every upload of a round is refused three times in a row, the server stops with the reason") {
+  const std::string be = test_backend();
+  workspace w("futile", 1);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 5;
+  sc.local_steps = 5;
+  sc.round_deadline_s = 30;
+  std::vector<server::round_report> reports;
+  std::promise<std::uint16_t> port;
+  record(sc, reports, port);
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  auto ac = agent_cfg(w, 1, port.get_future().get(), be, "server");
+  ac.on_upload = [](std::vector<float>& p, std::vector<float>& b) {
+    set_all(p, b, std::numeric_limits<float>::infinity());
+  };
+  device::agent a(ac);
+  runner ra([&] { a.run(); });
+  rs.join();
+  a.stop();
+  ra.join();
+  CHECK(reports.empty());
+  CHECK_MESSAGE(rs.error().find("round 1: every upload was refused in 3 attempts in a row (last: device 1: ") !=
+                    std::string::npos,
+                rs.error());
+  CHECK(rs.error().find("non-finite") != std::string::npos);
+}
