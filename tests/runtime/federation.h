@@ -19,6 +19,10 @@
 #include <thread>
 #include <vector>
 
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_future.hpp>
+
 #include "cleave/backend/registry.h"
 #include "cleave/core/dataset.h"
 #include "cleave/core/random.h"
@@ -26,6 +30,8 @@
 #include "cleave/edge/edge_node.h"
 #include "cleave/server/server_node.h"
 #include "cleave/transport/certs.h"
+#include "cleave/transport/connect.h"
+#include "cleave/transport/message.h"
 
 namespace cleave::testing {
 
@@ -172,6 +178,100 @@ inline device::agent_config agent_cfg(const workspace& w, std::uint32_t id, std:
   return a;
 }
 
+// An edge node "edge-1" on a thread of this process, below the server on `server_port`; stop()
+// it (and let the runner join) when done.
+struct test_edge {
+  std::unique_ptr<edge::edge_node> node;
+  std::unique_ptr<runner> thread;
+  std::uint16_t port = 0;  // where its devices connect
+};
+inline test_edge start_edge(const workspace& w, const std::string& backend, std::uint16_t server_port) {
+  edge::edge_config ec;
+  ec.certs = w.certs;
+  ec.name = "edge-1";
+  ec.port = 0;
+  ec.upstream_port = server_port;
+  ec.backend = backend;
+  test_edge e;
+  e.node = std::make_unique<edge::edge_node>(ec);
+  e.thread = std::make_unique<runner>([n = e.node.get()] { n->run(); });
+  for (int i = 0; i < 1000 && e.node->port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  e.port = e.node->port();
+  return e;
+}
+
+// A raw device connection to the node on loopback port `port` that has sent its Hello claiming
+// device `id` (a failed connect is the result's error).
+inline asio::awaitable<transport::result<transport::channel>> hello_as(const transport::tls_context& tls,
+                                                                       std::uint16_t port, std::uint32_t id) {
+  auto ch = co_await transport::connect(tls, "127.0.0.1", port);
+  if (!ch) co_return ch;
+  transport::hello_info h;
+  h.role = core::tier::device;
+  h.node_id = id;
+  co_await ch->send(transport::make_hello(h));
+  co_return ch;
+}
+
+// One round of `sc` with an honest device 1 (an agent) and two rogue devices 2 and 3 played by
+// `rogue` on their raw channels after their Hello (what each returns is kept).
+struct rogue_run {
+  std::string rogue2, rogue3;
+  std::vector<server::round_report> reports;
+  std::string server_error;
+};
+inline rogue_run run_with_rogues(
+    const workspace& w, const std::string& be, server::server_config sc,
+    const std::function<asio::awaitable<std::string>(transport::channel& ch, std::uint32_t id)>& rogue) {
+  rogue_run out;
+  sc.rounds = 1;  // (a second round would wait for three devices again)
+  sc.min_devices = 3;
+  std::promise<std::uint16_t> port;
+  record(sc, out.reports, port);
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  device::agent good(agent_cfg(w, 1, sp, be, "server"));
+  runner rg([&] { good.run(); });
+  asio::io_context io;
+  auto play = [&](std::uint32_t id) -> asio::awaitable<std::string> {
+    const transport::tls_context tls(transport::tls_files_in(w.certs, "device-" + std::to_string(id)));
+    auto ch = co_await hello_as(tls, sp, id);
+    if (!ch) co_return "connect failed: " + ch.error().reason();
+    co_return co_await rogue(*ch, id);
+  };
+  auto f2 = asio::co_spawn(io, play(2), asio::use_future);
+  auto f3 = asio::co_spawn(io, play(3), asio::use_future);
+  std::thread io_thread([&] { io.run(); });
+  out.rogue2 = f2.get();
+  out.rogue3 = f3.get();
+  io_thread.join();
+  rs.join();
+  rg.join();
+  out.server_error = rs.error();
+  return out;
+}
+
+// The arguments of `cleave agent` for device `id` of the workspace, connecting to `port`.
+inline std::vector<std::string> agent_argv(const workspace& w, int id, std::uint16_t port, const std::string& backend,
+                                           const std::string& log_level) {
+  return {"--log-level",
+          log_level,
+          "agent",
+          "--certs",
+          w.certs.string(),
+          "--id",
+          std::to_string(id),
+          "--connect",
+          "127.0.0.1:" + std::to_string(port),
+          "--data",
+          w.data.string(),
+          "--partition",
+          "all",
+          "--backend",
+          backend};
+}
+
 // A process of the cleave binary with these arguments (its output to `log` when given).
 inline pid_t spawn_cleave(const std::vector<std::string>& args, const fs::path& log = {}) {
   const pid_t pid = ::fork();
@@ -192,23 +292,8 @@ inline pid_t spawn_cleave(const std::vector<std::string>& args, const fs::path& 
 // A device agent as a process of the cleave binary; `extra` arguments go last.
 inline pid_t spawn_agent(const workspace& w, int id, std::uint16_t port, const std::string& be, double slowdown,
                          const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args = {"--log-level",
-                                   "warn",
-                                   "agent",
-                                   "--certs",
-                                   w.certs.string(),
-                                   "--id",
-                                   std::to_string(id),
-                                   "--connect",
-                                   "127.0.0.1:" + std::to_string(port),
-                                   "--data",
-                                   w.data.string(),
-                                   "--partition",
-                                   "all",
-                                   "--backend",
-                                   be,
-                                   "--slowdown",
-                                   std::to_string(slowdown)};
+  auto args = agent_argv(w, id, port, be, "warn");
+  args.insert(args.end(), {"--slowdown", std::to_string(slowdown)});
   args.insert(args.end(), extra.begin(), extra.end());
   return spawn_cleave(args);
 }

@@ -29,19 +29,6 @@ transport::message_builder activation_of(core::backend& b, std::uint32_t epoch, 
   return transport::make_activations(key, {2, 1}, b, x, &y);
 }
 
-// A raw device connection to the server on loopback port `port` that has sent its Hello
-// claiming device `id` (a failed connect is the result's error).
-asio::awaitable<transport::result<transport::channel>> hello_as(const transport::tls_context& tls, std::uint16_t port,
-                                                                std::uint32_t id) {
-  auto ch = co_await transport::connect(tls, "127.0.0.1", port);
-  if (!ch) co_return ch;
-  transport::hello_info h;
-  h.role = core::tier::device;
-  h.node_id = id;
-  co_await ch->send(transport::make_hello(h));
-  co_return ch;
-}
-
 }  // namespace
 
 TEST_CASE("a device killed mid-round is left out of that round and rejoins a later one") {
@@ -98,58 +85,36 @@ TEST_CASE("a device sending an out-of-plan or malformed message is disconnected 
   const std::string be = test_backend();
   workspace w("rogue", 3);
   auto sc = server_cfg(w, be);
-  sc.rounds = 1;  // (a second round would wait for three devices again)
   sc.local_steps = 10;
-  sc.min_devices = 3;
-  std::vector<server::round_report> reports;
-  std::promise<std::uint16_t> port;
-  record(sc, reports, port);
-  server::server_node srv(sc);
-  runner rs([&] { srv.run(); });
-  const auto sp = port.get_future().get();
-  device::agent good(agent_cfg(w, 1, sp, be, "server"));
-  runner rg([&] { good.run(); });
-
-  // Two rogue devices: one sends activations for a block outside its plan once its round
-  // starts, the other a frame of garbage. Each must see its channel closed by the server.
-  asio::io_context io;
-  const transport::tls_context tls2(transport::tls_files_in(w.certs, "device-2"));
-  const transport::tls_context tls3(transport::tls_files_in(w.certs, "device-3"));
-  auto rogue = [&](const transport::tls_context& tls, std::uint32_t id, bool garbage) -> asio::awaitable<std::string> {
-    auto ch = co_await hello_as(tls, sp, id);
-    if (!ch) co_return "connect failed: " + ch.error().reason();
-    for (;;) {
-      auto m = co_await ch->receive();
-      if (!m) co_return "closed: " + m.error().reason();
-      if (!m->as<cleave::wire::RoundStart>()) continue;
-      if (garbage) {
-        std::vector<std::byte> junk(64, std::byte{0x5a});
-        junk[0] = std::byte{60};  // a plausible length prefix, then nonsense
-        junk[1] = junk[2] = junk[3] = std::byte{0};
-        co_await ch->send(transport::message_builder::from_frame(junk));
-      } else {
-        auto b = backend::make_backend("reference");
-        core::tensor x = b->zeros({2, 4});
-        const transport::step_key key{1, 10, 0, id, 9};
-        co_await ch->send(transport::make_activations(key, {2, 1}, *b, x, nullptr));
-      }
-    }
-  };
-  auto f2 = asio::co_spawn(io, rogue(tls2, 2, false), asio::use_future);
-  auto f3 = asio::co_spawn(io, rogue(tls3, 3, true), asio::use_future);
-  std::thread io_thread([&] { io.run(); });
-  const std::string r2 = f2.get(), r3 = f3.get();
-  io_thread.join();
-  INFO("out-of-plan rogue: " << r2 << "; malformed rogue: " << r3);
-  CHECK(r2.rfind("closed", 0) == 0);
-  CHECK(r3.rfind("closed", 0) == 0);
-  rs.join();
-  rg.join();
-  CHECK(rs.error() == "");
-  REQUIRE(reports.size() == 1);
-  CHECK(reports[0].n_participants == 3);
-  CHECK(reports[0].n_devices == 1);
-  CHECK(reports[0].test_accuracy > 0.0);
+  // Two rogue devices: one (2) sends activations for a block outside its plan once its round
+  // starts, the other (3) a frame of garbage. Each must see its channel closed by the server.
+  const auto run =
+      run_with_rogues(w, be, sc, [](transport::channel& ch, std::uint32_t id) -> asio::awaitable<std::string> {
+        for (;;) {
+          auto m = co_await ch.receive();
+          if (!m) co_return "closed: " + m.error().reason();
+          if (!m->as<cleave::wire::RoundStart>()) continue;
+          if (id == 3) {
+            std::vector<std::byte> junk(64, std::byte{0x5a});
+            junk[0] = std::byte{60};  // a plausible length prefix, then nonsense
+            junk[1] = junk[2] = junk[3] = std::byte{0};
+            co_await ch.send(transport::message_builder::from_frame(junk));
+          } else {
+            auto b = backend::make_backend("reference");
+            core::tensor x = b->zeros({2, 4});
+            const transport::step_key key{1, 10, 0, id, 9};
+            co_await ch.send(transport::make_activations(key, {2, 1}, *b, x, nullptr));
+          }
+        }
+      });
+  INFO("out-of-plan rogue: " << run.rogue2 << "; malformed rogue: " << run.rogue3);
+  CHECK(run.rogue2.rfind("closed", 0) == 0);
+  CHECK(run.rogue3.rfind("closed", 0) == 0);
+  CHECK(run.server_error == "");
+  REQUIRE(run.reports.size() == 1);
+  CHECK(run.reports[0].n_participants == 3);
+  CHECK(run.reports[0].n_devices == 1);
+  CHECK(run.reports[0].test_accuracy > 0.0);
 }
 
 TEST_CASE("after a re-split, step messages of the old plan epoch are refused and the channel stays open") {

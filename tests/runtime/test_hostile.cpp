@@ -62,21 +62,9 @@ outcome run_four(const workspace& w, const std::string& be, server::server_confi
   server::server_node srv(sc);
   runner rs([&] { srv.run(); });
   const std::uint16_t sp = port.get_future().get();
-  std::unique_ptr<edge::edge_node> en;
-  std::unique_ptr<runner> re;
+  test_edge en;
   std::uint16_t up = sp;
-  if (edge) {
-    edge::edge_config ec;
-    ec.certs = w.certs;
-    ec.name = "edge-1";
-    ec.port = 0;
-    ec.upstream_port = sp;
-    ec.backend = be;
-    en = std::make_unique<edge::edge_node>(ec);
-    re = std::make_unique<runner>([&] { en->run(); });
-    for (int i = 0; i < 1000 && en->port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    up = en->port();
-  }
+  if (edge) up = (en = start_edge(w, be, sp)).port;
   std::vector<std::unique_ptr<device::agent>> agents;
   std::vector<std::unique_ptr<runner>> ra;
   for (std::uint32_t i = 1; i <= 4; ++i) {
@@ -87,9 +75,9 @@ outcome run_four(const workspace& w, const std::string& be, server::server_confi
   }
   rs.join();
   for (auto& a : agents) a->stop();
-  if (en) en->stop();
+  if (en.node) en.node->stop();
   for (auto& r : ra) r->join();
-  if (re) re->join();
+  if (en.thread) en.thread->join();
   CHECK(rs.error() == "");
   out.params = srv.global_params();
   return out;
@@ -120,18 +108,6 @@ bool all_finite(const std::vector<float>& v) {
 void set_all(std::vector<float>& params, std::vector<float>& buffers, float value) {
   std::fill(params.begin(), params.end(), value);
   std::fill(buffers.begin(), buffers.end(), value);
-}
-
-// A raw device connection to `port` that has sent its Hello claiming device `id`.
-asio::awaitable<transport::result<transport::channel>> hello_as(const transport::tls_context& tls, std::uint16_t port,
-                                                                std::uint32_t id) {
-  auto ch = co_await transport::connect(tls, "127.0.0.1", port);
-  if (!ch) co_return ch;
-  transport::hello_info h;
-  h.role = core::tier::device;
-  h.node_id = id;
-  co_await ch->send(transport::make_hello(h));
-  co_return ch;
 }
 
 }  // namespace
@@ -207,72 +183,50 @@ TEST_CASE(
   const std::string be = test_backend();
   workspace w("outside", 3);
   auto sc = server_cfg(w, be);
-  sc.rounds = 1;  // (a second round would wait for three devices again)
   sc.local_steps = 10;
-  sc.min_devices = 3;
   sc.cuts = "4";
-  std::vector<server::round_report> reports;
-  std::promise<std::uint16_t> port;
-  record(sc, reports, port);
   log_capture logs;
-  server::server_node srv(sc);
-  runner rs([&] { srv.run(); });
-  const auto sp = port.get_future().get();
-  device::agent good(agent_cfg(w, 1, sp, be, "server"));
-  runner rg([&] { good.run(); });
-
   // Two rogue devices upload zeros of the right size as soon as their round starts: device 2 the
   // whole model, device 3 its own blocks [0,4) claiming a billion samples.
-  asio::io_context io;
-  const transport::tls_context tls2(transport::tls_files_in(w.certs, "device-2"));
-  const transport::tls_context tls3(transport::tls_files_in(w.certs, "device-3"));
-  auto rogue = [&](const transport::tls_context& tls, std::uint32_t id) -> asio::awaitable<std::string> {
-    auto ch = co_await hello_as(tls, sp, id);
-    if (!ch) co_return "connect failed: " + ch.error().reason();
-    core::model_spec model;
-    std::string said;
-    for (;;) {
-      auto m = co_await ch->receive();
-      if (!m) co_return said + "; closed";
-      if (const auto* p = m->as<cleave::wire::Plan>()) model = core::parse_model_spec(p->model()->str(), "plan");
-      if (const auto* e = m->as<cleave::wire::Error>()) said = e->message() ? e->message()->str() : "";
-      const auto* r = m->as<cleave::wire::RoundStart>();
-      if (!r) continue;
-      const auto lay = core::layout_of(model);
-      transport::replica_desc d;
-      d.round = r->round();
-      d.node_id = id;
-      d.first_block = 0;
-      d.end_block = id == 2 ? static_cast<std::uint32_t>(model.n_blocks()) : 4;
-      d.n_samples = id == 2 ? 640 : 1000000000;
-      d.devices = std::span(&id, 1);
-      const std::vector<float> p(static_cast<std::size_t>(lay.param_offset[d.end_block]), 0.0f);
-      const std::vector<float> b(static_cast<std::size_t>(lay.buffer_offset[d.end_block]), 0.0f);
-      co_await ch->send(transport::make_replica_upload(d, p, b));
-    }
-  };
-  auto f2 = asio::co_spawn(io, rogue(tls2, 2), asio::use_future);
-  auto f3 = asio::co_spawn(io, rogue(tls3, 3), asio::use_future);
-  std::thread io_thread([&] { io.run(); });
-  const std::string r2 = f2.get(), r3 = f3.get();
-  io_thread.join();
-  rs.join();
-  rg.join();
-  CHECK(rs.error() == "");
+  const auto run =
+      run_with_rogues(w, be, sc, [](transport::channel& ch, std::uint32_t id) -> asio::awaitable<std::string> {
+        core::model_spec model;
+        std::string said;
+        for (;;) {
+          auto m = co_await ch.receive();
+          if (!m) co_return said + "; closed";
+          if (const auto* p = m->as<cleave::wire::Plan>()) model = core::parse_model_spec(p->model()->str(), "plan");
+          if (const auto* e = m->as<cleave::wire::Error>()) said = e->message() ? e->message()->str() : "";
+          const auto* r = m->as<cleave::wire::RoundStart>();
+          if (!r) continue;
+          const auto lay = core::layout_of(model);
+          transport::replica_desc d;
+          d.round = r->round();
+          d.node_id = id;
+          d.first_block = 0;
+          d.end_block = id == 2 ? static_cast<std::uint32_t>(model.n_blocks()) : 4;
+          d.n_samples = id == 2 ? 640 : 1000000000;
+          d.devices = std::span(&id, 1);
+          const std::vector<float> p(static_cast<std::size_t>(lay.param_offset[d.end_block]), 0.0f);
+          const std::vector<float> b(static_cast<std::size_t>(lay.buffer_offset[d.end_block]), 0.0f);
+          co_await ch.send(transport::make_replica_upload(d, p, b));
+        }
+      });
+  CHECK(run.server_error == "");
   // Each is told why, in an Error before its channel closes, and the server logs it.
   const std::string outside =
       "device 2: replica of round 1 refused: blocks [0,12) are not one of its segments on route device[0,4) "
       "server[4,12)";
   const std::string too_many =
       "device 3: replica of round 1 refused: blocks [0,4) claim 1000000000 samples; the round's steps allow 640";
-  CHECK(r2 == outside + "; closed");
-  CHECK(r3 == too_many + "; closed");
+  CHECK(run.rogue2 == outside + "; closed");
+  CHECK(run.rogue3 == too_many + "; closed");
   CHECK(logs.count({outside}) >= 1);
   CHECK(logs.count({too_many}) >= 1);
-  REQUIRE(reports.size() == 1);
-  CHECK(reports[0].n_participants == 3);
-  CHECK(reports[0].n_devices == 1);
-  CHECK(reports[0].test_accuracy > 0.0);
+  REQUIRE(run.reports.size() == 1);
+  CHECK(run.reports[0].n_participants == 3);
+  CHECK(run.reports[0].n_devices == 1);
+  CHECK(run.reports[0].test_accuracy > 0.0);
 }
 
 TEST_CASE("when every upload of a round is refused three times in a row, the server stops with the reason") {

@@ -65,11 +65,6 @@ struct plan_shape {
   bool edge, u_shape;
 };
 
-std::uint16_t wait_port(edge::edge_node& e) {
-  for (int i = 0; i < 1000 && e.port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  return e.port();
-}
-
 // Runs a federation of n devices (all behind one edge when `edge`) and returns the server's
 // global parameters after its rounds.
 std::vector<float> run_federation(const workspace& w, const std::string& be, server::server_config sc, int n_devices,
@@ -79,20 +74,11 @@ std::vector<float> run_federation(const workspace& w, const std::string& be, ser
   server::server_node srv(sc);
   runner rs([&] { srv.run(); });
   const std::uint16_t sp = port.get_future().get();
-  std::unique_ptr<edge::edge_node> en;
-  std::unique_ptr<runner> re;
+  test_edge en;
   std::uint16_t up = sp;
   std::string up_name = "server";
   if (edge) {
-    edge::edge_config ec;
-    ec.certs = w.certs;
-    ec.name = "edge-1";
-    ec.port = 0;
-    ec.upstream_port = sp;
-    ec.backend = be;
-    en = std::make_unique<edge::edge_node>(ec);
-    re = std::make_unique<runner>([&] { en->run(); });
-    up = wait_port(*en);
+    up = (en = start_edge(w, be, sp)).port;
     up_name = "edge-1";
   }
   std::vector<std::unique_ptr<device::agent>> agents;
@@ -105,10 +91,10 @@ std::vector<float> run_federation(const workspace& w, const std::string& be, ser
   }
   rs.join();
   for (auto& r : ra) r->join();
-  if (re) re->join();
+  if (en.thread) en.thread->join();
   CHECK(rs.error() == "");
   for (auto& r : ra) CHECK(r->error() == "");
-  if (re) CHECK(re->error() == "");
+  if (en.thread) CHECK(en.thread->error() == "");
   return srv.global_params();
 }
 

@@ -151,21 +151,7 @@ inline std::vector<std::string> server_args(const workspace& w, int rounds, int 
 
 inline std::vector<std::string> agent_args(const workspace& w, int id, std::uint16_t port,
                                            const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> a = {"--log-level",
-                                "info",
-                                "agent",
-                                "--certs",
-                                w.certs.string(),
-                                "--id",
-                                std::to_string(id),
-                                "--connect",
-                                "127.0.0.1:" + std::to_string(port),
-                                "--data",
-                                w.data.string(),
-                                "--partition",
-                                "all",
-                                "--backend",
-                                "reference"};
+  auto a = agent_argv(w, id, port, "reference", "info");
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }

@@ -22,12 +22,8 @@ constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
 // Connects with `tls`, says Hello as device `id` and returns the first answer's type, or the
 // reason the link ended ("closed: ...").
 asio::awaitable<std::string> hello_answer(transport::tls_context tls, std::uint16_t port, std::uint32_t id) {
-  auto ch = co_await transport::connect(tls, "127.0.0.1", port);
+  auto ch = co_await hello_as(tls, port, id);
   if (!ch) co_return "connect failed: " + ch.error().reason();
-  transport::hello_info h;
-  h.role = core::tier::device;
-  h.node_id = id;
-  co_await ch->send(transport::make_hello(h));
   auto m = co_await ch->receive();
   if (!m) co_return "closed: " + m.error().reason();
   std::string out(transport::body_name(m->type()));
@@ -236,12 +232,8 @@ TEST_CASE("peer text is escaped in the server's log: a device cannot forge log l
   client_thread client;
   const std::string forged = "oops\n[2026-01-01 00:00:00.000] [info] round 9/9: 9/9 devices\x1b[2J\r";
   client.run([&]() -> asio::awaitable<void> {
-    auto ch = co_await transport::connect(tls_of(w, "device-1"), "127.0.0.1", sp);
+    auto ch = co_await hello_as(tls_of(w, "device-1"), sp, 1);
     REQUIRE(ch.ok());
-    transport::hello_info h;
-    h.role = core::tier::device;
-    h.node_id = 1;
-    co_await ch->send(transport::make_hello(h));
     co_await ch->send(transport::make_error(wire::ErrorCode::internal, forged));
     co_await ch->close();
   }());
