@@ -7,7 +7,10 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
+#include <future>
+#include <limits>
 
+#include "cleave/core/model.h"
 #include "cleave/transport/tls_stream.h"
 #include "nodes.h"
 
@@ -101,6 +104,54 @@ TEST_CASE("a device id is bound to the certificate: an impostor is refused and c
   CHECK_FALSE(server.logged("device 2 reconnected"));
   CHECK(server.count("/1 devices") == 4);
   CHECK(server.logged("round 4/4: 1/1 devices"));
+}
+
+TEST_CASE("a device uploading an all-NaN replica of the whole model is refused; the global model stays finite") {
+  workspace w("sec-poison", 2, 512, 128);
+  node server(w, "server", server_args(w, 1, 10, 2));
+  const auto sp = server.port_after("listening on ");
+  client_thread client;
+  // The hostile device joins first, then an honest one; when the round starts it uploads NaN
+  // for every block although its route gives it only the first ones.
+  auto hostile = std::async(std::launch::async, [&] {
+    return client.run([&]() -> asio::awaitable<std::string> {
+      auto ch = co_await hello_as(tls_of(w, "device-2"), sp, 2);
+      if (!ch) co_return "connect failed";
+      core::model_spec model;
+      std::string said;
+      for (;;) {
+        auto m = co_await ch->receive();
+        if (!m) co_return said;
+        if (const auto* p = m->as<wire::Plan>()) model = core::parse_model_spec(p->model()->str(), "plan");
+        if (const auto* e = m->as<wire::Error>()) said = e->message() ? e->message()->str() : "";
+        const auto* r = m->as<wire::RoundStart>();
+        if (!r) continue;
+        const auto lay = core::layout_of(model);
+        std::uint32_t id = 2;
+        transport::replica_desc d;
+        d.round = r->round();
+        d.node_id = id;
+        d.first_block = 0;
+        d.end_block = static_cast<std::uint32_t>(model.n_blocks());
+        d.n_samples = 160;
+        d.devices = std::span(&id, 1);
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        const std::vector<float> p(static_cast<std::size_t>(lay.param_offset.back()), nan);
+        const std::vector<float> b(static_cast<std::size_t>(lay.buffer_offset.back()), nan);
+        co_await ch->send(transport::make_replica_upload(d, p, b));
+      }
+    }());
+  });
+  REQUIRE(server.wait_for("server: device 2 joined", 30));
+  node agent(w, "agent-1", agent_args(w, 1, sp));
+  const std::string told = hostile.get();
+  CHECK_MESSAGE(
+      told.find("device 2: replica of round 1 refused: blocks [0,6) are not one of its segments") != std::string::npos,
+      told);
+  CHECK_MESSAGE(server.exit_code(120) == 0, server.log());
+  CHECK(server.logged("device 2: replica of round 1 refused"));
+  CHECK(server.logged("round 1/1: 1/2 devices"));
+  CHECK_FALSE(server.logged("test loss nan"));
 }
 
 TEST_CASE("idle TCP floods from one address and from 200 keep no device out: it joins within 5 s") {
