@@ -4,7 +4,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "cleave/core/error.h"
@@ -200,6 +202,18 @@ std::vector<segment_runner::replica> segment_runner::replicas(std::uint32_t devi
     rep.buffers.resize(static_cast<std::size_t>(st.n_buffers()));
     if (!rep.params.empty()) b_->download(st.params(), rep.params.data());
     if (!rep.buffers.empty()) b_->download(st.buffers(), rep.buffers.data());
+    // Trained here on what the device sent (activations, gradients): a device that sent
+    // non-finite values would poison the average through this replica.
+    const auto finite = [](const std::vector<float>& v) {
+      return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+    };
+    if (!finite(rep.params) || !finite(rep.buffers)) {
+      spdlog::warn(
+          "{} {}: device {}: its replica of blocks [{},{}) here holds non-finite values after the round "
+          "(trained on what it sent); left out of the average",
+          core::tier_name(here_), node_id_, device, rep.first, rep.end);
+      out.pop_back();
+    }
   }
   return out;
 }

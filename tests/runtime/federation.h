@@ -219,6 +219,7 @@ struct rogue_run {
   std::string rogue2, rogue3;
   std::vector<server::round_report> reports;
   std::string server_error;
+  std::vector<float> params;  // the global model at the end
 };
 inline rogue_run run_with_rogues(
     const workspace& w, const std::string& be, server::server_config sc,
@@ -249,6 +250,7 @@ inline rogue_run run_with_rogues(
   rs.join();
   rg.join();
   out.server_error = rs.error();
+  out.params = srv.global_params();
   return out;
 }
 

@@ -256,3 +256,72 @@ TEST_CASE("when every upload of a round is refused three times in a row, the ser
                 rs.error());
   CHECK(rs.error().find("non-finite") != std::string::npos);
 }
+
+TEST_CASE("a device sending NaN activations poisons only its own server replica, which is left out of the average") {
+  const std::string be = test_backend();
+  workspace w("nan-act", 3);
+  auto sc = server_cfg(w, be);
+  sc.local_steps = 3;
+  log_capture logs;
+  // Device 2 trains its steps with NaN activations and uploads finite weights of its own blocks;
+  // device 3 leaves when the round starts.
+  const auto run =
+      run_with_rogues(w, be, sc, [](transport::channel& ch, std::uint32_t id) -> asio::awaitable<std::string> {
+        if (id == 3) {  // leaves when its round starts
+          for (;;) {
+            auto m = co_await ch.receive();
+            if (!m || m->as<cleave::wire::RoundStart>()) co_return "left";
+          }
+        }
+        core::model_spec model;
+        split::route route;
+        std::uint32_t mb_size = 0, n_mb = 0;
+        for (;;) {
+          auto m = co_await ch.receive();
+          if (!m) co_return "closed: " + m.error().reason();
+          if (const auto* p = m->as<cleave::wire::Plan>()) {
+            model = core::parse_model_spec(p->model()->str(), "plan");
+            route = transport::route_for(*p, id, model.n_blocks());
+            mb_size = p->micro_batch_size();
+            n_mb = p->n_micro_batches();
+          }
+          const auto* r = m->as<cleave::wire::RoundStart>();
+          if (!r) continue;
+          const auto cut = static_cast<std::uint32_t>(route.end(0));
+          const core::shape in = model.blocks[cut].in.batched(static_cast<int>(mb_size));
+          const std::vector<float> x(static_cast<std::size_t>(in.numel()), std::numeric_limits<float>::quiet_NaN());
+          const std::vector<std::int32_t> y(mb_size, 1);
+          for (std::uint32_t s = 0; s < r->local_steps(); ++s) {
+            for (std::uint32_t mb = 0; mb < n_mb; ++mb) {
+              const transport::step_key key{r->epoch(), r->round() * r->local_steps() + s, mb, id, cut};
+              const transport::tensor_source act{core::dtype::f32, in, x.data(), "activation"};
+              const transport::tensor_source lab{core::dtype::i32, core::shape({static_cast<std::int64_t>(mb_size)}),
+                                                 y.data(), "labels"};
+              co_await ch.send(transport::make_activations(key, act, &lab));
+            }
+            for (std::uint32_t got = 0; got < n_mb;) {
+              auto g = co_await ch.receive();
+              if (!g) co_return "closed: " + g.error().reason();
+              if (g->as<cleave::wire::Gradients>()) ++got;
+            }
+          }
+          const auto lay = core::layout_of(model);
+          transport::replica_desc d;
+          d.round = r->round();
+          d.node_id = id;
+          d.first_block = 0;
+          d.end_block = cut;
+          d.n_samples = static_cast<std::uint64_t>(r->local_steps()) * mb_size * n_mb;
+          d.devices = std::span(&id, 1);
+          const std::vector<float> p(static_cast<std::size_t>(lay.param_offset[cut]), 0.0f);
+          const std::vector<float> b(static_cast<std::size_t>(lay.buffer_offset[cut]), 0.0f);
+          co_await ch.send(transport::make_replica_upload(d, p, b));
+        }
+      });
+  CHECK(run.server_error == "");
+  REQUIRE(run.reports.size() == 1);
+  CHECK(run.reports[0].n_devices == 2);
+  CHECK(std::isfinite(run.reports[0].test_loss));
+  CHECK(all_finite(run.params));
+  CHECK(logs.count({"device 2: its replica of blocks", "holds non-finite values after the round"}) >= 1);
+}

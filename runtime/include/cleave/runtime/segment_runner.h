@@ -73,7 +73,9 @@ class segment_runner {
   void load(std::uint32_t device, const split::route& r, std::span<const float> params, std::span<const float> buffers,
             bool shared = false);
   // The replicas of device's segments here, blocks [first, end) with their flat values; `seen`
-  // skips block ranges already taken (one shared replica in sequential mode).
+  // skips block ranges already taken (one shared replica in sequential mode). A replica holding
+  // a non-finite value (trained on NaN activations or gradients the device sent) is left out,
+  // with a warning.
   struct replica {
     int first, end;
     std::vector<float> params, buffers;
