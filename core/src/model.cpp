@@ -251,9 +251,10 @@ parsed parse_root(std::string_view text, std::string_view source) {
         throw error("field '" + k + "': unknown (expected name, input, classes, blocks)");
     if (!p.root.contains("input")) throw error("field 'input': missing");
     p.input = parse_shape(p.root["input"]);
-    if (!p.root.contains("classes") || !p.root["classes"].is_number_integer() || p.root["classes"].get<int>() < 2 ||
-        p.root["classes"].get<int>() > 1000000)
-      throw error("field 'classes': missing or not an integer >= 2");
+    // (read as 64 bits: an int would wrap 4294967298 to 2)
+    if (!p.root.contains("classes") || !p.root["classes"].is_number_integer() ||
+        p.root["classes"].get<std::int64_t>() < 2 || p.root["classes"].get<std::int64_t>() > 1000000)
+      throw error("field 'classes': missing or not an integer from 2 to 1000000");
     p.n_classes = p.root["classes"].get<int>();
     if (!p.root.contains("blocks") || !p.root["blocks"].is_array() || p.root["blocks"].empty())
       throw error("field 'blocks': missing or not a non-empty list");

@@ -152,3 +152,12 @@ TEST_CASE("text from a peer or a file is logged escaped and cut short") {
   CHECK(e.find("unknown block type 're\\x0alu\\x1b[31m'") != std::string::npos);
   CHECK(e.find('\n') == std::string::npos);
 }
+
+TEST_CASE("negative pooling padding and class counts beyond 32 bits are refused") {
+  CHECK(error_of(
+            R"({"input": [1, 8, 8], "classes": 2, "blocks": [{"type": "maxpool2d", "kernel": 2, "padding": [0, -1]},)"
+            R"( {"type": "flatten"}, {"type": "linear", "out_features": 2}]})")
+            .find("padding must be between 0 and half the kernel") != std::string::npos);
+  CHECK(error_of(R"({"input": [4], "classes": 4294967298, "blocks": [{"type": "linear", "out_features": 2}]})")
+            .find("field 'classes': missing or not an integer from 2 to 1000000") != std::string::npos);
+}

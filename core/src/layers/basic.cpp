@@ -252,7 +252,7 @@ std::unique_ptr<layer> make_pool2d(const shape& in, const pool2d_desc& d) {
   require_rank(in, 3, d.kind == pool_kind::max ? "maxpool2d" : "avgpool2d");
   if (d.kernel_h < 1 || d.kernel_w < 1 || d.stride_h < 1 || d.stride_w < 1)
     throw error("kernel and stride must be >= 1");
-  if (d.pad_h < 0 || 2 * d.pad_h > d.kernel_h || 2 * d.pad_w > d.kernel_w)
+  if (d.pad_h < 0 || d.pad_w < 0 || 2 * d.pad_h > d.kernel_h || 2 * d.pad_w > d.kernel_w)
     throw error("padding must be between 0 and half the kernel");
   if (in[1] + 2 * d.pad_h < d.kernel_h || in[2] + 2 * d.pad_w < d.kernel_w)
     throw error("kernel does not fit input " + in.str());
