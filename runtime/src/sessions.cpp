@@ -50,6 +50,13 @@ void check_hello(session& s, const transport::message& m) {
   }
 }
 
+// A connect failure that says a certificate was refused, by the upstream (its TLS alert) or by
+// this node's own check of the upstream's certificate.
+bool certificate_refused(const std::string& why) {
+  return why.find("TLS alert") != std::string::npos || why.find("certificate '") != std::string::npos ||
+         why.find("is not on the allow-list") != std::string::npos;
+}
+
 }  // namespace
 
 link_schedule::link_schedule(const executors& ex, const std::string& text_or_path, std::string node_name)
@@ -201,8 +208,16 @@ asio::awaitable<void> upstream::run() {
     auto r = co_await transport::connect(tls_, host_, port_, opts);
     if (ex_.stopping()) co_return;
     if (!r) {
-      // A failed handshake waits as a refusal does, but does not count towards giving up: one cut
-      // short by an overloaded upstream looks the same.
+      // A certificate refused (a TLS alert from the upstream, or its certificate failing this
+      // node's checks) counts towards giving up. Any other failed handshake waits as a refusal
+      // does but is retried for good: one cut short by an overloaded upstream looks like that.
+      const std::string& why = r.error().reason();
+      if (r.error().code() == transport::errc::refused && certificate_refused(why)) {
+        spdlog::warn("{}: {}:{} refused: {}", ex_.who(), host_, port_, why);
+        if (refused(why, backoff)) co_return;
+        co_await wait();
+        continue;
+      }
       if (r.error().code() == transport::errc::refused) backoff = std::max(backoff, 2.0);
       spdlog::warn("{}: cannot reach {}:{}: {}; retrying in {:.1f} s", ex_.who(), host_, port_, r.error().reason(),
                    backoff);

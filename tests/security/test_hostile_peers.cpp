@@ -199,6 +199,25 @@ TEST_CASE("a node refused for its role gets the reason as an Error, backs off an
   CHECK_MESSAGE(server.exit_code(120) == 0, server.log());
 }
 
+TEST_CASE("a device whose certificate the server does not allow backs off and stops after five refusals") {
+  workspace w("sec-allow", 2, 512, 128);
+  node server(w, "server", server_args(w, 1, 5, 1, {"--allow", "device-1"}));
+  const auto sp = server.port_after("listening on ");
+  const auto t0 = steady_clock::now();
+  node outsider(w, "agent-2", agent_args(w, 2, sp));
+  CHECK(outsider.exit_code(60) != 0);
+  const double took = seconds_since(t0);
+  CHECK_MESSAGE(outsider.logged("times in a row"), outsider.log());
+  CHECK(outsider.logged("TLS alert"));
+  const int attempts = server.count("identity 'device-2' is not on the allow-list");
+  MESSAGE(attempts << " attempts in " << took << " s");
+  CHECK(attempts >= 5);
+  CHECK(attempts <= 6);
+  CHECK(took >= 4.0);
+  node agent(w, "agent-1", agent_args(w, 1, sp));
+  CHECK_MESSAGE(server.exit_code(120) == 0, server.log());
+}
+
 TEST_CASE("the server's memory stays flat over 10,000 device connect and disconnect cycles") {
   workspace w("sec-cycles", 2, 512, 128);
   node server(w, "server", server_args(w, 1, 10, 2));
