@@ -179,7 +179,6 @@ TEST_CASE("a node refused for its role gets the reason as an Error, backs off an
   node server(w, "server", server_args(w, 2, 10, 1));
   const auto sp = server.port_after("listening on ");
   // An edge running with a device's certificate: the server refuses its Hello.
-  client_thread client;
   const auto t0 = steady_clock::now();
   node fake_edge(w, "fake-edge",
                  {"--log-level", "info", "edge", "--certs", w.certs.string(), "--name", "device-3", "--id", "100",
