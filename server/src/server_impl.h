@@ -1,5 +1,6 @@
 // The server node's inside, shared by its source files: server_node.cpp (sessions, joins,
-// steps, the round state machine) and server_resplit.cpp (profiles, plans, re-splits).
+// steps, uploads), server_rounds.cpp (the round state machine) and server_resplit.cpp
+// (profiles, plans, re-splits).
 #pragma once
 
 #include "cleave/server/server_node.h"
@@ -50,8 +51,14 @@ class server_node::impl {
   struct round_state {
     std::uint64_t number = 0;
     phase at = phase::idle;
-    std::set<std::uint32_t> members;  // asked to train and still counted
-    std::set<std::uint32_t> done;     // replicas in
+    clock::time_point t0;
+    float lr = 0;
+    std::uint64_t bytes0 = 0;                                    // bytes moved when it opened
+    std::vector<std::pair<std::uint32_t, split::route>> routes;  // of the devices connected then
+    std::vector<std::uint32_t> participants;                     // asked to train
+    double train_seconds = 0;                                    // until every replica was in
+    std::set<std::uint32_t> members;                             // asked to train and still counted
+    std::set<std::uint32_t> done;                                // replicas in
     std::unique_ptr<split::aggregator> avg;
     runtime::replica_ledger uploaded;  // the blocks each device's uploads covered
     // Parts of uploads whose final part has not come yet: averaged only once all passed the checks.
@@ -87,11 +94,15 @@ class server_node::impl {
   asio::awaitable<bool> wait_for_members();
   asio::awaitable<void> drive_rounds();
   asio::awaitable<bool> run_round(std::uint64_t number);
+  // A new round: its settings, and the server replicas of the devices connected now installed
+  // from the global weights; those still attached afterwards are its participants.
+  asio::awaitable<void> open_round(std::uint64_t number);
+  // Nobody finished the round: it runs again (and the run stops after futile attempts).
+  void abandon_round();
   // Close and average (server replicas of the finished devices + uploads), evaluate, broadcast,
   // checkpoint.
-  asio::awaitable<void> close_round(std::vector<std::pair<std::uint32_t, split::route>> routes, int n_participants,
-                                    double train_seconds, clock::time_point t0, float lr, std::uint64_t bytes0);
-  void report(const core::eval_report& ev, int n_participants, double train_seconds, clock::time_point t0, float lr);
+  asio::awaitable<void> close_round();
+  void report(const core::eval_report& ev);
   void save_checkpoint(std::uint64_t round);
   void send_global(const runtime::session_ptr& to, std::uint32_t device_id);
   int n_connected() const;

@@ -1,0 +1,239 @@
+// The server's round as a state machine: open -> wait for members -> start -> collect -> close
+// and average -> evaluate -> broadcast -> checkpoint.
+#include <algorithm>
+
+#include "server_impl.h"
+
+namespace cleave::server {
+
+float server_node::impl::round_lr(std::uint64_t r) const {
+  core::optimizer_config s = c_.opt;
+  s.schedule = c_.lr_schedule;
+  s.total_steps = c_.rounds;
+  s.step_size = std::max(1, c_.rounds / 3);
+  s.warmup_steps = c_.warmup_rounds;
+  return core::learning_rate(s, static_cast<std::int64_t>(r) - 1);
+}
+
+asio::awaitable<bool> server_node::impl::wait_for_members() {
+  const auto enough = [this] { return n_connected() >= c_.min_devices; };
+  if (enough()) co_return true;
+  round_.at = phase::waiting;
+  const auto patience = std::chrono::milliseconds(static_cast<long>(c_.join_timeout_s * 1000));
+  spdlog::info("server: waiting for {} device{} ({} connected)", c_.min_devices, c_.min_devices == 1 ? "" : "s",
+               n_connected());
+  for (auto deadline = clock::now() + patience; !ex_.stopping(); deadline += patience) {
+    if (co_await wake_.wait_until(enough, deadline)) co_return true;
+    if (ex_.stopping()) break;
+    const std::string what =
+        fmt::format("{} of {} devices connected after {:.0f} s", n_connected(), c_.min_devices, c_.join_timeout_s);
+    if (c_.exit_on_join_timeout) {
+      ex_.fail(std::make_exception_ptr(core::error("only " + what)), "waiting for devices");
+      break;
+    }
+    spdlog::warn("server: {}; still waiting", what);
+  }
+  co_return false;
+}
+
+asio::awaitable<void> server_node::impl::drive_rounds() {
+  for (std::uint64_t next = 1; next <= static_cast<std::uint64_t>(c_.rounds) && !ex_.stopping();) {
+    if (!co_await wait_for_members()) co_return;
+    if (co_await run_round(next)) ++next;
+  }
+  if (!ex_.stopping())
+    ex_.stop(fmt::format("training finished after {} rounds: test accuracy {:.4f}", c_.rounds, last_.test_accuracy));
+}
+
+asio::awaitable<void> server_node::impl::open_round(std::uint64_t number) {
+  round_ = round_state{};
+  round_.number = number;
+  round_.t0 = clock::now();
+  schedule_->advance(number, acceptor_->open());
+  round_.avg = std::make_unique<split::aggregator>(model_, c_.aggregate, global_p_, global_b_);
+  if (number > 1 && book_)
+    ex_.post_compute([this] {
+      if (runner_->reprofile_if_idle()) publish_profile();
+    });
+  maybe_replan("round " + std::to_string(number));
+  round_.bytes0 = acceptor_->bytes_moved();
+  round_.lr = round_lr(number);
+  std::vector<runtime::session_ptr> via;
+  for (auto& [id, d] : devices_)
+    if (d.connected) {
+      round_.routes.emplace_back(id, d.rs.route);
+      via.push_back(d.via);
+    }
+  // Every server replica starts the round from the global weights.
+  auto install = [this, routes = round_.routes, lr = round_.lr, p = global_p_, b = global_b_] {
+    runner_->take_compute_seconds();
+    for (const auto& [id, r] : routes) {
+      runner_->load(id, r, p, b, c_.mode == training_mode::sequential);
+      runner_->host().set_learning_rate(id, lr);
+    }
+    return 0;
+  };
+  co_await ex_.compute(std::move(install));
+  // Devices that left (or came back on a new connection) while the replicas were installed are
+  // not in this round: it would wait for them until its deadline.
+  for (std::size_t i = 0; i < round_.routes.size(); ++i) {
+    const std::uint32_t id = round_.routes[i].first;
+    const auto& d = devices_.at(id);
+    if (d.connected && d.via == via[i]) round_.participants.push_back(id);
+  }
+  round_.members.insert(round_.participants.begin(), round_.participants.end());
+}
+
+// One round; false when nobody finished it (it is run again, not counted as training).
+asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
+  co_await open_round(number);
+  round_.at = phase::collecting;
+  const auto& participants = round_.participants;
+  if (c_.on_round_start) c_.on_round_start(number, static_cast<int>(participants.size()));
+  const auto deadline = clock::now() + std::chrono::milliseconds(static_cast<long>(c_.round_deadline_s * 1000));
+  auto start = [&](std::uint32_t id) {
+    transport::round_start_desc rs{number,
+                                   plan_epoch_,
+                                   static_cast<std::uint32_t>(c_.local_steps),
+                                   static_cast<std::uint64_t>(c_.round_deadline_s * 1000),
+                                   round_.lr,
+                                   id,
+                                   participants};
+    devices_.at(id).via->post(transport::make_round_start(rs));
+  };
+  // A round waits for its members only: a device that leaves or comes back is counted out.
+  const auto all_done = [this] {
+    return std::includes(round_.done.begin(), round_.done.end(), round_.members.begin(), round_.members.end());
+  };
+  if (c_.mode == training_mode::splitfed) {
+    for (auto id : participants) start(id);
+  } else {
+    for (auto id : participants) {
+      if (!round_.members.count(id)) continue;
+      start(id);
+      co_await wake_.wait_until([&] { return round_.done.count(id) || !round_.members.count(id); }, deadline);
+    }
+  }
+  co_await wake_.wait_until(all_done, deadline);
+  round_.at = phase::closing;
+  round_.train_seconds = std::chrono::duration<double>(clock::now() - round_.t0).count();
+  const std::size_t n_in = round_.done.size();
+  if (n_in < participants.size())
+    spdlog::warn("server: round {}: {} of {} devices finished in time{}", number, n_in, participants.size(),
+                 n_in == 0 ? "; nobody trained: the round runs again" : "; averaging those");
+  if (n_in == 0) {
+    abandon_round();
+    co_return false;
+  }
+  futile_rounds_ = 0;
+  co_await close_round();
+  co_return true;
+}
+
+void server_node::impl::abandon_round() {
+  ex_.post_compute([this, routes = round_.routes] {
+    for (const auto& [id, r] : routes) runner_->discard(id);
+  });
+  // Running it again from the same weights can only end the same way when every upload was
+  // refused (a model that diverged to NaN on every device, or only hostile ones).
+  futile_rounds_ = round_.refused.empty() ? 0 : futile_rounds_ + 1;
+  if (futile_rounds_ >= max_futile_rounds)
+    ex_.fail(std::make_exception_ptr(
+                 core::error("round " + std::to_string(round_.number) + ": every upload was refused in " +
+                             std::to_string(futile_rounds_) + " attempts in a row (last: " + round_.refused +
+                             "); stopping rather than repeating it (a diverged model? check --lr)")),
+             "running rounds");
+}
+
+asio::awaitable<void> server_node::impl::close_round() {
+  const std::set<std::uint32_t> in = round_.done;
+  auto routes = round_.routes;
+  for (auto& [id, r] : routes) r = devices_.at(id).rs.route;  // re-splits during the round
+  // Close and average (server replicas of the finished devices + uploads), then evaluate.
+  struct averaged {
+    std::vector<float> params, buffers;
+    core::eval_report eval;
+    double compute = 0;
+  };
+  auto average = [this, routes, in, avg = round_.avg.get(), p = global_p_, b = global_b_]() mutable {
+    std::set<std::pair<int, int>> seen;
+    const bool shared = c_.mode == training_mode::sequential;
+    const double w = static_cast<double>(c_.local_steps) * c_.batch * (shared ? static_cast<double>(in.size()) : 1.0);
+    for (const auto& [id, r] : routes) {
+      if (in.count(id))
+        for (const auto& rep : runner_->replicas(id, r, shared ? &seen : nullptr))
+          avg->add(rep.first, rep.end, w, rep.params, rep.buffers);
+      runner_->discard(id);
+    }
+    avg->result_into(p, b);
+    core::stage& es = eval_->model_stage();
+    be_->upload(es.params(), p.data());
+    if (!b.empty()) be_->upload(es.buffers(), b.data());
+    const double secs = runner_->take_compute_seconds();
+    return averaged{std::move(p), std::move(b), eval_->evaluate(data_.test), secs};
+  };
+  auto result = co_await ex_.compute(std::move(average));
+  global_p_ = std::move(result.params);
+  global_b_ = std::move(result.buffers);
+  round_.server_compute = result.compute;
+  const std::uint64_t bytes = acceptor_->bytes_moved();
+  round_.edge_bytes += bytes - std::min(bytes, round_.bytes0);
+  report(result.eval);
+  // Broadcast to every holder, then the checkpoint.
+  for (const auto& s : acceptor_->sessions())
+    if (s->role == core::tier::edge || (devices_.count(s->id) && devices_.at(s->id).via == s)) send_global(s, 0);
+  if (!c_.checkpoint.empty()) save_checkpoint(round_.number);
+  round_.at = phase::idle;
+}
+
+void server_node::impl::report(const core::eval_report& ev) {
+  round_report rep;
+  rep.round = round_.number;
+  rep.n_devices = static_cast<int>(round_.done.size());
+  rep.n_participants = static_cast<int>(round_.participants.size());
+  rep.seconds = std::chrono::duration<double>(clock::now() - round_.t0).count();
+  rep.train_seconds = round_.train_seconds;
+  rep.train_loss = round_.n_loss ? round_.loss_sum / static_cast<double>(round_.n_loss) : 0.0;
+  rep.train_accuracy = round_.n_loss ? static_cast<double>(round_.n_correct) / static_cast<double>(round_.n_loss) : 0.0;
+  rep.test_loss = ev.loss;
+  rep.test_accuracy = ev.accuracy;
+  rep.device_compute_s = round_.device_compute;
+  rep.edge_compute_s = round_.edge_compute;
+  rep.server_compute_s = round_.server_compute;
+  rep.bytes_moved = round_.edge_bytes;
+  rep.step_seconds = round_.train_seconds / c_.local_steps;
+  rep.predicted_step_seconds = predicted_step(round_.done);
+  rep.learning_rate = round_.lr;
+  rep.n_resplits = round_.n_resplits;
+  rep.planner_seconds = round_.planner_s;
+  for (const auto& [id, d] : devices_)
+    if (d.connected && round_.done.count(id)) rep.routes.emplace_back(id, d.rs.route.str());
+  last_ = rep;
+  const bool scheduled = c_.lr_schedule != core::schedule_kind::constant || c_.warmup_rounds > 0;
+  spdlog::info(
+      "round {}/{}: {}/{} devices, train loss {:.4f} acc {:.4f}, test loss {:.4f} acc {:.4f}; compute device {:.1f} "
+      "s, edge {:.1f} s, server {:.1f} s; {:.1f} MB moved; {:.1f} s{}",
+      rep.round, c_.rounds, rep.n_devices, rep.n_participants, rep.train_loss, rep.train_accuracy, rep.test_loss,
+      rep.test_accuracy, rep.device_compute_s, rep.edge_compute_s, rep.server_compute_s, rep.bytes_moved / 1e6,
+      rep.seconds, scheduled ? fmt::format("; lr {:.4g}", rep.learning_rate) : std::string());
+  if (rep.predicted_step_seconds > 0)
+    spdlog::info("round {}: step {:.1f} ms, predicted {:.1f} ms ({:+.0f}%), {} re-split{}", rep.round,
+                 rep.step_seconds * 1e3, rep.predicted_step_seconds * 1e3,
+                 (rep.predicted_step_seconds / rep.step_seconds - 1.0) * 100.0, rep.n_resplits,
+                 rep.n_resplits == 1 ? "" : "s");
+  for (const auto& [id, route] : rep.routes) spdlog::info("round {}: device {}: {}", rep.round, id, route);
+  if (c_.on_round) c_.on_round(rep);
+}
+
+void server_node::impl::save_checkpoint(std::uint64_t round) {
+  core::checkpoint ck;
+  ck.model_json = model_.json;
+  ck.seed = c_.seed;
+  ck.epoch = round;
+  ck.optimizer = c_.opt.kind == core::optimizer_kind::sgd ? "sgd" : "adamw";
+  ck.tensors.push_back({"global:params", core::shape{static_cast<std::int64_t>(global_p_.size())}, global_p_});
+  ck.tensors.push_back({"global:buffers", core::shape{static_cast<std::int64_t>(global_b_.size())}, global_b_});
+  core::save_checkpoint(c_.checkpoint.string(), ck);
+}
+
+}  // namespace cleave::server
