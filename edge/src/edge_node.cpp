@@ -64,6 +64,18 @@ class edge_node::impl {
   void send_profile(split::node_profile prof);
   void maybe_flush(bool deadline);
   asio::awaitable<void> flush(std::vector<std::uint32_t> done, std::uint64_t round);
+  // The parts of the round's upload (per device, or one pre-average) of the devices that finished,
+  // with this edge's replicas of each (`mine`, in the order of `done`).
+  struct upload_part {
+    std::vector<std::uint32_t> devices;
+    int first = 0, end = 0;
+    std::uint64_t n_samples = 0;
+    std::vector<float> params = {}, buffers = {};
+    bool final_part = false;
+  };
+  using replica_sets = std::vector<std::vector<runtime::segment_runner::replica>>;
+  std::vector<upload_part> device_parts(const std::vector<std::uint32_t>& done, replica_sets& mine);
+  std::vector<upload_part> pre_average(const std::vector<std::uint32_t>& done, const replica_sets& mine);
 
   edge_config c_;
   runtime::executors ex_;
@@ -428,89 +440,77 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
   // This edge's own replicas of the devices that finished join their uploads.
   std::vector<std::pair<std::uint32_t, split::route>> own;
   for (auto id : done) own.emplace_back(id, devices_.at(id).rs.route);
-  struct taken {
-    std::vector<std::vector<runtime::segment_runner::replica>> replicas;  // per device of `own`
-    double compute = 0;
-  };
   auto take = [this, own] {
-    taken t;
-    for (const auto& [id, r] : own) t.replicas.push_back(runner_->replicas(id, r));
-    t.compute = runner_->take_compute_seconds();
+    std::pair<std::vector<std::vector<runtime::segment_runner::replica>>, double> t;
+    for (const auto& [id, r] : own) t.first.push_back(runner_->replicas(id, r));
+    t.second = runner_->take_compute_seconds();
     return t;
   };
-  taken mine = co_await ex_.compute(std::move(take));
+  auto [mine, compute] = co_await ex_.compute(std::move(take));
   if (round != round_ || !collecting_) co_return;
   const std::uint64_t bytes = below_->bytes_moved();
-  struct part {
-    std::vector<std::uint32_t> devices;
-    int first = 0, end = 0;
-    std::uint64_t n_samples = 0;
-    std::vector<float> params, buffers;
-    bool last_of_device = false;
-  };
-  std::vector<part> parts;
-  auto add = [&parts](std::vector<std::uint32_t> devices, int first = 0, int end = 0, std::uint64_t n = 0,
-                      std::vector<float> params = {}, std::vector<float> buffers = {}) -> part& {
-    part& p = parts.emplace_back();
-    p.devices = std::move(devices);
-    p.first = first;
-    p.end = end;
-    p.n_samples = n;
-    p.params = std::move(params);
-    p.buffers = std::move(buffers);
-    return p;
-  };
-  if (per_device_) {
-    // Each device's own replicas, its upload and this edge's, each part naming that device
-    // only; a device's last part is final, so the server counts it in as it comes.
-    for (std::size_t i = 0; i < done.size(); ++i) {
-      auto& d = devices_.at(done[i]);
-      const std::size_t from = parts.size();
-      for (auto& h : d.parts) add({done[i]}, h.first, h.end, h.n_samples, std::move(h.params), std::move(h.buffers));
-      for (auto& rep : mine.replicas[i])
-        add({done[i]}, rep.first, rep.end, d.n_samples, std::move(rep.params), std::move(rep.buffers));
-      if (parts.size() == from) add({done[i]});
-      parts.back().last_of_device = true;
-    }
-  } else {
-    // One pre-average: the devices' uploads in the order they came, then this edge's replicas.
-    split::model_average avg(model_);
-    const std::set<std::uint32_t> in(done.begin(), done.end());
-    for (auto id : arrived_)
-      if (in.count(id))
-        for (const auto& h : devices_.at(id).parts)
-          if (h.n_samples > 0) avg.add(h.first, h.end, static_cast<double>(h.n_samples), h.params, h.buffers);
-    for (std::size_t i = 0; i < done.size(); ++i)
-      for (const auto& rep : mine.replicas[i])
-        avg.add(rep.first, rep.end, static_cast<double>(devices_.at(done[i]).n_samples), rep.params, rep.buffers);
-    // One part per run of blocks with one weight.
-    for (const auto& run : avg.runs()) {
-      part& p = add(done, run.first, run.end, static_cast<std::uint64_t>(run.weight));
-      avg.mean(run.first, run.end, p.params, p.buffers);
-    }
-  }
+  auto parts = per_device_ ? device_parts(done, mine) : pre_average(done, mine);
   // An empty final part carries the statistics when nothing was averaged.
-  if (parts.empty()) add(done);
-  parts.back().last_of_device = true;
+  if (parts.empty()) parts.push_back({done});
+  parts.back().final_part = true;
   transport::replica_desc d;
   d.round = round;
   d.node_id = c_.id;
   for (std::size_t i = 0; i < parts.size(); ++i) {
-    const part& p = parts[i];
+    const upload_part& p = parts[i];
     d.devices = p.devices;
     d.first_block = static_cast<std::uint32_t>(p.first);
     d.end_block = static_cast<std::uint32_t>(p.end);
     d.n_samples = p.n_samples;
-    d.final_part = p.last_of_device;
+    d.final_part = p.final_part;
     // The statistics go with the last part only.
     if (i + 1 == parts.size()) {
       d.stats = stats_;
-      d.stats.compute_us = static_cast<std::uint64_t>(mine.compute * 1e6);
+      d.stats.compute_us = static_cast<std::uint64_t>(compute * 1e6);
       d.stats.bytes_moved = bytes - std::min(bytes, bytes_mark_);
     }
     up_->post(transport::make_replica_upload(d, p.params, p.buffers));
   }
   collecting_ = false;
+}
+
+std::vector<edge_node::impl::upload_part> edge_node::impl::device_parts(const std::vector<std::uint32_t>& done,
+                                                                        replica_sets& mine) {
+  // Each device's own replicas, its upload and this edge's, each part naming that device only;
+  // a device's last part is final, so the server counts it in as it comes.
+  std::vector<upload_part> parts;
+  for (std::size_t i = 0; i < done.size(); ++i) {
+    auto& d = devices_.at(done[i]);
+    const std::size_t from = parts.size();
+    for (auto& h : d.parts)
+      parts.push_back({{done[i]}, h.first, h.end, h.n_samples, std::move(h.params), std::move(h.buffers)});
+    for (auto& rep : mine[i])
+      parts.push_back({{done[i]}, rep.first, rep.end, d.n_samples, std::move(rep.params), std::move(rep.buffers)});
+    if (parts.size() == from) parts.push_back({{done[i]}});
+    parts.back().final_part = true;
+  }
+  return parts;
+}
+
+std::vector<edge_node::impl::upload_part> edge_node::impl::pre_average(const std::vector<std::uint32_t>& done,
+                                                                       const replica_sets& mine) {
+  // One pre-average: the devices' uploads in the order they came, then this edge's replicas.
+  split::model_average avg(model_);
+  const std::set<std::uint32_t> in(done.begin(), done.end());
+  for (auto id : arrived_)
+    if (in.count(id))
+      for (const auto& h : devices_.at(id).parts)
+        if (h.n_samples > 0) avg.add(h.first, h.end, static_cast<double>(h.n_samples), h.params, h.buffers);
+  for (std::size_t i = 0; i < done.size(); ++i)
+    for (const auto& rep : mine[i])
+      avg.add(rep.first, rep.end, static_cast<double>(devices_.at(done[i]).n_samples), rep.params, rep.buffers);
+  // One part per run of blocks with one weight.
+  std::vector<upload_part> parts;
+  for (const auto& run : avg.runs()) {
+    upload_part& p = parts.emplace_back(upload_part{done, run.first, run.end, static_cast<std::uint64_t>(run.weight)});
+    avg.mean(run.first, run.end, p.params, p.buffers);
+  }
+  return parts;
 }
 
 void edge_node::impl::on_upstream_connected(const runtime::session_ptr& s) {

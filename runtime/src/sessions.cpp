@@ -13,6 +13,8 @@
 
 namespace cleave::runtime {
 
+using clock = std::chrono::steady_clock;
+
 namespace {
 
 asio::awaitable<void> close_channel(session_ptr s) {
@@ -189,94 +191,99 @@ session_ptr upstream::current() const {
 
 asio::awaitable<void> upstream::run() {
   constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
-  using clock = std::chrono::steady_clock;
   std::minstd_rand jitter(std::random_device{}());
   double backoff = 0.2;
   asio::steady_timer pause(ex_.io());
-  // Between attempts: the backoff, spread over [50%, 100%] so that many nodes that lost one
-  // server do not come back in lockstep.
-  auto wait = [&]() -> asio::awaitable<void> {
-    const double s = backoff * std::uniform_real_distribution<double>(0.5, 1.0)(jitter);
-    pause.expires_after(std::chrono::microseconds(static_cast<std::int64_t>(s * 1e6)));
+  while (!ex_.stopping()) {
+    if (auto s = co_await attempt(backoff)) {
+      const auto since = clock::now();
+      const std::string refusal = co_await serve(s);
+      if (ex_.stopping()) co_return;
+      // A link that held for a while comes back at once; one that keeps failing backs off.
+      if (clock::now() - since > std::chrono::seconds(5)) backoff = 0.2;
+      if (!refusal.empty() && refused(refusal, backoff)) co_return;
+    }
+    if (ex_.stopping()) co_return;  // given up
+    // Between attempts: the backoff, spread over [50%, 100%] so that many nodes that lost one
+    // server do not come back in lockstep.
+    const double wait = backoff * std::uniform_real_distribution<double>(0.5, 1.0)(jitter);
+    pause.expires_after(std::chrono::microseconds(static_cast<std::int64_t>(wait * 1e6)));
     co_await pause.async_wait(nothrow);
     backoff = std::min(links_.reconnect_max_s, backoff * 2);
-  };
-  while (!ex_.stopping()) {
-    transport::connect_options opts;
-    opts.channel.idle_timeout = links_.idle_timeout;
-    if (!name_.empty()) opts.server_identity = name_;
-    auto r = co_await transport::connect(tls_, host_, port_, opts);
-    if (ex_.stopping()) co_return;
-    if (!r) {
-      // A certificate refused (a TLS alert from the upstream, or its certificate failing this
-      // node's checks) counts towards giving up. Any other failed handshake waits as a refusal
-      // does but is retried for good: one cut short by an overloaded upstream looks like that.
-      const std::string& why = r.error().reason();
-      if (r.error().code() == transport::errc::refused && certificate_refused(why)) {
-        spdlog::warn("{}: {}:{} refused: {}", ex_.who(), host_, port_, why);
-        if (refused(why, backoff)) co_return;
-        co_await wait();
-        continue;
-      }
-      if (r.error().code() == transport::errc::refused) backoff = std::max(backoff, 2.0);
-      spdlog::warn("{}: cannot reach {}:{}: {}; retrying in {:.1f} s", ex_.who(), host_, port_, r.error().reason(),
-                   backoff);
-      co_await wait();
-      continue;
-    }
-    auto s = std::make_shared<session>();
-    s->ch = std::move(r.value());
-    s->identity = s->ch.peer_identity();
-    const auto since = clock::now();
-    if (const std::string wrong = wrong_peer(*s); !wrong.empty()) {
-      // Nothing is sent to a node that is not the one configured: not a Hello, not data.
-      spdlog::error("{}: {} at {}:{} is not the configured upstream: {}", ex_.who(), s->identity, host_, port_, wrong);
-      co_await s->ch.close();
-      if (refused(wrong, backoff)) co_return;
-      co_await wait();
-      continue;
-    }
-    spdlog::info("{}: connected to {} ({})", ex_.who(), s->identity, s->ch.remote());
-    {
-      std::lock_guard lock(mu_);
-      cur_ = s;
-    }
-    h_.on_connected(s);
-    std::string why, refusal;
-    bool admitted = false;  // a message other than an Error came
-    while (why.empty()) {
-      auto m = co_await s->ch.receive();
-      if (ex_.stopping()) co_return;
-      if (!m) {
-        why = m.error().reason();
-        break;
-      }
-      try {
-        if (const auto* err = m->as<wire::Error>()) {
-          if (auto r = on_error(*err); !r.empty() && !admitted) refusal = r;
-        } else {
-          admitted = true;
-          n_refused_ = 0;
-          h_.on_message(std::move(m.value()));
-        }
-      } catch (const core::error& e) {
-        spdlog::error("{}: bad message from {}: {}", ex_.who(), s->identity, e.what());
-        s->post(transport::make_error(wire::ErrorCode::bad_message, e.what()));
-        why = e.what();
-      }
-    }
-    {
-      std::lock_guard lock(mu_);
-      cur_.reset();
-    }
-    s->open = false;
-    h_.on_lost(why);
-    co_await s->ch.close();
-    // A link that held for a while comes back at once; one that keeps failing backs off.
-    if (clock::now() - since > std::chrono::seconds(5)) backoff = 0.2;
-    if (!refusal.empty() && refused(refusal, backoff)) co_return;
-    co_await wait();
   }
+}
+
+asio::awaitable<session_ptr> upstream::attempt(double& backoff) {
+  transport::connect_options opts;
+  opts.channel.idle_timeout = links_.idle_timeout;
+  if (!name_.empty()) opts.server_identity = name_;
+  auto r = co_await transport::connect(tls_, host_, port_, opts);
+  if (ex_.stopping()) co_return nullptr;
+  if (!r) {
+    // A certificate refused (a TLS alert from the upstream, or its certificate failing this
+    // node's checks) counts towards giving up. Any other failed handshake waits as a refusal
+    // does but is retried for good: one cut short by an overloaded upstream looks like that.
+    const std::string& why = r.error().reason();
+    if (r.error().code() == transport::errc::refused && certificate_refused(why)) {
+      spdlog::warn("{}: {}:{} refused: {}", ex_.who(), host_, port_, why);
+      refused(why, backoff);
+      co_return nullptr;
+    }
+    if (r.error().code() == transport::errc::refused) backoff = std::max(backoff, 2.0);
+    spdlog::warn("{}: cannot reach {}:{}: {}; retrying in {:.1f} s", ex_.who(), host_, port_, why, backoff);
+    co_return nullptr;
+  }
+  auto s = std::make_shared<session>();
+  s->ch = std::move(r.value());
+  s->identity = s->ch.peer_identity();
+  if (const std::string wrong = wrong_peer(*s); !wrong.empty()) {
+    // Nothing is sent to a node that is not the one configured: not a Hello, not data.
+    spdlog::error("{}: {} at {}:{} is not the configured upstream: {}", ex_.who(), s->identity, host_, port_, wrong);
+    co_await s->ch.close();
+    refused(wrong, backoff);
+    co_return nullptr;
+  }
+  spdlog::info("{}: connected to {} ({})", ex_.who(), s->identity, s->ch.remote());
+  co_return s;
+}
+
+asio::awaitable<std::string> upstream::serve(session_ptr s) {
+  {
+    std::lock_guard lock(mu_);
+    cur_ = s;
+  }
+  h_.on_connected(s);
+  std::string why, refusal;
+  bool admitted = false;  // a message other than an Error came
+  while (why.empty()) {
+    auto m = co_await s->ch.receive();
+    if (ex_.stopping()) co_return refusal;  // shutdown() closes it
+    if (!m) {
+      why = m.error().reason();
+      break;
+    }
+    try {
+      if (const auto* err = m->as<wire::Error>()) {
+        if (auto r = on_error(*err); !r.empty() && !admitted) refusal = r;
+      } else {
+        admitted = true;
+        n_refused_ = 0;
+        h_.on_message(std::move(m.value()));
+      }
+    } catch (const core::error& e) {
+      spdlog::error("{}: bad message from {}: {}", ex_.who(), s->identity, e.what());
+      s->post(transport::make_error(wire::ErrorCode::bad_message, e.what()));
+      why = e.what();
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    cur_.reset();
+  }
+  s->open = false;
+  h_.on_lost(why);
+  co_await s->ch.close();
+  co_return refusal;
 }
 
 std::string upstream::wrong_peer(const session& s) const {

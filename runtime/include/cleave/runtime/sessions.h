@@ -131,6 +131,11 @@ class upstream {
   asio::awaitable<void> shutdown();
 
  private:
+  // One connection attempt; null when it failed (logged, and counted when it was a refusal).
+  asio::awaitable<session_ptr> attempt(double& backoff);
+  // Serves a connected session until it ends; returns the reason the upstream refused this
+  // node, if it did before admitting it.
+  asio::awaitable<std::string> serve(session_ptr s);
   // An Error from the node above; returns the reason when it refuses this node.
   std::string on_error(const wire::Error& e);
   // Counts a refusal; true when the node gives up (it has then been stopped).
