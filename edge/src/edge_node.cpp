@@ -10,9 +10,9 @@
 
 #include "cleave/backend/registry.h"
 #include "cleave/runtime/executors.h"
-#include "cleave/runtime/replica_checks.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/split/aggregate.h"
+#include "cleave/split/replica_checks.h"
 #include "cleave/transport/protocol.h"
 
 namespace cleave::edge {
@@ -99,7 +99,7 @@ class edge_node::impl {
   // pre-average, every device's replicas go up on their own.
   bool per_device_ = false;
   std::uint64_t local_steps_ = 0, batch_ = 0;  // of the round and the plan: the samples a device may claim
-  runtime::replica_ledger uploaded_;           // the blocks each device's upload covered
+  split::replica_ledger uploaded_;             // the blocks each device's upload covered
   std::vector<std::uint32_t> arrived_;         // devices in the order their uploads completed
   clock::time_point last_progress_{};
   std::chrono::milliseconds patience_{0};
@@ -345,7 +345,7 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
   try {
     // The route in force now: a device that cut over during the round sent its Cutover first.
     uploaded_.check(
-        devs, runtime::device_rights(d.rs.route, local_steps_ * batch_),
+        devs, split::device_rights(d.rs.route, local_steps_ * batch_),
         {static_cast<int>(r.first_block()), static_cast<int>(r.end_block()), r.n_samples(), w.params, w.buffers});
   } catch (const core::error& e) {
     // Counted out of the round here: nothing of it goes up.

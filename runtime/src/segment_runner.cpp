@@ -11,6 +11,7 @@
 
 #include "cleave/core/error.h"
 #include "cleave/core/random.h"
+#include "cleave/split/replica_checks.h"
 #include "cleave/transport/tensor_io.h"
 
 namespace cleave::runtime {
@@ -204,14 +205,13 @@ std::vector<segment_runner::replica> segment_runner::replicas(std::uint32_t devi
     if (!rep.buffers.empty()) b_->download(st.buffers(), rep.buffers.data());
     // Trained here on what the device sent (activations, gradients): a device that sent
     // non-finite values would poison the average through this replica.
-    const auto finite = [](const std::vector<float>& v) {
-      return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-    };
-    if (!finite(rep.params) || !finite(rep.buffers)) {
+    std::string bad = split::first_non_finite(rep.params, "parameter");
+    if (bad.empty()) bad = split::first_non_finite(rep.buffers, "state value");
+    if (!bad.empty()) {
       spdlog::warn(
-          "{} {}: device {}: its replica of blocks [{},{}) here holds non-finite values after the round "
-          "(trained on what it sent); left out of the average",
-          core::tier_name(here_), node_id_, device, rep.first, rep.end);
+          "{} {}: device {}: its replica of blocks [{},{}) here holds {} after the round (trained on what "
+          "it sent); left out of the average",
+          core::tier_name(here_), node_id_, device, rep.first, rep.end, bad);
       out.pop_back();
     }
   }

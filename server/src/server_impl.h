@@ -16,10 +16,10 @@
 #include "cleave/core/checkpoint.h"
 #include "cleave/core/trainer.h"
 #include "cleave/runtime/executors.h"
-#include "cleave/runtime/replica_checks.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/split/aggregator.h"
 #include "cleave/split/profile_book.h"
+#include "cleave/split/replica_checks.h"
 #include "cleave/split/splitter.h"
 #include "cleave/transport/protocol.h"
 
@@ -60,7 +60,7 @@ class server_node::impl {
     std::set<std::uint32_t> members;                             // asked to train and still counted
     std::set<std::uint32_t> done;                                // replicas in
     std::unique_ptr<split::aggregator> avg;
-    runtime::replica_ledger uploaded;  // the blocks each device's uploads covered
+    split::replica_ledger uploaded;  // the blocks each device's uploads covered
     // Parts of uploads whose final part has not come yet: averaged only once all passed the checks.
     struct held_part {
       std::vector<std::uint32_t> devices;

@@ -249,11 +249,11 @@ void server_node::impl::check_replica(const runtime::session_ptr& s, const std::
   const auto per_device = static_cast<std::uint64_t>(c_.local_steps) * static_cast<std::uint64_t>(c_.batch);
   // The routes in force now: a device that cut over to a new plan during the round told this
   // channel so (Cutover) before its upload.
-  runtime::replica_rights rights;
+  split::replica_rights rights;
   if (from_edge)
-    for (auto d : devs) runtime::add_relayed(rights, devices_.at(d).rs.route, per_device);
+    for (auto d : devs) split::add_relayed(rights, devices_.at(d).rs.route, per_device);
   else
-    rights = runtime::device_rights(devices_.at(s->id).rs.route, per_device);
+    rights = split::device_rights(devices_.at(s->id).rs.route, per_device);
   try {
     if (from_edge && devs.size() > 1 && c_.aggregate.per_device())
       throw core::error("a pre-average of " + std::to_string(devs.size()) + " devices, but aggregating by " +

@@ -1,12 +1,12 @@
 // Replica checks: plan ranges, blocks once per device and round, finite values, sample counts.
-#include "cleave/runtime/replica_checks.h"
+#include "cleave/split/replica_checks.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "cleave/core/error.h"
 
-namespace cleave::runtime {
+namespace cleave::split {
 
 namespace {
 
@@ -14,16 +14,15 @@ std::string range_str(int first, int end) {
   return "[" + std::to_string(first) + "," + std::to_string(end) + ")";
 }
 
-// The first non-finite value of v, as "parameter 17 (nan)"; "" when all are finite.
+}  // namespace
+
 std::string first_non_finite(std::span<const float> v, const char* what) {
   for (std::size_t i = 0; i < v.size(); ++i)
     if (!std::isfinite(v[i])) return std::string(what) + " " + std::to_string(i) + " (" + std::to_string(v[i]) + ")";
   return "";
 }
 
-}  // namespace
-
-replica_rights device_rights(const split::route& r, std::uint64_t max_samples) {
+replica_rights device_rights(const route& r, std::uint64_t max_samples) {
   replica_rights out;
   out.exact = true;
   for (int s : r.segments_on(core::tier::device)) out.ranges.emplace_back(r.begin(s), r.end(s));
@@ -32,7 +31,7 @@ replica_rights device_rights(const split::route& r, std::uint64_t max_samples) {
   return out;
 }
 
-void add_relayed(replica_rights& rights, const split::route& r, std::uint64_t max_samples) {
+void add_relayed(replica_rights& rights, const route& r, std::uint64_t max_samples) {
   rights.exact = false;
   for (core::tier t : {core::tier::device, core::tier::edge})
     for (int s : r.segments_on(t))
@@ -73,4 +72,4 @@ void replica_ledger::check(std::span<const std::uint32_t> devices, const replica
   for (auto d : devices) covered_[d].emplace_back(part.first, part.end);
 }
 
-}  // namespace cleave::runtime
+}  // namespace cleave::split

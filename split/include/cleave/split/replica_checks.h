@@ -12,7 +12,10 @@
 
 #include "cleave/split/plan.h"
 
-namespace cleave::runtime {
+namespace cleave::split {
+
+// The first non-finite value of v, as "<what> 17 (nan)"; "" when all are finite.
+std::string first_non_finite(std::span<const float> v, const char* what);
 
 // What one sender may upload in a round.
 struct replica_rights {
@@ -25,9 +28,9 @@ struct replica_rights {
   std::string holds;              // the routes, for messages
 };
 // A device uploading its own replicas under route r; its steps allow max_samples.
-replica_rights device_rights(const split::route& r, std::uint64_t max_samples);
+replica_rights device_rights(const route& r, std::uint64_t max_samples);
 // An edge's upload for devices: call once per device named, with its route.
-void add_relayed(replica_rights& rights, const split::route& r, std::uint64_t max_samples);
+void add_relayed(replica_rights& rights, const route& r, std::uint64_t max_samples);
 
 // One part of an upload as it came: blocks [first, end), the samples it claims, its values
 // (the blocks' flat parameter and state slices).
@@ -52,4 +55,4 @@ class replica_ledger {
   std::map<std::uint32_t, std::vector<std::pair<int, int>>> covered_;
 };
 
-}  // namespace cleave::runtime
+}  // namespace cleave::split
