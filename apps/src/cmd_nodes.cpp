@@ -157,6 +157,9 @@ void run_server(server_options& o) {
   server::server_node node(o.c);
   node.stop_on_signals();
   node.run();
+  if (!node.checkpoint_failure().empty())
+    throw core::error("training finished, but a checkpoint write failed (" + node.checkpoint_failure() + "); '" +
+                      o.c.checkpoint.string() + "' holds the last one written");
 }
 
 void run_edge(edge_options& o) {
@@ -434,7 +437,15 @@ void add_server_command(CLI::App& app) {
                 "largest and smallest values per coordinate dropped, 0 <= F < 0.5) or clip:C (each update's norm "
                 "bounded by C, then the mean); all but mean have edges forward each device's replicas")
       ->capture_default_str();
-  s->add_option("--checkpoint", so.c.checkpoint, "save the global model here after every round");
+  s->add_option("--checkpoint", so.c.checkpoint,
+                "save the global model here after every round (`cleave eval --checkpoint` reads it)");
+  s->add_option("--eval-every", so.c.eval_every, "evaluate the global model every N rounds (the last round always)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  s->add_option("--eval-samples", so.c.eval_samples,
+                "evaluate on this many test samples, a fixed seeded subset (0: all; the last round: all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   s->add_flag("--no-adapt", so.no_adapt, "keep the initial cuts (no adaptive re-splitting)");
   s->add_option("--min-gain", so.c.min_gain, "re-split only for at least this relative step-time gain")
       ->capture_default_str()

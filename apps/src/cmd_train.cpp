@@ -108,7 +108,8 @@ void run_eval(const train_options& o) {
   auto be = backend::make_backend(o.backend);
   core::train_config c;
   c.seed = ck.seed;
-  c.opt.kind = core::parse_optimizer_kind(ck.optimizer);
+  // A server's checkpoint holds the global model without optimizer state ("none").
+  if (ck.optimizer != "none") c.opt.kind = core::parse_optimizer_kind(ck.optimizer);
   core::trainer t(*be, model, c);
   core::restore(t.model_stage(), t.opt(), ck);
   const auto ev = t.evaluate(data.test);

@@ -235,8 +235,9 @@ void agent::impl::on_global_weights(const wire::GlobalWeights& g) {
   runner_->load(c_.id, plan_->route, w.params, w.buffers);
   if (c_.on_weights) c_.on_weights(g.round());
   if (g.round() > 0)
-    spdlog::info("device {}: global weights of round {} installed (test accuracy {:.4f})", c_.id, g.round(),
-                 g.test_accuracy());
+    spdlog::info(
+        "device {}: global weights of round {} installed{}", c_.id, g.round(),
+        std::isnan(g.test_accuracy()) ? std::string() : fmt::format(" (test accuracy {:.4f})", g.test_accuracy()));
 }
 
 void agent::impl::on_round_start(const wire::RoundStart& r) {

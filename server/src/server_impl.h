@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -102,8 +103,12 @@ class server_node::impl {
   // Close and average (server replicas of the finished devices + uploads), evaluate, broadcast,
   // checkpoint.
   asio::awaitable<void> close_round();
-  void report(const core::eval_report& ev);
-  void save_checkpoint(std::uint64_t round);
+  void report(const core::eval_report& ev, std::int64_t test_samples);
+  // Compute thread: the global model (uploaded to the evaluation stage) written to --checkpoint;
+  // "" or why it failed.
+  std::string save_checkpoint(std::uint64_t round);
+  // Throws core::error when --checkpoint cannot be written (before any training).
+  void check_checkpoint_path() const;
   void send_global(const runtime::session_ptr& to, std::uint32_t device_id);
   int n_connected() const;
   // Re-splits: announce a new route, switch at the device's Cutover, receive moved blocks.
@@ -145,6 +150,9 @@ class server_node::impl {
   std::uint32_t plan_epoch_ = 1;
   round_state round_;
   round_report last_;
+  std::optional<core::dataset> eval_subset_;  // --eval-samples of the test split
+ public:
+  std::string checkpoint_failure_;  // the last failed checkpoint write
 };
 
 }  // namespace cleave::server

@@ -29,6 +29,9 @@ void server_node::stop() {
 void server_node::stop_on_signals() {
   impl_->stop_on_signals();
 }
+const std::string& server_node::checkpoint_failure() const {
+  return impl_->checkpoint_failure_;
+}
 const std::vector<float>& server_node::global_params() const {
   return impl_->global_p_;
 }
@@ -60,8 +63,9 @@ void server_node::impl::send_global(const runtime::session_ptr& to, std::uint32_
   g.round = last_.round;  // the round these weights come from
   g.n_blocks = static_cast<std::uint32_t>(model_.n_blocks());
   g.device_id = device_id;
-  g.test_accuracy = static_cast<float>(last_.test_accuracy);
-  g.test_loss = static_cast<float>(last_.test_loss);
+  // Only for weights that were evaluated (NaN: not this round).
+  g.test_accuracy = last_.evaluated ? static_cast<float>(last_.test_accuracy) : std::nanf("");
+  g.test_loss = last_.evaluated ? static_cast<float>(last_.test_loss) : std::nanf("");
   to->post(transport::make_global_weights(g, global_p_, global_b_));
 }
 
@@ -332,6 +336,9 @@ round_report server_node::impl::run() {
         "not the optimizer's per-step one");
   if (c_.warmup_rounds < 0 || c_.warmup_rounds >= c_.rounds)
     throw core::error("warm-up rounds must be >= 0 and fewer than the rounds");
+  if (c_.eval_every < 1 || c_.eval_samples < 0)
+    throw core::error("eval-every must be >= 1 and eval-samples >= 0 (0: the whole test split)");
+  if (!c_.checkpoint.empty()) check_checkpoint_path();
   try {
     split::check_rule(c_.aggregate);
   } catch (const core::error& e) {
@@ -343,6 +350,13 @@ round_report server_node::impl::run() {
   data_ = core::load_dataset(c_.data);
   model_ = core::resolve_model(c_.model, data_.train.item, data_.train.n_classes);
   data_.train = {};  // the server only evaluates
+  if (c_.eval_samples > 0 && c_.eval_samples < data_.test.size()) {
+    const auto order = core::epoch_order(data_.test.size(), c_.seed, 0);
+    eval_subset_.emplace(core::dataset{data_.test.name, data_.test.item, data_.test.n_classes, {}, {}});
+    eval_subset_->x.resize(static_cast<std::size_t>(c_.eval_samples * data_.test.item.numel()));
+    eval_subset_->y.resize(static_cast<std::size_t>(c_.eval_samples));
+    data_.test.gather(order.data(), c_.eval_samples, eval_subset_->x.data(), eval_subset_->y.data());
+  }
   // Validate the configured cuts now, not when the first device joins.
   route_for_device(false);
   route_for_device(true);

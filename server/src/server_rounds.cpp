@@ -1,6 +1,9 @@
 // The server's round as a state machine: open -> wait for members -> start -> collect -> close
 // and average -> evaluate -> broadcast -> checkpoint.
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include "server_impl.h"
 
@@ -154,8 +157,12 @@ asio::awaitable<void> server_node::impl::close_round() {
     std::vector<float> params, buffers;
     core::eval_report eval;
     double compute = 0;
+    std::int64_t test_samples = 0;  // 0: not evaluated this round
   };
-  auto average = [this, routes, in, avg = round_.avg.get(), p = global_p_, b = global_b_]() mutable {
+  const bool last = round_.number == static_cast<std::uint64_t>(c_.rounds);
+  const bool evaluate = last || round_.number % static_cast<std::uint64_t>(c_.eval_every) == 0;
+  const core::dataset* test = last || !eval_subset_ ? &data_.test : &*eval_subset_;
+  auto average = [this, routes, in, avg = round_.avg.get(), p = global_p_, b = global_b_, evaluate, test]() mutable {
     std::set<std::pair<int, int>> seen;
     const bool shared = c_.mode == training_mode::sequential;
     const double w = static_cast<double>(c_.local_steps) * c_.batch * (shared ? static_cast<double>(in.size()) : 1.0);
@@ -170,7 +177,8 @@ asio::awaitable<void> server_node::impl::close_round() {
     be_->upload(es.params(), p.data());
     if (!b.empty()) be_->upload(es.buffers(), b.data());
     const double secs = runner_->take_compute_seconds();
-    return averaged{std::move(p), std::move(b), eval_->evaluate(data_.test), secs};
+    return averaged{std::move(p), std::move(b), evaluate ? eval_->evaluate(*test) : core::eval_report{}, secs,
+                    evaluate ? test->size() : 0};
   };
   auto result = co_await ex_.compute(std::move(average));
   global_p_ = std::move(result.params);
@@ -178,15 +186,19 @@ asio::awaitable<void> server_node::impl::close_round() {
   round_.server_compute = result.compute;
   const std::uint64_t bytes = acceptor_->bytes_moved();
   round_.edge_bytes += bytes - std::min(bytes, round_.bytes0);
-  report(result.eval);
+  report(result.eval, result.test_samples);
   // Broadcast to every holder, then the checkpoint.
   for (const auto& s : acceptor_->sessions())
     if (s->role == core::tier::edge || (devices_.count(s->id) && devices_.at(s->id).via == s)) send_global(s, 0);
-  if (!c_.checkpoint.empty()) save_checkpoint(round_.number);
+  if (!c_.checkpoint.empty())
+    if (auto why = co_await ex_.compute([this, r = round_.number] { return save_checkpoint(r); }); !why.empty()) {
+      spdlog::error("server: round {}: checkpoint not written, the previous one is kept: {}", round_.number, why);
+      checkpoint_failure_ = "round " + std::to_string(round_.number) + ": " + why;
+    }
   round_.at = phase::idle;
 }
 
-void server_node::impl::report(const core::eval_report& ev) {
+void server_node::impl::report(const core::eval_report& ev, std::int64_t test_samples) {
   round_report rep;
   rep.round = round_.number;
   rep.n_devices = static_cast<int>(round_.done.size());
@@ -195,8 +207,10 @@ void server_node::impl::report(const core::eval_report& ev) {
   rep.train_seconds = round_.train_seconds;
   rep.train_loss = round_.n_loss ? round_.loss_sum / static_cast<double>(round_.n_loss) : 0.0;
   rep.train_accuracy = round_.n_loss ? static_cast<double>(round_.n_correct) / static_cast<double>(round_.n_loss) : 0.0;
-  rep.test_loss = ev.loss;
-  rep.test_accuracy = ev.accuracy;
+  rep.evaluated = test_samples > 0;
+  rep.test_loss = rep.evaluated ? ev.loss : last_.test_loss;
+  rep.test_accuracy = rep.evaluated ? ev.accuracy : last_.test_accuracy;
+  rep.test_samples = rep.evaluated ? test_samples : last_.test_samples;
   rep.device_compute_s = round_.device_compute;
   rep.edge_compute_s = round_.edge_compute;
   rep.server_compute_s = round_.server_compute;
@@ -210,12 +224,16 @@ void server_node::impl::report(const core::eval_report& ev) {
     if (d.connected && round_.done.count(id)) rep.routes.emplace_back(id, d.rs.route.str());
   last_ = rep;
   const bool scheduled = c_.lr_schedule != core::schedule_kind::constant || c_.warmup_rounds > 0;
+  std::string test = "test not evaluated";
+  if (rep.evaluated)
+    test = fmt::format("test loss {:.4f} acc {:.4f}{}", rep.test_loss, rep.test_accuracy,
+                       rep.test_samples < data_.test.size() ? fmt::format(" ({} samples)", rep.test_samples) : "");
   spdlog::info(
-      "round {}/{}: {}/{} devices, train loss {:.4f} acc {:.4f}, test loss {:.4f} acc {:.4f}; compute device {:.1f} "
-      "s, edge {:.1f} s, server {:.1f} s; {:.1f} MB moved; {:.1f} s{}",
-      rep.round, c_.rounds, rep.n_devices, rep.n_participants, rep.train_loss, rep.train_accuracy, rep.test_loss,
-      rep.test_accuracy, rep.device_compute_s, rep.edge_compute_s, rep.server_compute_s, rep.bytes_moved / 1e6,
-      rep.seconds, scheduled ? fmt::format("; lr {:.4g}", rep.learning_rate) : std::string());
+      "round {}/{}: {}/{} devices, train loss {:.4f} acc {:.4f}, {}; compute device {:.1f} s, edge {:.1f} s, server "
+      "{:.1f} s; {:.1f} MB moved; {:.1f} s{}",
+      rep.round, c_.rounds, rep.n_devices, rep.n_participants, rep.train_loss, rep.train_accuracy, test,
+      rep.device_compute_s, rep.edge_compute_s, rep.server_compute_s, rep.bytes_moved / 1e6, rep.seconds,
+      scheduled ? fmt::format("; lr {:.4g}", rep.learning_rate) : std::string());
   if (rep.predicted_step_seconds > 0)
     spdlog::info("round {}: step {:.1f} ms, predicted {:.1f} ms ({:+.0f}%), {} re-split{}", rep.round,
                  rep.step_seconds * 1e3, rep.predicted_step_seconds * 1e3,
@@ -225,15 +243,39 @@ void server_node::impl::report(const core::eval_report& ev) {
   if (c_.on_round) c_.on_round(rep);
 }
 
-void server_node::impl::save_checkpoint(std::uint64_t round) {
-  core::checkpoint ck;
-  ck.model_json = model_.json;
-  ck.seed = c_.seed;
-  ck.epoch = round;
-  ck.optimizer = c_.opt.kind == core::optimizer_kind::sgd ? "sgd" : "adamw";
-  ck.tensors.push_back({"global:params", core::shape{static_cast<std::int64_t>(global_p_.size())}, global_p_});
-  ck.tensors.push_back({"global:buffers", core::shape{static_cast<std::int64_t>(global_b_.size())}, global_b_});
-  core::save_checkpoint(c_.checkpoint.string(), ck);
+std::string server_node::impl::save_checkpoint(std::uint64_t round) {
+  // The trainer's format: named parameters and state, so that `cleave eval` and `cleave train
+  // --resume` read it. The global model carries no optimizer state of its own (each replica's
+  // stays with it): none is written.
+  core::checkpoint ck = core::capture(eval_->model_stage(), eval_->opt(), c_.seed, static_cast<std::int64_t>(round));
+  std::erase_if(ck.tensors, [](const core::checkpoint::entry& e) { return e.name.rfind("o", 0) == 0; });
+  ck.optimizer = "none";
+  ck.step = static_cast<std::int64_t>(round) * c_.local_steps;  // the steps each replica took
+  try {
+    core::save_checkpoint(c_.checkpoint.string(), ck);
+  } catch (const core::error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+void server_node::impl::check_checkpoint_path() const {
+  namespace fs = std::filesystem;
+  const fs::path& p = c_.checkpoint;
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  const std::string where = "--checkpoint '" + p.string() + "': ";
+  if (fs::is_directory(p, ec)) throw core::error(where + "is a directory");
+  if (!fs::exists(dir, ec)) throw core::error(where + "directory '" + dir.string() + "' does not exist");
+  if (!fs::is_directory(dir, ec)) throw core::error(where + "'" + dir.string() + "' is not a directory");
+  // Writable as the checkpoint will be written: a temporary file beside it.
+  const fs::path probe = p.string() + ".probe";
+  if (std::FILE* f = std::fopen(probe.c_str(), "wb")) {
+    std::fclose(f);
+    fs::remove(probe, ec);
+    return;
+  }
+  throw core::error(where + "cannot write in '" + dir.string() + "': " + std::strerror(errno));
 }
 
 }  // namespace cleave::server

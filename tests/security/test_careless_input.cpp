@@ -167,6 +167,16 @@ TEST_CASE("a checkpoint that is a directory or a device is refused with a messag
   }
 }
 
+TEST_CASE("a server checkpoint path in a missing directory is refused before anything starts") {
+  scratch s;
+  const std::string path = (s.dir / "missing" / "global.ckpt").string();
+  const auto o = run_cleave({"server", "--certs", s.dir.string(), "--checkpoint", path});
+  CHECK(o.status == 1);
+  CHECK_MESSAGE(has(o, "cleave: error: --checkpoint '" + path + "': directory '" + (s.dir / "missing").string() +
+                           "' does not exist"),
+                o.output);
+}
+
 TEST_CASE("integer options out of their range are refused naming the option") {
   scratch s;
   const std::string certs = (s.dir / "none").string();

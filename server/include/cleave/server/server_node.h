@@ -33,7 +33,9 @@ struct round_report {
   double train_seconds = 0;  // from the round's start until every replica was in (no averaging)
   double train_loss = 0;     // mean over the round's samples
   double train_accuracy = 0;
-  double test_loss = 0, test_accuracy = 0;
+  bool evaluated = false;                   // this round's global model was evaluated (--eval-every)
+  double test_loss = 0, test_accuracy = 0;  // of the last evaluation (this round's when evaluated)
+  std::int64_t test_samples = 0;            // the test samples it used
   double device_compute_s = 0, edge_compute_s = 0, server_compute_s = 0;  // summed over nodes
   std::uint64_t bytes_moved = 0;                                          // all channels, both ways
   double step_seconds = 0;                                                // measured: train_seconds / local steps
@@ -78,7 +80,14 @@ struct server_config {
   core::optimizer_config opt;
   core::schedule_kind lr_schedule = core::schedule_kind::constant;
   int warmup_rounds = 0;
-  std::filesystem::path checkpoint;  // global model saved after every round ("" = none)
+  // The global model saved after every round ("" = none), in the trainer's checkpoint format
+  // (`cleave eval` and `cleave train --resume` read it). Its directory is checked at the start;
+  // a write that fails later is logged, keeps the previous file, and training goes on.
+  std::filesystem::path checkpoint;
+  // The global model is evaluated every eval_every rounds on eval_samples test samples (0: the
+  // whole test split; else a fixed, seeded subset); the last round always on the whole split.
+  int eval_every = 1;
+  std::int64_t eval_samples = 0;
   // Adaptive splitting (splitfed mode): profiles -> cost model -> plan -> live re-split.
   bool adaptive = true;
   double min_gain = 0.10;           // relative step-time gain below which the plan is kept
@@ -108,6 +117,8 @@ class server_node {
   // SIGINT and SIGTERM end run() cleanly (call before run()).
   void stop_on_signals();
 
+  // Why the last checkpoint write that failed did ("" when every one succeeded).
+  const std::string& checkpoint_failure() const;
   // The global model after run(): flat parameters and state.
   const std::vector<float>& global_params() const;
   const std::vector<float>& global_buffers() const;

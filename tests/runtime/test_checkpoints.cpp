@@ -1,0 +1,145 @@
+// The server's checkpoints: a path that cannot be written is refused before any training; a
+// write that fails later is reported, keeps the previous file and training goes on; the file
+// is the trainer's format, so a trainer evaluates it to the server's own figures. Evaluation
+// every N rounds and on a subset of the test split.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "../support/error_of.h"
+#include "cleave/core/checkpoint.h"
+#include "cleave/core/trainer.h"
+#include "federation.h"
+
+using namespace cleave;
+using namespace cleave::testing;
+
+namespace {
+
+// A federation of one agent under `sc` (rounds and hooks set by the caller); returns the
+// server's error ("" when it ended well).
+std::string train_one_device(const workspace& w, const std::string& be, server::server_config sc,
+                             std::vector<server::round_report>& reports, std::string* checkpoint_failure = nullptr) {
+  std::promise<std::uint16_t> port;
+  const auto on_round = sc.on_round;
+  sc.on_round = [&reports, on_round](const server::round_report& r) {
+    reports.push_back(r);
+    if (on_round) on_round(r);
+  };
+  sc.on_listening = [&port](std::uint16_t p) { port.set_value(p); };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  device::agent a(agent_cfg(w, 1, port.get_future().get(), be, "server"));
+  runner ra([&] { a.run(); });
+  rs.join();
+  ra.join();
+  if (checkpoint_failure) *checkpoint_failure = srv.checkpoint_failure();
+  return rs.error();
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint path that cannot be written is refused before the server listens, naming it") {
+  const std::string be = test_backend();
+  workspace w("ckpt-path", 1, 256, 64);
+  auto sc = server_cfg(w, be);
+  bool listened = false;
+  sc.on_listening = [&](std::uint16_t) { listened = true; };
+  auto refused = [&](const fs::path& p) {
+    sc.checkpoint = p;
+    server::server_node srv(sc);
+    return error_of([&] { srv.run(); });
+  };
+  CHECK(refused(w.dir / "missing" / "global.ckpt")
+            .find("directory '" + (w.dir / "missing").string() + "' does not exist") != std::string::npos);
+  fs::create_directories(w.dir / "adir");
+  CHECK(refused(w.dir / "adir").find("is a directory") != std::string::npos);
+  std::FILE* f = std::fopen((w.dir / "afile").c_str(), "w");
+  REQUIRE(f);
+  std::fclose(f);
+  CHECK(refused(w.dir / "afile" / "global.ckpt").find("is not a directory") != std::string::npos);
+  // Nobody, root included, creates files in /proc.
+  CHECK(refused("/proc/global.ckpt").find("cannot write in '/proc'") != std::string::npos);
+  CHECK_FALSE(listened);
+}
+
+TEST_CASE("a checkpoint write that fails in round 2 is reported; round 1's file stays and training goes on") {
+  const std::string be = test_backend();
+  workspace w("ckpt-fail", 1, 512, 128);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 3;
+  sc.local_steps = 3;
+  sc.batch = 16;
+  sc.checkpoint = w.dir / "global.ckpt";
+  const fs::path blocker = sc.checkpoint.string() + ".tmp";  // where the write goes first
+  std::int64_t epoch_before_round3_write = -1;
+  sc.on_round = [&](const server::round_report& r) {    // called before the round's checkpoint
+    if (r.round == 2) fs::create_directories(blocker);  // round 2's write cannot create its file
+    if (r.round == 3) {
+      fs::remove_all(blocker);
+      epoch_before_round3_write = core::load_checkpoint(sc.checkpoint.string()).epoch;
+    }
+  };
+  std::vector<server::round_report> reports;
+  std::string failure;
+  CHECK(train_one_device(w, be, sc, reports, &failure) == "");
+  CHECK(reports.size() == 3);
+  INFO("failure: " << failure);
+  CHECK(failure.rfind("round 2: checkpoint '", 0) == 0);
+  CHECK(failure.find("cannot create") != std::string::npos);
+  CHECK(epoch_before_round3_write == 1);  // round 1's checkpoint, intact and readable
+  CHECK(core::load_checkpoint(sc.checkpoint.string()).epoch == 3);
+}
+
+TEST_CASE("the server's checkpoint is the trainer's format: a trainer evaluates it to the server's figures") {
+  const std::string be = test_backend();
+  workspace w("ckpt-eval", 1, 512, 128);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 2;
+  sc.local_steps = 4;
+  sc.batch = 16;
+  sc.checkpoint = w.dir / "global.ckpt";
+  std::vector<server::round_report> reports;
+  REQUIRE(train_one_device(w, be, sc, reports) == "");
+  REQUIRE(reports.size() == 2);
+  const auto ck = core::load_checkpoint(sc.checkpoint.string());
+  CHECK(ck.epoch == 2);
+  CHECK(ck.optimizer == "none");
+  const auto data = core::load_dataset(w.data.string());
+  const auto model = core::parse_model_spec(ck.model_json, "checkpoint");
+  auto b = backend::make_backend(be);
+  core::trainer t(*b, model, core::train_config{});
+  core::restore(t.model_stage(), t.opt(), ck);
+  const auto ev = t.evaluate(data.test);
+  CHECK(ev.accuracy == doctest::Approx(reports.back().test_accuracy).epsilon(1e-9));
+  CHECK(ev.loss == doctest::Approx(reports.back().test_loss).epsilon(1e-6));
+}
+
+TEST_CASE("--eval-every and --eval-samples: skipped rounds say so, subsets are fixed, the last round sees all") {
+  const std::string be = test_backend();
+  workspace w("ckpt-evalevery", 1, 512, 128);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 5;
+  sc.local_steps = 2;
+  sc.batch = 16;
+  sc.eval_every = 2;
+  sc.eval_samples = 40;
+  std::vector<server::round_report> reports;
+  REQUIRE(train_one_device(w, be, sc, reports) == "");
+  REQUIRE(reports.size() == 5);
+  CHECK_FALSE(reports[0].evaluated);
+  CHECK(reports[1].evaluated);
+  CHECK(reports[1].test_samples == 40);
+  CHECK_FALSE(reports[2].evaluated);
+  CHECK(reports[2].test_accuracy == reports[1].test_accuracy);  // the last evaluation's, carried
+  CHECK(reports[3].evaluated);
+  CHECK(reports[3].test_samples == 40);
+  CHECK(reports[4].evaluated);  // the last round: the whole split
+  CHECK(reports[4].test_samples == 128);
+  // 40 samples: every accuracy is a multiple of 1/40.
+  for (int i : {1, 3})
+    CHECK(std::fabs(reports[i].test_accuracy * 40 - std::round(reports[i].test_accuracy * 40)) < 1e-6);
+  sc.eval_every = 0;
+  server::server_node bad(sc);
+  CHECK(error_of([&] { bad.run(); }).find("eval-every must be >= 1") != std::string::npos);
+}
