@@ -119,7 +119,7 @@ TEST_CASE("a trimmed mean drops floor(F x n) values at each end: one of five at 
   }
 }
 
-TEST_CASE("a robust rule combines each block over the replicas that hold it; other blocks keep their values") {
+TEST_CASE("a robust rule combines each block over the replicas that hold it and other blocks keep their values") {
   const auto m = core::zoo_model("mlp", shape{4}, 3);
   const auto lay = core::layout_of(m);
   const int n = m.n_blocks();

@@ -106,7 +106,7 @@ TEST_CASE("a device id is bound to the certificate: an impostor is refused and c
   CHECK(server.logged("round 4/4: 1/1 devices"));
 }
 
-TEST_CASE("a device uploading an all-NaN replica of the whole model is refused; the global model stays finite") {
+TEST_CASE("a device uploading an all-NaN replica of the whole model is refused and the global model stays finite") {
   workspace w("sec-poison", 2, 512, 128);
   node server(w, "server", server_args(w, 1, 10, 2));
   const auto sp = server.port_after("listening on ");
@@ -243,7 +243,7 @@ TEST_CASE("the server's memory stays flat over 10,000 device connect and disconn
   CHECK(server.alive());
 }
 
-TEST_CASE("an agent that pins no upstream refuses an edge's certificate; specs too deep or too big are refused") {
+TEST_CASE("an agent that pins no upstream refuses an edge's certificate and specs too deep or too big are refused") {
   workspace w("sec-upstream", 2, 512, 128);
   client_thread client;
   // A hostile node holding an edge certificate, listening for agents.
