@@ -296,7 +296,8 @@ std::vector<std::string> demo_server_args(const demo_options& o, const fs::path&
                                  "--lr-schedule", o.lr_schedule,
                                  "--aggregate",   o.aggregate,
                                  "--seed",        std::to_string(o.seed),
-                                 "--checkpoint",  (work / "global.ckpt").string()};
+                                 "--checkpoint",  (work / "global.ckpt").string(),
+                                 "--fresh",       "--force"};  // every demo is a run of its own
   if (o.u_shape) sargs.push_back("--u-shape");
   if (o.no_adapt) sargs.push_back("--no-adapt");
   if (!o.schedule.empty()) {
@@ -439,6 +440,12 @@ void add_server_command(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--checkpoint", so.c.checkpoint,
                 "save the global model here after every round (`cleave eval --checkpoint` reads it)");
+  s->add_flag("--fresh", so.c.fresh,
+              "start over instead of resuming from the newest --checkpoint (with one there, only with --force)");
+  s->add_flag("--force", so.c.force, "with --fresh: overwrite the checkpoints of an earlier run");
+  s->add_option("--keep-checkpoints", so.c.keep_checkpoints, "earlier rounds' checkpoints kept beside it (PATH.1, ...)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
   s->add_option("--eval-every", so.c.eval_every, "evaluate the global model every N rounds (the last round always)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));

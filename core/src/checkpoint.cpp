@@ -61,6 +61,7 @@ void save_checkpoint(const std::string& path, const checkpoint& c) {
     offset += t.values.size() * sizeof(float);
   }
   h["tensors"] = list;
+  if (!c.meta.empty()) h["meta"] = c.meta;
   const std::string header = h.dump();
 
   const std::string tmp = path + ".tmp";
@@ -98,6 +99,12 @@ void save_checkpoint(const std::string& path, const checkpoint& c) {
   }
 }
 
+const checkpoint::entry* checkpoint::find(const std::string& name) const {
+  for (const auto& e : tensors)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
 checkpoint load_checkpoint(const std::string& path) {
   const std::string where = "checkpoint '" + path + "': ";
   std::error_code ec;
@@ -133,6 +140,7 @@ checkpoint load_checkpoint(const std::string& path) {
     c.epoch = h.at("epoch").get<std::int64_t>();
     c.step = h.at("step").get<std::int64_t>();
     c.optimizer = h.at("optimizer").get<std::string>();
+    if (h.contains("meta")) c.meta = h.at("meta").get<std::map<std::string, std::string>>();
     const std::size_t payload = body - payload_at;
     for (const auto& t : h.at("tensors")) {
       checkpoint::entry e;

@@ -102,6 +102,16 @@ class agent::impl {
   std::vector<std::int64_t> order_;
   std::int64_t order_epoch_ = -1;
   std::map<split::micro_batch_id, core::tensor> labels_;  // U-shape: labels waiting for the top
+  std::uint64_t run_id_ = 0;                              // of the plan in force
+  // What the last round started from (its segments' optimizer state, the data position): a round
+  // run again (the server resumed from the checkpoint before it) starts from it too.
+  struct round_start {
+    std::uint64_t round = 0;
+    split::route route;
+    std::vector<runtime::segment_runner::optimizer_state> optimizer;
+    std::int64_t position = 0;
+  };
+  std::optional<round_start> started_;
 };
 
 agent::agent(agent_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
@@ -206,7 +216,11 @@ void agent::impl::on_plan(const wire::Plan& p) {
       for (const auto* st : *dp->stages())
         if (st->role() == wire::Role::edge) edge_id_ = st->node_id();
   if (p.resplit() && plan_) return plan_->announce(route, p.epoch());  // switched at the next step boundary
-  // A new plan (a join or a rejoin): segments start from the seed; the global weights follow.
+  // A new plan (a join or a rejoin): segments start from the seed, the global weights follow;
+  // under the same run and route (the server came back) they keep their optimizer state.
+  const bool same_run = p.run_id() != 0 && p.run_id() == run_id_ && plan_ && plan_->route == route;
+  run_id_ = p.run_id();
+  if (!same_run) started_.reset();
   if (in_round_) abandon("a new plan arrived");
   missing_ = 0;
   const bool reprofile = p.micro_batch_size() != micro_batch_size_;
@@ -217,8 +231,13 @@ void agent::impl::on_plan(const wire::Plan& p) {
                n_micro_batches_);
   const auto training = transport::training_of(p);
   const bool fresh = runner_->set_model(json, training);
-  runner_->discard(c_.id, true);
-  for (int seg : route.segments_on(core::tier::device)) runner_->host().host(c_.id, route, seg);
+  if (fresh || !same_run) {
+    runner_->discard(c_.id, true);
+    for (int seg : route.segments_on(core::tier::device)) runner_->host().host(c_.id, route, seg);
+    started_.reset();
+  } else {
+    runner_->discard(c_.id);  // nothing of a step in flight survives a new plan
+  }
   // Every block timed on this board before training, so the server's plan is informed from the
   // first round.
   if (fresh || reprofile) {
@@ -246,6 +265,13 @@ void agent::impl::on_round_start(const wire::RoundStart& r) {
     return;
   }
   if (in_round_) abandon("round " + std::to_string(r.round()) + " started");
+  if (started_ && started_->round == r.round() && started_->route == plan_->route) {
+    runner_->restore_optimizer(c_.id, plan_->route, started_->optimizer);
+    position_ = started_->position;
+    spdlog::info("device {}: round {} again, from the state it first started with", c_.id, r.round());
+  } else {
+    started_ = round_start{r.round(), plan_->route, runner_->optimizer_states(c_.id, plan_->route), position_};
+  }
   round_ = r.round();
   in_round_ = true;
   ex_.spawn_compute(run_round(r.round(), r.local_steps(), r.learning_rate(), ++round_gen_), "a round");

@@ -91,6 +91,15 @@ class edge_node::impl {
   int n_steps_ = 0;  // compute thread: device steps seen
   std::optional<split::node_profile> latest_profile_;
   std::map<std::uint32_t, device_state> devices_;
+  std::uint64_t run_id_ = 0;  // of the plans in force
+  // Compute thread: what each device's segments here started its last round from (a round run
+  // again, after the server resumed from its checkpoint, starts from it too).
+  struct round_start {
+    std::uint64_t round = 0;
+    split::route route;
+    std::vector<runtime::segment_runner::optimizer_state> optimizer;
+  };
+  std::map<std::uint32_t, round_start> started_;
 
   // The round being relayed.
   std::uint64_t round_ = 0;
@@ -202,6 +211,7 @@ void edge_node::impl::on_plan(const transport::message& m) {
       ex_.post_io([this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
     });
   }
+  const std::uint64_t previous_run = std::exchange(run_id_, p.run_id());
   for (const auto* dp : *p.devices()) {
     const std::uint32_t id = dp->device_id();
     const auto it = devices_.find(id);
@@ -211,10 +221,14 @@ void edge_node::impl::on_plan(const transport::message& m) {
     if (p.resplit() && st.planned) {
       st.rs.announce(r, p.epoch());
     } else {
+      // Under the same run and route (the server came back) its segments keep their state.
+      const bool same_run = st.planned && p.run_id() != 0 && p.run_id() == previous_run && st.rs.route == r;
       st.rs.reset(r, p.epoch());
       st.planned = true;
-      ex_.post_compute([this, id, r] {
-        runner_->discard(id, true);
+      ex_.post_compute([this, id, r, same_run] {
+        runner_->discard(id, !same_run);
+        if (same_run) return;
+        started_.erase(id);
         for (int seg : r.segments_on(core::tier::edge)) runner_->host().host(id, r, seg);
       });
     }
@@ -256,6 +270,18 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
   local_steps_ = r.local_steps();
   if (r.learning_rate() > 0)  // 0: the server keeps the plan's rate
     ex_.post_compute([this, id = r.device_id(), lr = r.learning_rate()] { runner_->host().set_learning_rate(id, lr); });
+  if (const auto it = devices_.find(r.device_id()); it != devices_.end() && it->second.planned)
+    ex_.post_compute(
+        [this, id = r.device_id(), round = r.round(), route = it->second.rs.route] {
+          auto& st = started_[id];
+          if (st.round == round && st.route == route)
+            runner_->restore_optimizer(id, route, st.optimizer);
+          else
+            st = round_start{round, route, runner_->optimizer_states(id, route)};
+        },
+        [this, id = r.device_id()](const std::string& why) {
+          spdlog::warn("edge {}: device {}: the state its round started from is not restored: {}", c_.id, id, why);
+        });
   const auto it = devices_.find(r.device_id());
   if (it != devices_.end() && it->second.s) {
     transport::round_start_desc rs{r.round(),     r.epoch(), r.local_steps(), r.deadline_ms(), r.learning_rate(),

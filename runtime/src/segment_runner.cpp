@@ -209,13 +209,52 @@ std::vector<segment_runner::replica> segment_runner::replicas(std::uint32_t devi
     if (bad.empty()) bad = split::first_non_finite(rep.buffers, "state value");
     if (!bad.empty()) {
       spdlog::warn(
-          "{} {}: device {}: its replica of blocks [{},{}) here holds {} after the round (trained on what "
-          "it sent); left out of the average",
+          "{} {}: device {}: its replica of blocks [{},{}) here holds a non-finite value after the round ({}; "
+          "trained on what it sent); left out of the average",
           core::tier_name(here_), node_id_, device, rep.first, rep.end, bad);
       out.pop_back();
     }
   }
   return out;
+}
+
+std::vector<segment_runner::optimizer_state> segment_runner::optimizer_states(std::uint32_t device,
+                                                                              const split::route& r) {
+  std::vector<optimizer_state> out;
+  for (int seg : r.segments_on(here_)) {
+    if (r.begin(seg) == r.end(seg) || !host_->hosts(device, r, seg)) continue;
+    const core::optimizer& opt = host_->optimizer_of(device, seg);
+    optimizer_state& s = out.emplace_back(optimizer_state{r.begin(seg), r.end(seg), {}, opt.steps_taken()});
+    for (const auto& t : opt.state()) {
+      auto& v = s.tensors.emplace_back(static_cast<std::size_t>(t.numel()));
+      if (!v.empty()) b_->download(t, v.data());
+    }
+  }
+  return out;
+}
+
+void segment_runner::restore_optimizer(std::uint32_t device, const split::route& r,
+                                       const std::vector<optimizer_state>& states) {
+  for (const auto& s : states) {
+    int seg = -1;
+    for (int k : r.segments_on(here_))
+      if (r.begin(k) == s.first && r.end(k) == s.end && host_->hosts(device, r, k)) seg = k;
+    if (seg < 0)
+      throw core::error("optimizer state of blocks [" + std::to_string(s.first) + "," + std::to_string(s.end) +
+                        ") of device " + std::to_string(device) + " fits no segment of route " + r.str() + " here");
+    core::optimizer& opt = host_->optimizer_of(device, seg);
+    if (s.tensors.size() != opt.state().size())
+      throw core::error("optimizer state of blocks [" + std::to_string(s.first) + "," + std::to_string(s.end) + "): " +
+                        std::to_string(s.tensors.size()) + " tensors, expected " + std::to_string(opt.state().size()));
+    for (std::size_t k = 0; k < s.tensors.size(); ++k) {
+      if (static_cast<std::int64_t>(s.tensors[k].size()) != opt.state()[k].numel())
+        throw core::error("optimizer state of blocks [" + std::to_string(s.first) + "," + std::to_string(s.end) +
+                          "): " + std::to_string(s.tensors[k].size()) + " values, expected " +
+                          std::to_string(opt.state()[k].numel()));
+      if (!s.tensors[k].empty()) b_->upload(opt.state()[k], s.tensors[k].data());
+    }
+    opt.set_steps_taken(s.steps);
+  }
 }
 
 void segment_runner::profile(std::uint32_t batch, const transport::training_settings& t) {

@@ -104,11 +104,20 @@ class server_node::impl {
   // checkpoint.
   asio::awaitable<void> close_round();
   void report(const core::eval_report& ev, std::int64_t test_samples);
-  // Compute thread: the global model (uploaded to the evaluation stage) written to --checkpoint;
-  // "" or why it failed.
-  std::string save_checkpoint(std::uint64_t round);
+  // Compute thread: the global model (uploaded to the evaluation stage) and the server replicas'
+  // optimizer state of `routes` written to --checkpoint, the previous ones kept; "" or why it
+  // failed.
+  std::string save_checkpoint(std::uint64_t round, const std::vector<std::pair<std::uint32_t, split::route>>& routes);
   // Throws core::error when --checkpoint cannot be written (before any training).
   void check_checkpoint_path() const;
+  // Before the rounds: the newest readable checkpoint, if any, is resumed from (the next round,
+  // the global model, the plan epoch, the run's id, the server replicas' optimizer state);
+  // throws core::error naming what differs when it was written under another configuration.
+  void resume_or_start();
+  // The settings a checkpoint must have been written under to be resumed: name -> value.
+  std::vector<std::pair<std::string, std::string>> fingerprint() const;
+  // --checkpoint, the one being written, and the kept ones (.1 the newest).
+  std::vector<std::filesystem::path> checkpoint_files() const;
   void send_global(const runtime::session_ptr& to, std::uint32_t device_id);
   int n_connected() const;
   // Re-splits: announce a new route, switch at the device's Cutover, receive moved blocks.
@@ -151,6 +160,12 @@ class server_node::impl {
   round_state round_;
   round_report last_;
   std::optional<core::dataset> eval_subset_;  // --eval-samples of the test split
+  std::uint64_t run_id_ = 0;                  // this run's (kept when resumed)
+  std::uint64_t first_round_ = 1;
+  // From the checkpoint resumed: each device's server replicas' optimizer state, installed in
+  // its first round.
+  std::map<std::uint32_t, std::vector<runtime::segment_runner::optimizer_state>> resumed_opt_;
+
  public:
   std::string checkpoint_failure_;  // the last failed checkpoint write
 };

@@ -55,6 +55,7 @@ transport::message_builder server_node::impl::plan_message(std::uint32_t device,
   p.device_id = device;
   p.edge_id = d.behind_edge ? d.via->id : 0;
   p.route = resplit ? *d.rs.next : d.rs.route;
+  p.run_id = run_id_;
   return transport::make_plan(p);
 }
 
@@ -83,6 +84,7 @@ void server_node::impl::on_hello(const runtime::session_ptr& s, const transport:
   transport::welcome_info w;
   w.node_id = s->id;
   w.plan_epoch = plan_epoch_;
+  w.run_id = run_id_;
   w.per_device_replicas = c_.aggregate.per_device();
   s->post(transport::make_welcome(w));
 }
@@ -117,6 +119,7 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
   transport::welcome_info w;
   w.node_id = id;
   w.plan_epoch = plan_epoch_;
+  w.run_id = run_id_;
   via->post(transport::make_welcome(w));
   via->post(plan_message(id));
   send_global(via, id);
@@ -336,6 +339,8 @@ round_report server_node::impl::run() {
         "not the optimizer's per-step one");
   if (c_.warmup_rounds < 0 || c_.warmup_rounds >= c_.rounds)
     throw core::error("warm-up rounds must be >= 0 and fewer than the rounds");
+  if (c_.keep_checkpoints < 0 || c_.keep_checkpoints > 1000)
+    throw core::error("keep-checkpoints must be between 0 and 1000");
   if (c_.eval_every < 1 || c_.eval_samples < 0)
     throw core::error("eval-every must be >= 1 and eval-samples >= 0 (0: the whole test split)");
   if (!c_.checkpoint.empty()) check_checkpoint_path();
@@ -376,6 +381,7 @@ round_report server_node::impl::run() {
   tc.opt = c_.opt;
   eval_ = std::make_unique<core::trainer>(*be_, model_, tc);
   core::initial_values(model_, 0, model_.n_blocks(), c_.seed, global_p_, global_b_);
+  resume_or_start();
   acceptor_.emplace(ex_, *tls_, c_.listen_host, c_.port, c_.allowed, c_.links,
                     runtime::acceptor::handlers{
                         [this](const runtime::session_ptr& s, const transport::message& h) { on_hello(s, h); },

@@ -1,9 +1,6 @@
 // The server's round as a state machine: open -> wait for members -> start -> collect -> close
 // and average -> evaluate -> broadcast -> checkpoint.
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 
 #include "server_impl.h"
 
@@ -40,7 +37,7 @@ asio::awaitable<bool> server_node::impl::wait_for_members() {
 }
 
 asio::awaitable<void> server_node::impl::drive_rounds() {
-  for (std::uint64_t next = 1; next <= static_cast<std::uint64_t>(c_.rounds) && !ex_.stopping();) {
+  for (std::uint64_t next = first_round_; next <= static_cast<std::uint64_t>(c_.rounds) && !ex_.stopping();) {
     if (!co_await wait_for_members()) co_return;
     if (co_await run_round(next)) ++next;
   }
@@ -67,12 +64,21 @@ asio::awaitable<void> server_node::impl::open_round(std::uint64_t number) {
       round_.routes.emplace_back(id, d.rs.route);
       via.push_back(d.via);
     }
-  // Every server replica starts the round from the global weights.
-  auto install = [this, routes = round_.routes, lr = round_.lr, p = global_p_, b = global_b_] {
+  // Every server replica starts the round from the global weights (and, after a resume, from
+  // the optimizer state it had).
+  decltype(resumed_opt_) resumed;
+  for (const auto& [id, r] : round_.routes)
+    if (auto node = resumed_opt_.extract(id)) resumed.insert(std::move(node));
+  auto install = [this, routes = round_.routes, lr = round_.lr, p = global_p_, b = global_b_, resumed] {
     runner_->take_compute_seconds();
     for (const auto& [id, r] : routes) {
       runner_->load(id, r, p, b, c_.mode == training_mode::sequential);
       runner_->host().set_learning_rate(id, lr);
+      if (const auto it = resumed.find(id); it != resumed.end()) try {
+          runner_->restore_optimizer(id, r, it->second);
+        } catch (const core::error& e) {
+          spdlog::warn("server: device {}: its optimizer state from the checkpoint is not restored: {}", id, e.what());
+        }
     }
     return 0;
   };
@@ -190,11 +196,14 @@ asio::awaitable<void> server_node::impl::close_round() {
   // Broadcast to every holder, then the checkpoint.
   for (const auto& s : acceptor_->sessions())
     if (s->role == core::tier::edge || (devices_.count(s->id) && devices_.at(s->id).via == s)) send_global(s, 0);
-  if (!c_.checkpoint.empty())
-    if (auto why = co_await ex_.compute([this, r = round_.number] { return save_checkpoint(r); }); !why.empty()) {
+  if (!c_.checkpoint.empty()) {
+    // Named, not a temporary in the co_await expression (g++ 12 destroys those twice).
+    auto save = [this, r = round_.number, routes] { return save_checkpoint(r, routes); };
+    if (const std::string why = co_await ex_.compute(std::move(save)); !why.empty()) {
       spdlog::error("server: round {}: checkpoint not written, the previous one is kept: {}", round_.number, why);
       checkpoint_failure_ = "round " + std::to_string(round_.number) + ": " + why;
     }
+  }
   round_.at = phase::idle;
 }
 
@@ -241,41 +250,6 @@ void server_node::impl::report(const core::eval_report& ev, std::int64_t test_sa
                  rep.n_resplits == 1 ? "" : "s");
   for (const auto& [id, route] : rep.routes) spdlog::info("round {}: device {}: {}", rep.round, id, route);
   if (c_.on_round) c_.on_round(rep);
-}
-
-std::string server_node::impl::save_checkpoint(std::uint64_t round) {
-  // The trainer's format: named parameters and state, so that `cleave eval` and `cleave train
-  // --resume` read it. The global model carries no optimizer state of its own (each replica's
-  // stays with it): none is written.
-  core::checkpoint ck = core::capture(eval_->model_stage(), eval_->opt(), c_.seed, static_cast<std::int64_t>(round));
-  std::erase_if(ck.tensors, [](const core::checkpoint::entry& e) { return e.name.rfind("o", 0) == 0; });
-  ck.optimizer = "none";
-  ck.step = static_cast<std::int64_t>(round) * c_.local_steps;  // the steps each replica took
-  try {
-    core::save_checkpoint(c_.checkpoint.string(), ck);
-  } catch (const core::error& e) {
-    return e.what();
-  }
-  return {};
-}
-
-void server_node::impl::check_checkpoint_path() const {
-  namespace fs = std::filesystem;
-  const fs::path& p = c_.checkpoint;
-  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  std::error_code ec;
-  const std::string where = "--checkpoint '" + p.string() + "': ";
-  if (fs::is_directory(p, ec)) throw core::error(where + "is a directory");
-  if (!fs::exists(dir, ec)) throw core::error(where + "directory '" + dir.string() + "' does not exist");
-  if (!fs::is_directory(dir, ec)) throw core::error(where + "'" + dir.string() + "' is not a directory");
-  // Writable as the checkpoint will be written: a temporary file beside it.
-  const fs::path probe = p.string() + ".probe";
-  if (std::FILE* f = std::fopen(probe.c_str(), "wb")) {
-    std::fclose(f);
-    fs::remove(probe, ec);
-    return;
-  }
-  throw core::error(where + "cannot write in '" + dir.string() + "': " + std::strerror(errno));
 }
 
 }  // namespace cleave::server

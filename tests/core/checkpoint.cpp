@@ -53,6 +53,19 @@ TEST_CASE("a checkpoint restores parameters, running statistics and optimizer st
   CHECK(opt2.steps_taken() == 1);
 }
 
+TEST_CASE("a checkpoint's text fields come back as written and a checkpoint without them reads as before") {
+  fixture f;
+  auto ck = core::capture(f.st, f.opt, 3, 7);
+  core::save_checkpoint(f.path.string(), ck);
+  CHECK(core::load_checkpoint(f.path.string()).meta.empty());
+  ck.meta = {{"round", "7"}, {"mode", "splitfed"}, {"empty", ""}};
+  core::save_checkpoint(f.path.string(), ck);
+  const auto back = core::load_checkpoint(f.path.string());
+  CHECK(back.meta == ck.meta);
+  REQUIRE(back.find("s:" + f.st.named_buffers().at(0).name) != nullptr);
+  CHECK(back.find("no such tensor") == nullptr);
+}
+
 TEST_CASE("a truncated or corrupted checkpoint says why it cannot be loaded") {
   fixture f;
   core::save_checkpoint(f.path.string(), core::capture(f.st, f.opt, 3, 1));

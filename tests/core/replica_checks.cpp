@@ -21,7 +21,7 @@ split::route three_tier() {
 
 }  // namespace
 
-TEST_CASE("a device's own segment passes once; another range, a second upload or too many samples do not") {
+TEST_CASE("a device's own segment passes once but another range, a second upload or too many samples do not") {
   const std::vector<float> p(4, 0.5f), b;
   const std::uint32_t dev = 7;
   const auto rights = split::device_rights(three_tier(), 640);

@@ -63,7 +63,7 @@ TEST_CASE("a checkpoint path that cannot be written is refused before the server
   CHECK_FALSE(listened);
 }
 
-TEST_CASE("a checkpoint write that fails in round 2 is reported; round 1's file stays and training goes on") {
+TEST_CASE("a checkpoint write that fails in round 2 is reported: round 1's file stays and training goes on") {
   const std::string be = test_backend();
   workspace w("ckpt-fail", 1, 512, 128);
   auto sc = server_cfg(w, be);
@@ -71,7 +71,7 @@ TEST_CASE("a checkpoint write that fails in round 2 is reported; round 1's file 
   sc.local_steps = 3;
   sc.batch = 16;
   sc.checkpoint = w.dir / "global.ckpt";
-  const fs::path blocker = sc.checkpoint.string() + ".tmp";  // where the write goes first
+  const fs::path blocker = sc.checkpoint.string() + ".next.tmp";  // where the write goes first
   std::int64_t epoch_before_round3_write = -1;
   sc.on_round = [&](const server::round_report& r) {    // called before the round's checkpoint
     if (r.round == 2) fs::create_directories(blocker);  // round 2's write cannot create its file
@@ -142,4 +142,50 @@ TEST_CASE("--eval-every and --eval-samples: skipped rounds say so, subsets are f
   sc.eval_every = 0;
   server::server_node bad(sc);
   CHECK(error_of([&] { bad.run(); }).find("eval-every must be >= 1") != std::string::npos);
+}
+
+TEST_CASE("resuming: the same settings continue, other settings are refused naming them, --fresh needs --force") {
+  const std::string be = test_backend();
+  workspace w("ckpt-resume", 1, 512, 128);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 2;
+  sc.local_steps = 3;
+  sc.batch = 16;
+  sc.checkpoint = w.dir / "global.ckpt";
+  std::vector<server::round_report> first;
+  REQUIRE(train_one_device(w, be, sc, first) == "");
+  REQUIRE(first.size() == 2);
+  {
+    // Finished already: nothing to train, the last round's figures.
+    server::server_node srv(sc);
+    const auto last = srv.run();
+    CHECK(last.round == 2);
+    CHECK(last.test_accuracy == doctest::Approx(first.back().test_accuracy).epsilon(1e-6));
+  }
+  {
+    auto other = sc;
+    other.local_steps = 4;
+    server::server_node srv(other);
+    CHECK(error_of([&] { srv.run(); }).find("it was written with local_steps 3, this run has 4") != std::string::npos);
+  }
+  {
+    auto fresh = sc;
+    fresh.fresh = true;
+    server::server_node srv(fresh);
+    CHECK(error_of([&] { srv.run(); }).find("holds round 2 of a run; add --force") != std::string::npos);
+  }
+  auto more = sc;
+  more.rounds = 3;  // one round more, from the checkpoint
+  std::vector<server::round_report> resumed;
+  REQUIRE(train_one_device(w, be, more, resumed) == "");
+  REQUIRE(resumed.size() == 1);
+  CHECK(resumed[0].round == 3);
+  CHECK(core::load_checkpoint(sc.checkpoint.string()).epoch == 3);
+  CHECK(core::load_checkpoint(sc.checkpoint.string() + ".1").epoch == 2);
+  CHECK(core::load_checkpoint(sc.checkpoint.string() + ".2").epoch == 1);
+  more.fresh = more.force = true;
+  std::vector<server::round_report> again;
+  REQUIRE(train_one_device(w, be, more, again) == "");
+  CHECK(again.size() == 3);
+  CHECK(again.front().round == 1);
 }

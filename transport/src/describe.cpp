@@ -86,6 +86,7 @@ void body(std::string& s, const wire::Plan* b) {
   add_text(s, "model", b->model());
   add(s, "micro_batch_size", b->micro_batch_size());
   add(s, "micro_batches", b->n_micro_batches());
+  add(s, "run", b->run_id());
   if (b->devices())
     for (const auto* d : *b->devices()) {
       add(s, "device", d->device_id());

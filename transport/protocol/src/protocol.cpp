@@ -50,7 +50,8 @@ message_builder make_plan(const plan_desc& p) {
   const auto training = f.CreateString(core::to_json(p.training.opt));
   const auto devices = f.CreateVector(&dp, 1);
   b.finish(wire::CreatePlan(f, p.epoch, static_cast<std::uint32_t>(p.route.n_blocks), p.route.u_shape(), model,
-                            p.micro_batch_size, p.n_micro_batches, devices, training, p.training.seed, p.resplit));
+                            p.micro_batch_size, p.n_micro_batches, devices, training, p.training.seed, p.resplit,
+                            p.run_id));
   return b;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,10 @@ struct checkpoint {
     std::vector<float> values;
   };
   std::vector<entry> tensors;  // params "p:<name>", state "s:<name>", optimizer "o<k>:<name>"
+  // What else the writer needs to continue (a federation's round state): text by name.
+  std::map<std::string, std::string> meta;
+  // The entry named `name`, or null.
+  const entry* find(const std::string& name) const;
 };
 
 void save_checkpoint(const std::string& path, const checkpoint& c);

@@ -83,6 +83,18 @@ class segment_runner {
   std::vector<replica> replicas(std::uint32_t device, const split::route& r,
                                 std::set<std::pair<int, int>>* seen = nullptr);
 
+  // The optimizer state of device's segments here under route r (per segment: its blocks, state
+  // tensors and steps taken), and putting it back: what a checkpoint keeps, and what a round run
+  // again (the server resumed from its checkpoint) starts from.
+  struct optimizer_state {
+    int first = 0, end = 0;
+    std::vector<std::vector<float>> tensors;
+    std::int64_t steps = 0;
+  };
+  std::vector<optimizer_state> optimizer_states(std::uint32_t device, const split::route& r);
+  // Throws core::error when a state does not match a hosted segment.
+  void restore_optimizer(std::uint32_t device, const split::route& r, const std::vector<optimizer_state>& states);
+
   // Times every block on this backend (x the slowdown) for micro-batches of `batch`.
   void profile(std::uint32_t batch, const transport::training_settings& t);
   bool profiled() const { return live_.n_blocks() > 0; }

@@ -84,6 +84,11 @@ struct server_config {
   // (`cleave eval` and `cleave train --resume` read it). Its directory is checked at the start;
   // a write that fails later is logged, keeps the previous file, and training goes on.
   std::filesystem::path checkpoint;
+  // A restarted server resumes from the newest readable checkpoint (written under the same
+  // settings) at the next round; `fresh` starts over, and with a checkpoint there only with
+  // `force` too. The previous keep_checkpoints are kept beside it (PATH.1 the newest).
+  bool fresh = false, force = false;
+  int keep_checkpoints = 2;
   // The global model is evaluated every eval_every rounds on eval_samples test samples (0: the
   // whole test split; else a fixed, seeded subset); the last round always on the whole split.
   int eval_every = 1;

@@ -33,6 +33,7 @@ struct plan_desc {
   std::uint32_t edge_id = 0;  // the edge on the route (if any)
   split::route route;
   bool resplit = false;  // applies at the device's next step boundary (see wire::Plan)
+  std::uint64_t run_id = 0;
 };
 // A plan for one device.
 message_builder make_plan(const plan_desc& p);

@@ -1,0 +1,148 @@
+// A server killed (SIGKILL) after round 3 and started again with the same command resumes from
+// its checkpoint at round 4, its devices (directly or behind an edge) reconnect by themselves
+// and continue with the right state, and the final global model equals that of a run nobody
+// interrupted. Real processes on loopback.
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "../security/nodes.h"
+#include "cleave/core/checkpoint.h"
+
+using namespace cleave;
+using namespace cleave::testing;
+
+namespace {
+
+// A port free on loopback now (the restarted server must listen where its devices look).
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::optional<core::checkpoint> try_load(const fs::path& p) {
+  try {
+    return core::load_checkpoint(p.string());
+  } catch (const core::error&) {
+    return std::nullopt;
+  }
+}
+
+// The largest difference between the two models' parameters and state, relative to the
+// largest magnitude of each tensor.
+double max_relative_difference(const core::checkpoint& a, const core::checkpoint& b) {
+  double worst = 0;
+  for (const auto& ea : a.tensors) {
+    if (ea.name.rfind("p:", 0) != 0 && ea.name.rfind("s:", 0) != 0) continue;
+    const auto* eb = b.find(ea.name);
+    REQUIRE_MESSAGE(eb != nullptr, ea.name);
+    REQUIRE(eb->values.size() == ea.values.size());
+    double scale = 1e-12, diff = 0;
+    for (std::size_t i = 0; i < ea.values.size(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::fabs(ea.values[i])));
+      diff = std::max(diff, static_cast<double>(std::fabs(ea.values[i] - eb->values[i])));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+struct federation_shape {
+  int devices = 1;
+  bool edge = false;
+};
+
+// Runs 6 rounds of a federation whose server writes `ckpt`; with `kill_after`, the server is
+// killed once that round's checkpoint is there and started again with the same command. Returns
+// the round the server was killed after (0: not killed).
+std::int64_t run(const workspace& w, const federation_shape& f, const fs::path& ckpt, std::int64_t kill_after,
+                 std::string& server_log) {
+  const std::uint16_t port = free_port();
+  auto args = server_args(w, 6, 8, f.devices,
+                          {"--checkpoint", ckpt.string(), "--momentum", "0.9", "--lr", "0.0005", "--deadline", "60"});
+  *(std::find(args.begin(), args.end(), "--listen") + 1) = "127.0.0.1:" + std::to_string(port);
+  auto server = std::make_unique<node>(w, "server-" + ckpt.stem().string(), args);
+  std::unique_ptr<node> edge;
+  std::uint16_t device_port = port;
+  if (f.edge) {
+    edge =
+        std::make_unique<node>(w, "edge-" + ckpt.stem().string(),
+                               std::vector<std::string>{"--log-level", "info", "edge", "--certs", w.certs.string(),
+                                                        "--name", "edge-1", "--listen", "127.0.0.1:0", "--server",
+                                                        "127.0.0.1:" + std::to_string(port), "--backend", "reference"});
+    device_port = edge->port_after("devices connect to ");
+  }
+  std::vector<std::unique_ptr<node>> agents;
+  for (int i = 1; i <= f.devices; ++i) {
+    std::vector<std::string> extra;
+    if (f.edge) extra = {"--upstream-name", "edge-1"};
+    agents.push_back(std::make_unique<node>(w, "device-" + std::to_string(i) + "-" + ckpt.stem().string(),
+                                            agent_args(w, i, device_port, extra)));
+  }
+  std::int64_t killed_after = 0;
+  if (kill_after > 0) {
+    const auto t0 = steady_clock::now();
+    for (;;) {
+      if (const auto ck = try_load(ckpt); ck && ck->epoch >= kill_after) {
+        ::kill(server->pid(), SIGKILL);
+        killed_after = ck->epoch;
+        break;
+      }
+      REQUIRE_MESSAGE(seconds_since(t0) < 120, server->log());
+      REQUIRE_MESSAGE(server->alive(), server->log());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    CHECK(server->exit_code(10) == -1);  // killed
+    server_log += server->log();
+    server = std::make_unique<node>(w, "server-again-" + ckpt.stem().string(), args);  // the same command
+  }
+  const int code = server->exit_code(180);
+  server_log += server->log();
+  REQUIRE_MESSAGE(code == 0, server_log);
+  for (auto& a : agents) CHECK_MESSAGE(a->exit_code(60) == 0, a->log());
+  if (edge) CHECK_MESSAGE(edge->exit_code(60) == 0, edge->log());
+  return killed_after;
+}
+
+void check_resume_is_exact(const federation_shape& f, const std::string& name) {
+  workspace w(name, f.devices, 512, 128);
+  std::string log_a, log_b;
+  run(w, f, w.dir / "uninterrupted.ckpt", 0, log_a);
+  const fs::path crashed = w.dir / "crashed.ckpt";
+  const std::int64_t killed_after = run(w, f, crashed, 3, log_b);
+  INFO("server logs: " << log_b);
+  REQUIRE(killed_after >= 3);
+  CHECK(log_b.find("server: resuming from " + crashed.string() + " after round " + std::to_string(killed_after) +
+                   " of 6") != std::string::npos);
+  const auto a = core::load_checkpoint((w.dir / "uninterrupted.ckpt").string());
+  const auto b = core::load_checkpoint(crashed.string());
+  CHECK(a.epoch == 6);
+  CHECK(b.epoch == 6);
+  // The rounds after the restart continued from the checkpoint: the kept ones are rounds 5 and 4.
+  CHECK(core::load_checkpoint(crashed.string() + ".1").epoch == 5);
+  CHECK(core::load_checkpoint(crashed.string() + ".2").epoch == 4);
+  const double diff = max_relative_difference(a, b);
+  MESSAGE(name << ": killed after round " << killed_after << "; final global model, max relative difference " << diff);
+  CHECK(diff <= 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("a server killed after round 3 resumes exactly: one device, fixed plan") {
+  check_resume_is_exact({1, false}, "resume-1");
+}
+
+TEST_CASE("a server killed after round 3 resumes exactly: two devices behind an edge, SplitFed") {
+  check_resume_is_exact({2, true}, "resume-edge");
+}
