@@ -6,10 +6,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -22,6 +18,7 @@
 #include "cleave/edge/edge_node.h"
 #include "cleave/server/server_node.h"
 #include "cleave/transport/certs.h"
+#include "cleave/transport/listener.h"
 #include "commands.h"
 
 namespace cleave::apps {
@@ -197,19 +194,6 @@ void run_agent(agent_options& o) {
   node.run();
 }
 
-// A free TCP port on loopback (for the demo's nodes).
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
   const pid_t pid = ::fork();
   if (pid < 0) throw core::error(std::string("fork failed: ") + std::strerror(errno));
@@ -333,7 +317,7 @@ void run_demo(const demo_options& o) {
   for (const auto& b : device_specs) device_backends.push_back(node_backend(b));
   if (device_backends.empty()) device_backends.push_back(backend);
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-  const auto server_port = free_port(), edge_port = free_port();
+  const auto server_port = transport::free_loopback_port(), edge_port = transport::free_loopback_port();
   const std::string sp = "127.0.0.1:" + std::to_string(server_port);
   const std::string ep = "127.0.0.1:" + std::to_string(edge_port);
   const std::string level = spdlog::level::to_string_view(spdlog::get_level()).data();

@@ -37,6 +37,17 @@ std::string train_one_device(const workspace& w, const std::string& be, server::
   return rs.error();
 }
 
+// A short run of one small federation, with or without a checkpoint in the workspace.
+server::server_config short_run(const workspace& w, const std::string& be, int rounds, int steps,
+                                bool checkpoint = true) {
+  auto sc = server_cfg(w, be);
+  sc.rounds = rounds;
+  sc.local_steps = steps;
+  sc.batch = 16;
+  if (checkpoint) sc.checkpoint = w.dir / "global.ckpt";
+  return sc;
+}
+
 }  // namespace
 
 TEST_CASE("a checkpoint path that cannot be written is refused before the server listens, naming it") {
@@ -66,11 +77,7 @@ TEST_CASE("a checkpoint path that cannot be written is refused before the server
 TEST_CASE("a checkpoint write that fails in round 2 is reported: round 1's file stays and training goes on") {
   const std::string be = test_backend();
   workspace w("ckpt-fail", 1, 512, 128);
-  auto sc = server_cfg(w, be);
-  sc.rounds = 3;
-  sc.local_steps = 3;
-  sc.batch = 16;
-  sc.checkpoint = w.dir / "global.ckpt";
+  auto sc = short_run(w, be, 3, 3);
   const fs::path blocker = sc.checkpoint.string() + ".next.tmp";  // where the write goes first
   std::int64_t epoch_before_round3_write = -1;
   sc.on_round = [&](const server::round_report& r) {    // called before the round's checkpoint
@@ -94,11 +101,7 @@ TEST_CASE("a checkpoint write that fails in round 2 is reported: round 1's file 
 TEST_CASE("the server's checkpoint is the trainer's format: a trainer evaluates it to the server's figures") {
   const std::string be = test_backend();
   workspace w("ckpt-eval", 1, 512, 128);
-  auto sc = server_cfg(w, be);
-  sc.rounds = 2;
-  sc.local_steps = 4;
-  sc.batch = 16;
-  sc.checkpoint = w.dir / "global.ckpt";
+  auto sc = short_run(w, be, 2, 4);
   std::vector<server::round_report> reports;
   REQUIRE(train_one_device(w, be, sc, reports) == "");
   REQUIRE(reports.size() == 2);
@@ -118,10 +121,7 @@ TEST_CASE("the server's checkpoint is the trainer's format: a trainer evaluates 
 TEST_CASE("--eval-every and --eval-samples: skipped rounds say so, subsets are fixed, the last round sees all") {
   const std::string be = test_backend();
   workspace w("ckpt-evalevery", 1, 512, 128);
-  auto sc = server_cfg(w, be);
-  sc.rounds = 5;
-  sc.local_steps = 2;
-  sc.batch = 16;
+  auto sc = short_run(w, be, 5, 2, false);
   sc.eval_every = 2;
   sc.eval_samples = 40;
   std::vector<server::round_report> reports;
@@ -147,11 +147,7 @@ TEST_CASE("--eval-every and --eval-samples: skipped rounds say so, subsets are f
 TEST_CASE("resuming: the same settings continue, other settings are refused naming them, --fresh needs --force") {
   const std::string be = test_backend();
   workspace w("ckpt-resume", 1, 512, 128);
-  auto sc = server_cfg(w, be);
-  sc.rounds = 2;
-  sc.local_steps = 3;
-  sc.batch = 16;
-  sc.checkpoint = w.dir / "global.ckpt";
+  auto sc = short_run(w, be, 2, 3);
   std::vector<server::round_report> first;
   REQUIRE(train_one_device(w, be, sc, first) == "");
   REQUIRE(first.size() == 2);

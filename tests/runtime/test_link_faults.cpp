@@ -7,6 +7,7 @@
 #include <cmath>
 #include <future>
 
+#include "cleave/transport/listener.h"
 #include "fault_proxy.h"
 #include "federation.h"
 
@@ -51,12 +52,6 @@ device::agent_config fault_agent(const workspace& w, std::uint32_t id, std::uint
   a.links.idle_timeout = std::chrono::milliseconds(1000);
   a.links.reconnect_max_s = 0.5;
   return a;
-}
-
-std::uint16_t free_port() {
-  asio::io_context io;
-  asio::ip::tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
-  return a.local_endpoint().port();
 }
 
 }  // namespace
@@ -164,7 +159,7 @@ TEST_CASE("an edge killed and restarted: no round runs without devices and devic
   runner rs([&] { srv.run(); });
   const auto sp = port.get_future().get();
   fault_proxy up(sp);  // counts the edge's connections to the server
-  const std::uint16_t ep = free_port();
+  const std::uint16_t ep = transport::free_loopback_port();
   const std::vector<std::string> edge_args = {"--log-level",
                                               "warn",
                                               "edge",

@@ -3,8 +3,6 @@
 // and continue with the right state, and the final global model equals that of a run nobody
 // interrupted. Real processes on loopback.
 #include <doctest/doctest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,24 +10,12 @@
 
 #include "../security/nodes.h"
 #include "cleave/core/checkpoint.h"
+#include "cleave/transport/listener.h"
 
 using namespace cleave;
 using namespace cleave::testing;
 
 namespace {
-
-// A port free on loopback now (the restarted server must listen where its devices look).
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 std::optional<core::checkpoint> try_load(const fs::path& p) {
   try {
@@ -68,7 +54,7 @@ struct federation_shape {
 // the round the server was killed after (0: not killed).
 std::int64_t run(const workspace& w, const federation_shape& f, const fs::path& ckpt, std::int64_t kill_after,
                  std::string& server_log) {
-  const std::uint16_t port = free_port();
+  const std::uint16_t port = transport::free_loopback_port();  // where the restarted server listens too
   auto args = server_args(w, 6, 8, f.devices,
                           {"--checkpoint", ckpt.string(), "--momentum", "0.9", "--lr", "0.0005", "--deadline", "60"});
   *(std::find(args.begin(), args.end(), "--listen") + 1) = "127.0.0.1:" + std::to_string(port);

@@ -304,4 +304,14 @@ std::uint64_t listener::n_refused() const {
   return impl_->n_refused_.load();
 }
 
+std::uint16_t free_loopback_port() {
+  asio::io_context io;
+  asio::ip::tcp::acceptor a(io);
+  asio::error_code ec;
+  a.open(asio::ip::tcp::v4(), ec);
+  if (!ec) a.bind({asio::ip::make_address_v4("127.0.0.1"), 0}, ec);
+  if (ec) throw core::error("no free port on loopback: " + ec.message());
+  return a.local_endpoint().port();
+}
+
 }  // namespace cleave::transport

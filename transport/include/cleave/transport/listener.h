@@ -61,4 +61,8 @@ class listener {
   std::shared_ptr<detail::listener_impl> impl_;
 };
 
+// A TCP port free on loopback now, for a node that must be found at the same port again after a
+// restart (another process may take it meanwhile). Throws core::error when none can be had.
+std::uint16_t free_loopback_port();
+
 }  // namespace cleave::transport
