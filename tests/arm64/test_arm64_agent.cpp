@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -21,15 +22,10 @@ constexpr double federation_seconds = 240;
 
 // The ELF machine of a file (0 when it is not a little-endian ELF file); 183 is EM_AARCH64.
 int elf_machine(const fs::path& p) {
+  constexpr unsigned char elf_magic[4] = {0x7f, 'E', 'L', 'F'};
   std::ifstream f(p, std::ios::binary);
   unsigned char h[20] = {};
-  if (!f.read(reinterpret_cast<char*>(h), sizeof h) ||
-      std::memcmp(h,
-                  "\x7f"
-                  "ELF",
-                  4) != 0 ||
-      h[5] != 1)
-    return 0;
+  if (!f.read(reinterpret_cast<char*>(h), sizeof h) || std::memcmp(h, elf_magic, 4) != 0 || h[5] != 1) return 0;
   return h[18] | h[19] << 8;
 }
 constexpr int em_aarch64 = 183;
@@ -158,6 +154,7 @@ TEST_CASE("an arm64 agent under qemu trains through an x86-64 edge as an x86-64 
   const trained on_arm64 = train_through_edge(w, "arm64", {qemu, arm64.string()});
   const trained on_x86 = train_through_edge(w, "x86-64", {CLEAVE_BINARY});
 
+  CHECK(on_x86.route == "device[0,3) edge[3,7) server[7,12)");
   CHECK(on_arm64.route == on_x86.route);
   // The rounds trained: the model moved from round 1 to round 2.
   CHECK(max_rel_diff(on_x86.round2, on_x86.round1) > 1e-3);
