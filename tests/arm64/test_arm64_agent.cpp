@@ -49,14 +49,17 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return worst;
 }
 
+// The global model's parameters in a server checkpoint written after `round`: every "p:" tensor
+// (the trainer's format), in the order the checkpoint lists them.
 std::vector<float> global_params(const fs::path& checkpoint, std::int64_t round) {
   REQUIRE_MESSAGE(fs::exists(checkpoint), "the server wrote no checkpoint " << checkpoint);
   const auto ck = core::load_checkpoint(checkpoint.string());
   CHECK(ck.epoch == round);
+  std::vector<float> out;
   for (const auto& t : ck.tensors)
-    if (t.name == "global:params") return t.values;
-  FAIL("checkpoint " << checkpoint << " holds no global:params");
-  return {};
+    if (t.name.rfind("p:", 0) == 0) out.insert(out.end(), t.values.begin(), t.values.end());
+  REQUIRE_MESSAGE(!out.empty(), "checkpoint " << checkpoint << " holds no parameters");
+  return out;
 }
 
 struct trained {
@@ -68,7 +71,8 @@ struct trained {
 // [3,7) on edge-1, the rest on the server; server and edge are this x86-64 build on the
 // reference backend, the agent is `agent_command` on onednn. `tag` names the logs and files.
 trained train_through_edge(const workspace& w, const std::string& tag, const std::vector<std::string>& agent_command) {
-  const fs::path checkpoint = w.dir / (tag + "-round{round}.ckpt");
+  // After round 2 the server's checkpoint holds round 2, and the one it keeps beside it round 1.
+  const fs::path checkpoint = w.dir / (tag + ".ckpt");
   const std::string idle = "120";  // seconds without a frame: emulated nodes answer late
   node server(w, tag + "-server",
               {"--log-level",
@@ -128,8 +132,8 @@ trained train_through_edge(const workspace& w, const std::string& tag, const std
   const auto at = log.find(route_at);
   REQUIRE_MESSAGE(at != std::string::npos, log);
   t.route = log.substr(at + route_at.size(), log.find('\n', at) - at - route_at.size());
-  t.round1 = global_params(w.dir / (tag + "-round1.ckpt"), 1);
-  t.round2 = global_params(w.dir / (tag + "-round2.ckpt"), 2);
+  t.round1 = global_params(checkpoint.string() + ".1", 1);
+  t.round2 = global_params(checkpoint, 2);
   return t;
 }
 
