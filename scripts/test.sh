@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite (CTest).
+# Installs what is missing, builds, cross-builds the arm64 cleave (scripts/cross-arm64.sh, into
+# build-arm64/; CLEAVE_ARM64=0 leaves it out and its test skips), and runs the whole test suite
+# (CTest), the arm64 agent under qemu-user included.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/build.sh"
+if [ "${CLEAVE_ARM64:-1}" != 0 ]; then
+  "$root/scripts/cross-arm64.sh" "$root/build-arm64"
+fi
 jobs=$(nproc 2>/dev/null || echo 2)
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 ctest --test-dir "$root/build" --output-on-failure -j "$jobs" "$@"

@@ -274,21 +274,29 @@ inline std::vector<std::string> agent_argv(const workspace& w, int id, std::uint
           backend};
 }
 
-// A process of the cleave binary with these arguments (its output to `log` when given).
-inline pid_t spawn_cleave(const std::vector<std::string>& args, const fs::path& log = {}) {
+// A process of `command` (a program and its first arguments) followed by `args` (its output
+// to `log` when given).
+inline pid_t spawn_program(const std::vector<std::string>& command, const std::vector<std::string>& args,
+                           const fs::path& log = {}) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     if (!log.empty()) {
       std::FILE* f = std::freopen(log.c_str(), "w", stderr);
       if (f) ::dup2(::fileno(f), STDOUT_FILENO);
     }
-    std::vector<char*> argv{const_cast<char*>(CLEAVE_BINARY)};
+    std::vector<char*> argv;
+    for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    ::execv(CLEAVE_BINARY, argv.data());
+    ::execv(argv[0], argv.data());
     ::_exit(127);
   }
   return pid;
+}
+
+// A process of the cleave binary with these arguments (its output to `log` when given).
+inline pid_t spawn_cleave(const std::vector<std::string>& args, const fs::path& log = {}) {
+  return spawn_program({CLEAVE_BINARY}, args, log);
 }
 
 // A device agent as a process of the cleave binary; `extra` arguments go last.

@@ -41,11 +41,14 @@ inline std::string read_file(const fs::path& p) {
 }
 
 // A cleave process whose stdout and stderr go to a log file; killed if still running at the end.
+// `command` runs another build of cleave (or this one through a wrapper such as an emulator):
+// a program and its first arguments, before `args`.
 class node {
  public:
-  node(const workspace& w, const std::string& name, const std::vector<std::string>& args)
+  node(const workspace& w, const std::string& name, const std::vector<std::string>& args,
+       const std::vector<std::string>& command = {CLEAVE_BINARY})
       : log_(w.dir / (name + ".log")) {
-    pid_ = spawn_cleave(args, log_);
+    pid_ = spawn_program(command, args, log_);
     REQUIRE(pid_ > 0);
   }
   ~node() {
