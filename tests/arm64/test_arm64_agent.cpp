@@ -39,16 +39,6 @@ std::string on_path(const std::string& name) {
   return {};
 }
 
-// Worst |a - b| / max(1e-3, |b|) over the elements (the runtime tests' measure).
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(
-        worst, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1e-3, std::fabs(static_cast<double>(b[i]))));
-  return worst;
-}
-
 // The global model's parameters in a server checkpoint written after `round`: every "p:" tensor
 // (the trainer's format), in the order the checkpoint lists them.
 std::vector<float> global_params(const fs::path& checkpoint, std::int64_t round) {

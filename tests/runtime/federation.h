@@ -6,8 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -62,6 +64,16 @@ inline fs::path make_idx_data(const fs::path& dir, int n_train, int n_test) {
     std::ofstream(dir / (std::string(prefix) + "-labels-idx1-ubyte"), std::ios::binary) << lab;
   }
   return dir;
+}
+
+// Worst |a - b| / max(1e-3, |b|) over the elements: how far one run's parameters are from another's.
+inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(
+        worst, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1e-3, std::fabs(static_cast<double>(b[i]))));
+  return worst;
 }
 
 // The backend the runtime tests use: onednn where built, else the reference.

@@ -51,15 +51,6 @@ std::vector<float> local_training(const workspace& w, const std::string& be, con
   return p;
 }
 
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(
-        worst, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1e-3, std::fabs(static_cast<double>(b[i]))));
-  return worst;
-}
-
 struct plan_shape {
   const char* name;
   bool edge, u_shape;
