@@ -1,7 +1,9 @@
-// `cleave certs init|issue`: thin command-line layer over transport/certs.h.
+// `cleave certs init|issue|renew|revoke`: thin command-line layer over transport/certs.h.
 #include "cmd_certs.h"
 
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -32,6 +34,63 @@ struct issue_args {
   std::uint32_t id = 0;
   bool force = false;
 };
+
+struct renew_args {
+  std::string dir = "certs";
+  std::string name;
+  int days = 0;  // 0: as long as the previous certificate
+  bool revoke_old = false;
+};
+
+struct revoke_args {
+  std::string dir = "certs";
+  std::string name;
+  std::string cert;
+  std::string reason = "unspecified";
+};
+
+// What the nodes must do to take a new revocation list in: the same on every path that writes one.
+void print_revocation(const transport::revocation& r) {
+  if (r.already) {
+    std::cout << "certificate '" << r.name << "' (serial " << r.serial << ") was already revoked; " << r.crl.string()
+              << " unchanged (" << r.n_revoked << " revoked)\n";
+    return;
+  }
+  std::cout << "revoked certificate '" << r.name << "' (serial " << r.serial << ")\n"
+            << "  revocation list " << r.crl.string() << " (" << r.n_revoked << " revoked)\n"
+            << "  copy it to the certificate directory of every server and edge (and device), then send them SIGHUP:\n"
+            << "  new handshakes with that certificate are refused, and its open sessions are closed\n";
+}
+
+void run_renew(const renew_args& a) {
+  transport::renew_options opts;
+  if (a.days) opts.valid_days = a.days;
+  opts.revoke_previous = a.revoke_old;
+  const auto r = transport::renew_certificate(a.dir, a.name, opts);
+  const auto days =
+      std::chrono::duration_cast<std::chrono::hours>(r.current.not_after - r.current.not_before).count() / 24;
+  std::cout << "renewed " << core::tier_name(*r.current.role) << " '" << r.current.name << "'"
+            << (r.current.node_id ? " (id " + std::to_string(*r.current.node_id) + ")" : "") << ": new key, serial "
+            << r.current.serial << ", valid for " << days << " days\n"
+            << "  certificate " << r.files.cert.string() << "\n"
+            << "  key         " << r.files.key.string() << " (mode 0600)\n"
+            << "  give both to the node (or rebuild its kit with `cleave provision`) and send it SIGHUP\n";
+  if (r.revoked)
+    print_revocation(*r.revoked);
+  else
+    std::cout << "  the previous certificate (serial " << r.previous.serial
+              << ") stays valid until it expires; revoke it with --revoke-old or `cleave certs revoke --cert FILE`\n";
+}
+
+void run_revoke(const revoke_args& a) {
+  const auto reason = transport::revocation_reason_from_name(a.reason);
+  if (!reason) throw core::error("--reason '" + a.reason + "': unknown reason");
+  if (a.name.empty() == a.cert.empty()) throw core::error("give a node NAME or --cert FILE (one of them)");
+  if (!a.name.empty() && !transport::valid_node_name(a.name)) throw core::error("invalid node name '" + a.name + "'");
+  const std::filesystem::path cert =
+      a.cert.empty() ? std::filesystem::path(a.dir) / (a.name + ".crt") : std::filesystem::path(a.cert);
+  print_revocation(transport::revoke_certificate(a.dir, cert, *reason));
+}
 
 void run_init(const init_args& a) {
   transport::ca_options opts;
@@ -67,7 +126,7 @@ void run_issue(const issue_args& a) {
 }  // namespace
 
 void register_certs_command(CLI::App& app) {
-  auto* certs = app.add_subcommand("certs", "Provision the federation CA and node certificates");
+  auto* certs = app.add_subcommand("certs", "Provision, renew and revoke the federation CA's node certificates");
   certs->require_subcommand(1);
 
   auto ia = std::make_shared<init_args>();
@@ -96,6 +155,32 @@ void register_certs_command(CLI::App& app) {
       ->check(CLI::Range(1u, transport::max_node_id));
   issue->add_flag("--force", ua->force, "Replace an existing certificate and key");
   issue->callback([ua] { run_issue(*ua); });
+
+  auto ra = std::make_shared<renew_args>();
+  auto* renew = certs->add_subcommand(
+      "renew", "Replace a node's key and certificate: same name, role, id and alt names; new serial and validity");
+  renew->add_option("name", ra->name, "Node name (DIR/NAME.crt must exist)")->required();
+  renew->add_option("--dir", ra->dir, "Directory of the CA and the node's certificate")->capture_default_str();
+  renew->add_option("--days", ra->days, "Validity in days (default: that of the previous certificate)")
+      ->check(CLI::Range(1, 36500));
+  renew->add_flag("--revoke-old", ra->revoke_old,
+                  "Put the previous certificate on the revocation list at once (reason superseded)");
+  renew->callback([ra] { run_renew(*ra); });
+
+  auto va = std::make_shared<revoke_args>();
+  auto* revoke = certs->add_subcommand(
+      "revoke", "Put a node's certificate on the CA's revocation list DIR/ca.crl (created or re-signed)");
+  revoke->add_option("name", va->name, "Node name: revokes DIR/NAME.crt");
+  revoke->add_option("--cert", va->cert, "Revoke this certificate file instead (one the CA issued)");
+  revoke->add_option("--dir", va->dir, "Directory of the CA")->capture_default_str();
+  revoke
+      ->add_option("--reason", va->reason,
+                   "unspecified, key-compromise, affiliation-changed, superseded, cessation-of-operation or "
+                   "privilege-withdrawn")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"unspecified", "key-compromise", "affiliation-changed", "superseded",
+                             "cessation-of-operation", "privilege-withdrawn"}));
+  revoke->callback([va] { run_revoke(*va); });
 }
 
 }  // namespace cleave::apps

@@ -7,8 +7,8 @@ class App;
 
 namespace cleave::apps {
 
-// Adds `certs init` and `certs issue NAME --role server|edge|device` to `app`. Failures are
-// thrown as cleave::core::error.
+// Adds `certs init`, `certs issue NAME --role server|edge|device`, `certs renew NAME` and
+// `certs revoke NAME` to `app`. Failures are thrown as cleave::core::error.
 void register_certs_command(CLI::App& app);
 
 }  // namespace cleave::apps

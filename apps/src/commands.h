@@ -5,8 +5,9 @@
 
 namespace cleave::apps {
 
-void register_train_commands(CLI::App& app);  // train, eval, backends, models
-void register_certs_command(CLI::App& app);   // certs init / issue
-void register_node_commands(CLI::App& app);   // server, edge, agent, demo
+void register_train_commands(CLI::App& app);     // train, eval, backends, models
+void register_certs_command(CLI::App& app);      // certs init / issue / renew / revoke
+void register_provision_command(CLI::App& app);  // provision (startup kits)
+void register_node_commands(CLI::App& app);      // server, edge, agent, demo
 
 }  // namespace cleave::apps

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   cleave::apps::register_node_commands(app);
 #ifdef CLEAVE_HAVE_CERTS_COMMAND
   cleave::apps::register_certs_command(app);
+  cleave::apps::register_provision_command(app);
 #endif
   try {
     app.parse(argc, argv);

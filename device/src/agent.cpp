@@ -458,6 +458,7 @@ int agent::impl::run() {
   up_.emplace(ex_, *tls_, c_.upstream_host, c_.upstream_port, c_.upstream_name, upstream_roles(c_), c_.links,
               runtime::upstream::handlers{[this](const runtime::session_ptr& s) { on_connected(s); },
                                           [this](transport::message m) { on_message(std::move(m)); }, lost});
+  ex_.on_reload([this] { runtime::reload_credentials(ex_, *tls_, nullptr, &*up_); });
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("device {}: {}", c_.id, why);
     ex_.post_compute([this] {  // the round in progress ends

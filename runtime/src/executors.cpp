@@ -39,9 +39,33 @@ executors::~executors() {
 void executors::stop_on_signals() {
   signals_.add(SIGINT);
   signals_.add(SIGTERM);
+  signals_.add(SIGHUP);
+  wait_for_signal();
+}
+
+void executors::wait_for_signal() {
   signals_.async_wait([this](const std::error_code& ec, int sig) {
-    if (!ec) begin_stop(sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
+    if (ec || stopping_) return;
+    if (sig == SIGHUP) {
+      run_reload("SIGHUP");
+      wait_for_signal();
+      return;
+    }
+    begin_stop(sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
   });
+}
+
+void executors::run_reload(const char* why) {
+  if (!reload_) {
+    spdlog::info("{}: {}: nothing to reload", who_, why);
+    return;
+  }
+  spdlog::info("{}: {}: reloading", who_, why);
+  try {
+    reload_();
+  } catch (const std::exception& e) {  // a reload never takes the node down
+    spdlog::error("{}: reload failed, running on as before: {}", who_, e.what());
+  }
 }
 
 void executors::run() {

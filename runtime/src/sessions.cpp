@@ -90,6 +90,7 @@ void link_schedule::apply(session& s) const {
 acceptor::acceptor(executors& ex, const transport::tls_context& tls, const std::string& host, std::uint16_t port,
                    std::vector<std::string> allowed, const link_settings& links, handlers h)
     : ex_(ex),
+      tls_(tls),
       listener_(ex.io().get_executor(), tls, asio::ip::tcp::endpoint(asio::ip::make_address(host), port),
                 listen_options(std::move(allowed), links)),
       h_(std::move(h)) {
@@ -112,6 +113,9 @@ asio::awaitable<void> acceptor::serve(session_ptr s) {
   if (!first) co_return;
   std::string refused;
   try {
+    // A handshake that began before a reload met the previous list.
+    if (tls_.revokes(s->ch.peer_serial()))
+      throw core::error("certificate '" + s->identity + "' (serial " + s->ch.peer_serial() + ") is revoked");
     check_hello(*s, *first);
     h_.on_hello(s, *first);
   } catch (const core::error& e) {
@@ -156,6 +160,20 @@ void acceptor::close(const session_ptr& s, const std::string& why) {
   sessions_.remove(s);
   h_.on_closed(s, why);
   ex_.spawn(close_channel(s), "closing a session");
+}
+
+std::size_t acceptor::close_revoked() {
+  std::size_t n = 0;
+  const auto all = sessions_;
+  for (const auto& s : all) {
+    if (!tls_.revokes(s->ch.peer_serial())) continue;
+    const std::string why = "certificate '" + s->identity + "' (serial " + s->ch.peer_serial() + ") is revoked";
+    spdlog::warn("{}: closing the session of {} ({}): {}", ex_.who(), s->identity, s->ch.remote(), why);
+    s->post(transport::make_error(wire::ErrorCode::refused, why));
+    close(s, why);
+    ++n;
+  }
+  return n;
 }
 
 asio::awaitable<void> acceptor::shutdown() {
@@ -331,6 +349,28 @@ void upstream::drop(const std::string& why) {
   spdlog::error("{}: dropping the link to {}: {}", ex_.who(), s->identity, why);
   s->post(transport::make_error(wire::ErrorCode::bad_message, why));
   ex_.spawn(close_channel(s), "dropping a link");
+}
+
+bool upstream::drop_revoked() {
+  const auto s = current();
+  if (!s || !tls_.revokes(s->ch.peer_serial())) return false;
+  spdlog::warn("{}: closing the link to {} ({}): its certificate (serial {}) is revoked", ex_.who(), s->identity,
+               s->ch.remote(), s->ch.peer_serial());
+  ex_.spawn(close_channel(s), "dropping a link");
+  return true;
+}
+
+void reload_credentials(const executors& ex, transport::tls_context& tls, acceptor* below, upstream* above) {
+  std::string loaded;
+  try {
+    loaded = tls.reload();
+  } catch (const core::error& e) {
+    spdlog::error("{}: reload refused, the certificates in use stay: {}", ex.who(), e.what());
+    return;
+  }
+  spdlog::info("{}: reloaded for new connections: {}", ex.who(), loaded);
+  if (below) below->close_revoked();
+  if (above) above->drop_revoked();
 }
 
 asio::awaitable<void> upstream::shutdown() {

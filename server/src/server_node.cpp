@@ -394,6 +394,7 @@ round_report server_node::impl::run() {
       c_.local_steps, c_.batch, split::aggregate_name(c_.aggregate), be_->name(), be_->device_name(), c_.listen_host,
       acceptor_->port());
   if (c_.on_listening) c_.on_listening(acceptor_->port());
+  ex_.on_reload([this] { runtime::reload_credentials(ex_, *tls_, &*acceptor_, nullptr); });
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("server: {}", why);
     round_.at = phase::idle;

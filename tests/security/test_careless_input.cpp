@@ -236,3 +236,35 @@ TEST_CASE("a device certificate binds an id: given with --id or read from a name
   const auto named = run_cleave({"certs", "issue", "device-4", "--role", "device", "--dir", certs});
   CHECK_MESSAGE(has(named, "device 'device-4' (id 4)"), named.output);
 }
+
+TEST_CASE("certs renew and revoke name what is wrong: no node, an unknown node or reason, a bad lifetime") {
+  scratch s;
+  const auto certs = (s.dir / "certs").string();
+  REQUIRE(run_cleave({"certs", "init", "--dir", certs}).status == 0);
+  REQUIRE(run_cleave({"certs", "issue", "device-1", "--role", "device", "--dir", certs, "--days", "40"}).status == 0);
+  const auto none = run_cleave({"certs", "revoke", "--dir", certs});
+  CHECK(none.status == 1);
+  CHECK_MESSAGE(has(none, "give a node NAME or --cert FILE"), none.output);
+  const auto nobody = run_cleave({"certs", "revoke", "nobody", "--dir", certs});
+  CHECK(nobody.status == 1);
+  CHECK_MESSAGE(has(nobody, "certificate not found: " + certs + "/nobody.crt"), nobody.output);
+  const auto reason = run_cleave({"certs", "revoke", "device-1", "--reason", "lost", "--dir", certs});
+  CHECK(reason.status != 0);
+  CHECK_MESSAGE(has(reason, "--reason"), reason.output);
+  CHECK_FALSE(fs::exists(s.dir / "certs" / "ca.crl"));
+  const auto renew_nobody = run_cleave({"certs", "renew", "nobody", "--dir", certs});
+  CHECK(renew_nobody.status == 1);
+  CHECK_MESSAGE(has(renew_nobody, "no certificate of 'nobody' in " + certs), renew_nobody.output);
+  const auto days = run_cleave({"certs", "renew", "device-1", "--days", "0", "--dir", certs});
+  CHECK(days.status != 0);
+  CHECK_MESSAGE(has(days, "--days"), days.output);
+  const auto renewed = run_cleave({"certs", "renew", "device-1", "--dir", certs});
+  CHECK(renewed.status == 0);
+  CHECK_MESSAGE(has(renewed, "renewed device 'device-1' (id 1): new key, serial "), renewed.output);
+  CHECK_MESSAGE(has(renewed, "valid for 40 days"), renewed.output);
+  CHECK(has(renewed, ") stays valid until it expires; revoke it with --revoke-old"));
+  const auto revoked = run_cleave({"certs", "revoke", "device-1", "--dir", certs});
+  CHECK(revoked.status == 0);
+  CHECK_MESSAGE(has(revoked, "revocation list " + certs + "/ca.crl (1 revoked)"), revoked.output);
+  CHECK(has(run_cleave({"certs", "revoke", "device-1", "--dir", certs}), "was already revoked"));
+}

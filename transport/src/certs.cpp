@@ -1,12 +1,15 @@
-// Federation provisioning with OpenSSL 3: CA creation, node key + certificate issuance, checks.
+// Federation provisioning with OpenSSL 3: CA creation, node key + certificate issuance, renewal,
+// revocation lists, checks.
 #include "cleave/transport/certs.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <openssl/pem.h>
 #include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -31,6 +34,15 @@ std::string pem_of_key(EVP_PKEY* key) {
   bio_ptr bio(BIO_new(BIO_s_mem()));
   CLEAVE_CHECK_SSL(bio);
   CLEAVE_CHECK_SSL(PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr));
+  char* p = nullptr;
+  const long n = BIO_get_mem_data(bio.get(), &p);
+  return std::string(p, static_cast<std::size_t>(n));
+}
+
+std::string pem_of_crl(X509_CRL* crl) {
+  bio_ptr bio(BIO_new(BIO_s_mem()));
+  CLEAVE_CHECK_SSL(bio);
+  CLEAVE_CHECK_SSL(PEM_write_bio_X509_CRL(bio.get(), crl));
   char* p = nullptr;
   const long n = BIO_get_mem_data(bio.get(), &p);
   return std::string(p, static_cast<std::size_t>(n));
@@ -264,6 +276,7 @@ certificate_info read_certificate_info(const fs::path& path) {
   const auto cert = load_certificate(path, "certificate");
   certificate_info info;
   info.name = common_name(cert.get());
+  info.serial = serial_hex(X509_get0_serialNumber(cert.get()));
   info.role = certificate_role(cert.get());
   info.node_id = certificate_node_id(cert.get());
   if (const X509_NAME* issuer = X509_get_issuer_name(cert.get())) {
@@ -282,6 +295,221 @@ certificate_info read_certificate_info(const fs::path& path) {
   info.not_after = asn1_time_point(X509_get0_notAfter(cert.get()));
   ERR_clear_error();
   return info;
+}
+
+namespace {
+
+struct reason_code {
+  revocation_reason reason;
+  const char* name;
+  int code;  // RFC 5280 CRLReason
+};
+constexpr reason_code reason_codes[] = {
+    {revocation_reason::unspecified, "unspecified", 0},
+    {revocation_reason::key_compromise, "key-compromise", 1},
+    {revocation_reason::affiliation_changed, "affiliation-changed", 3},
+    {revocation_reason::superseded, "superseded", 4},
+    {revocation_reason::cessation_of_operation, "cessation-of-operation", 5},
+    {revocation_reason::privilege_withdrawn, "privilege-withdrawn", 9},
+};
+
+revocation_reason reason_of(const X509_REVOKED* r) {
+  int crit = 0;
+  auto* e = static_cast<ASN1_ENUMERATED*>(X509_REVOKED_get_ext_d2i(r, NID_crl_reason, &crit, nullptr));
+  if (!e) return revocation_reason::unspecified;
+  const long code = ASN1_ENUMERATED_get(e);
+  ASN1_ENUMERATED_free(e);
+  for (const auto& c : reason_codes)
+    if (c.code == code) return c.reason;
+  return revocation_reason::unspecified;
+}
+
+// The revocation list in `dir`, checked against the CA certificate; none when there is no file.
+x509_crl_ptr load_ca_crl(const fs::path& dir, X509* ca) {
+  const fs::path path = dir / ca_crl_file;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return nullptr;
+  auto crl = load_crl(path, "revocation list");
+  if (auto why = crl_problem(crl.get(), ca))
+    throw core::error("revocation list " + path.string() + " is not the CA's: " + *why);
+  return crl;
+}
+
+std::size_t n_entries(X509_CRL* crl) {
+  const STACK_OF(X509_REVOKED)* revs = crl ? X509_CRL_get_REVOKED(crl) : nullptr;
+  return revs ? static_cast<std::size_t>(sk_X509_REVOKED_num(revs)) : 0;
+}
+
+// Adds `cert` to the CA's list (a new list when there is none), signs it and writes it.
+revocation add_to_crl(const fs::path& dir, const loaded_ca& ca, X509* cert, revocation_reason reason) {
+  revocation out;
+  out.name = common_name(cert);
+  out.serial = serial_hex(X509_get0_serialNumber(cert));
+  out.crl = dir / ca_crl_file;
+  const x509_crl_ptr old = load_ca_crl(dir, ca.cert.get());
+  X509_REVOKED* listed = nullptr;
+  if (old &&
+      X509_CRL_get0_by_serial(old.get(), &listed, const_cast<ASN1_INTEGER*>(X509_get0_serialNumber(cert))) == 1) {
+    out.already = true;
+    out.n_revoked = n_entries(old.get());
+    return out;
+  }
+  ERR_clear_error();
+
+  x509_crl_ptr crl(X509_CRL_new());
+  CLEAVE_CHECK_SSL(crl);
+  CLEAVE_CHECK_SSL(X509_CRL_set_version(crl.get(), X509_CRL_VERSION_2));
+  CLEAVE_CHECK_SSL(X509_CRL_set_issuer_name(crl.get(), X509_get_subject_name(ca.cert.get())));
+  const std::time_t now = std::time(nullptr);
+  // Backdated a minute as certificates are, for nodes whose clock is slightly behind.
+  asn1_time_ptr last(ASN1_TIME_set(nullptr, now - 60));
+  CLEAVE_CHECK_SSL(last);
+  CLEAVE_CHECK_SSL(X509_CRL_set1_lastUpdate(crl.get(), last.get()));
+  CLEAVE_CHECK_SSL(X509_CRL_set1_nextUpdate(crl.get(), X509_get0_notAfter(ca.cert.get())));
+  if (old) {
+    const STACK_OF(X509_REVOKED)* revs = X509_CRL_get_REVOKED(old.get());
+    for (int i = 0; revs && i < sk_X509_REVOKED_num(revs); ++i) {
+      x509_revoked_ptr copy(X509_REVOKED_dup(sk_X509_REVOKED_value(revs, i)));
+      CLEAVE_CHECK_SSL(copy);
+      CLEAVE_CHECK_SSL(X509_CRL_add0_revoked(crl.get(), copy.get()));
+      copy.release();  // the list owns it now
+    }
+  }
+  x509_revoked_ptr entry(X509_REVOKED_new());
+  CLEAVE_CHECK_SSL(entry);
+  CLEAVE_CHECK_SSL(X509_REVOKED_set_serialNumber(entry.get(), const_cast<ASN1_INTEGER*>(X509_get0_serialNumber(cert))));
+  asn1_time_ptr when(ASN1_TIME_set(nullptr, now));
+  CLEAVE_CHECK_SSL(when);
+  CLEAVE_CHECK_SSL(X509_REVOKED_set_revocationDate(entry.get(), when.get()));
+  if (reason != revocation_reason::unspecified) {  // RFC 5280: unspecified is left out
+    std::unique_ptr<ASN1_ENUMERATED, ssl_deleter<ASN1_ENUMERATED_free>> code(ASN1_ENUMERATED_new());
+    CLEAVE_CHECK_SSL(code);
+    for (const auto& c : reason_codes)
+      if (c.reason == reason) CLEAVE_CHECK_SSL(ASN1_ENUMERATED_set(code.get(), c.code));
+    CLEAVE_CHECK_SSL(X509_REVOKED_add1_ext_i2d(entry.get(), NID_crl_reason, code.get(), 0, 0) == 1);
+  }
+  CLEAVE_CHECK_SSL(X509_CRL_add0_revoked(crl.get(), entry.get()));
+  entry.release();
+
+  // CRL number: one above the previous list's.
+  bignum_ptr number(BN_new());
+  CLEAVE_CHECK_SSL(number);
+  if (old) {
+    if (auto* n = static_cast<ASN1_INTEGER*>(X509_CRL_get_ext_d2i(old.get(), NID_crl_number, nullptr, nullptr))) {
+      number.reset(ASN1_INTEGER_to_BN(n, nullptr));
+      ASN1_INTEGER_free(n);
+      CLEAVE_CHECK_SSL(number);
+    }
+  }
+  CLEAVE_CHECK_SSL(BN_add_word(number.get(), 1));
+  asn1_integer_ptr crl_number(BN_to_ASN1_INTEGER(number.get(), nullptr));
+  CLEAVE_CHECK_SSL(crl_number);
+  CLEAVE_CHECK_SSL(X509_CRL_add1_ext_i2d(crl.get(), NID_crl_number, crl_number.get(), 0, 0) == 1);
+  CLEAVE_CHECK_SSL(X509_CRL_sort(crl.get()));
+  CLEAVE_CHECK_SSL(X509_CRL_sign(crl.get(), ca.key.get(), EVP_sha256()) > 0);
+  write_file(out.crl, pem_of_crl(crl.get()), 0644);
+  out.n_revoked = n_entries(crl.get());
+  return out;
+}
+
+void check_issued_by(X509* cert, X509* ca, const fs::path& cert_path, const fs::path& dir) {
+  EVP_PKEY* pub = X509_get0_pubkey(ca);
+  if (X509_check_issued(ca, cert) != X509_V_OK || !pub || X509_verify(cert, pub) != 1) {
+    ERR_clear_error();
+    throw core::error("certificate " + cert_path.string() + " was not issued by the CA in " + dir.string());
+  }
+}
+
+// The DNS and IP subjectAltNames of `cert`, except DNS:<its name> (issue_certificate adds that).
+void alt_names(X509* cert, std::vector<std::string>& dns, std::vector<std::string>& ips) {
+  auto* names = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  const std::string self = common_name(cert);
+  for (int i = 0; names && i < sk_GENERAL_NAME_num(names); ++i) {
+    const GENERAL_NAME* n = sk_GENERAL_NAME_value(names, i);
+    if (n->type == GEN_DNS) {
+      std::string d(reinterpret_cast<const char*>(ASN1_STRING_get0_data(n->d.dNSName)),
+                    static_cast<std::size_t>(ASN1_STRING_length(n->d.dNSName)));
+      if (d != self) dns.push_back(std::move(d));
+    } else if (n->type == GEN_IPADD) {
+      const int len = ASN1_STRING_length(n->d.iPAddress);
+      char text[INET6_ADDRSTRLEN] = {};
+      if ((len == 4 || len == 16) &&
+          ::inet_ntop(len == 4 ? AF_INET : AF_INET6, ASN1_STRING_get0_data(n->d.iPAddress), text, sizeof text))
+        ips.emplace_back(text);
+    }
+  }
+  GENERAL_NAMES_free(names);
+  ERR_clear_error();
+}
+
+}  // namespace
+
+std::string_view revocation_reason_name(revocation_reason r) {
+  for (const auto& c : reason_codes)
+    if (c.reason == r) return c.name;
+  return "unspecified";
+}
+
+std::optional<revocation_reason> revocation_reason_from_name(std::string_view name) {
+  for (const auto& c : reason_codes)
+    if (name == c.name) return c.reason;
+  return std::nullopt;
+}
+
+revocation revoke_certificate(const fs::path& ca_dir, const fs::path& cert_path, revocation_reason reason) {
+  const loaded_ca ca = load_ca(ca_dir);
+  const auto cert = load_certificate(cert_path, "certificate");
+  check_issued_by(cert.get(), ca.cert.get(), cert_path, ca_dir);
+  return add_to_crl(ca_dir, ca, cert.get(), reason);
+}
+
+std::vector<revoked_entry> read_revocations(const fs::path& ca_dir) {
+  const auto ca = load_certificate(ca_dir / ca_cert_file, "CA certificate");
+  const auto crl = load_ca_crl(ca_dir, ca.get());
+  std::vector<revoked_entry> out;
+  const STACK_OF(X509_REVOKED)* revs = crl ? X509_CRL_get_REVOKED(crl.get()) : nullptr;
+  for (int i = 0; revs && i < sk_X509_REVOKED_num(revs); ++i) {
+    const X509_REVOKED* r = sk_X509_REVOKED_value(revs, i);
+    out.push_back({serial_hex(X509_REVOKED_get0_serialNumber(r)), asn1_time_point(X509_REVOKED_get0_revocationDate(r)),
+                   reason_of(r)});
+  }
+  return out;
+}
+
+renewal renew_certificate(const fs::path& ca_dir, std::string_view name, const renew_options& opts) {
+  if (!valid_node_name(name)) throw core::error("invalid node name '" + std::string(name) + "'");
+  const fs::path cert_path = ca_dir / (std::string(name) + ".crt");
+  std::error_code ec;
+  if (!fs::exists(cert_path, ec))
+    throw core::error("no certificate of '" + std::string(name) + "' in " + ca_dir.string() +
+                      " to renew (issue one with `cleave certs issue`)");
+  const loaded_ca ca = load_ca(ca_dir);
+  const auto old = load_certificate(cert_path, "certificate");
+  check_issued_by(old.get(), ca.cert.get(), cert_path, ca_dir);
+  renewal out;
+  out.previous = read_certificate_info(cert_path);
+  if (out.previous.name != name)
+    throw core::error("certificate " + cert_path.string() + " is for '" + out.previous.name + "', not '" +
+                      std::string(name) + "'");
+  if (!out.previous.role) throw core::error("certificate " + cert_path.string() + " holds no role");
+
+  issue_options io;
+  io.role = *out.previous.role;
+  if (opts.valid_days) {
+    io.valid_days = *opts.valid_days;
+  } else {
+    const auto held =
+        std::chrono::duration_cast<std::chrono::seconds>(out.previous.not_after - out.previous.not_before);
+    io.valid_days = static_cast<int>(std::clamp<std::int64_t>(held.count() / 86400, 1, 36500));
+  }
+  if (const std::string bound = subject_entry(old.get(), NID_serialNumber); !bound.empty())
+    io.node_id = node_id_of(name, bound);
+  alt_names(old.get(), io.dns_names, io.ip_addresses);
+  io.overwrite = true;
+  out.files = issue_certificate(ca_dir, name, io);
+  out.current = read_certificate_info(out.files.cert);
+  if (opts.revoke_previous) out.revoked = add_to_crl(ca_dir, ca, old.get(), revocation_reason::superseded);
+  return out;
 }
 
 void check_node_files(const fs::path& ca_path, const fs::path& cert_path, const fs::path& key_path) {

@@ -370,6 +370,9 @@ std::optional<core::tier> channel::peer_role() const {
 std::optional<std::uint32_t> channel::peer_node_id() const {
   return impl_->peer_node_id();
 }
+const std::string& channel::peer_serial() const {
+  return impl_->peer_serial();
+}
 const std::string& channel::remote() const {
   return impl_->remote();
 }

@@ -101,6 +101,7 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   const std::string& peer_identity() const { return stream_->peer_identity(); }
   std::optional<core::tier> peer_role() const { return stream_->peer_role(); }
   std::optional<std::uint32_t> peer_node_id() const { return stream_->peer_node_id(); }
+  const std::string& peer_serial() const { return stream_->peer_serial(); }
   const std::string& remote() const { return stream_->remote(); }
   channel_stats stats() const;
   net_emulator& emulator() { return emulator_; }

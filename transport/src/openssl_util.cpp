@@ -5,6 +5,7 @@
 
 #include <openssl/pem.h>
 
+#include <ctime>
 #include <system_error>
 
 namespace cleave::transport::detail {
@@ -65,9 +66,18 @@ evp_pkey_ptr load_private_key(const std::filesystem::path& path, const char* wha
   return key;
 }
 
-namespace {
+x509_crl_ptr load_crl(const std::filesystem::path& path, const char* what) {
+  auto bio = open_pem(path, what);
+  x509_crl_ptr crl(PEM_read_bio_X509_CRL(bio.get(), nullptr, nullptr, nullptr));
+  if (!crl) {
+    const std::string errs = openssl_errors();
+    throw core::error(std::string(what) + " " + path.string() + " is not a PEM certificate revocation list" +
+                      (errs.empty() ? "" : " (" + errs + ")"));
+  }
+  return crl;
+}
 
-std::string name_entry(const X509* cert, int nid) {
+std::string subject_entry(const X509* cert, int nid) {
   const X509_NAME* name = X509_get_subject_name(cert);
   if (!name) return {};
   const int i = X509_NAME_get_index_by_NID(name, nid, -1);
@@ -84,24 +94,58 @@ std::string name_entry(const X509* cert, int nid) {
   return s;
 }
 
-}  // namespace
-
 std::string common_name(const X509* cert) {
-  return name_entry(cert, NID_commonName);
+  return subject_entry(cert, NID_commonName);
 }
 
 std::optional<core::tier> certificate_role(const X509* cert) {
-  return core::tier_from_name(name_entry(cert, NID_organizationalUnitName));
+  return core::tier_from_name(subject_entry(cert, NID_organizationalUnitName));
 }
 
 std::optional<std::uint32_t> certificate_node_id(const X509* cert) {
-  return node_id_of(common_name(cert), name_entry(cert, NID_serialNumber));
+  return node_id_of(common_name(cert), subject_entry(cert, NID_serialNumber));
 }
 
 std::chrono::system_clock::time_point asn1_time_point(const ASN1_TIME* t) {
   struct tm tm {};
   if (!t || ASN1_TIME_to_tm(t, &tm) != 1) return {};
   return std::chrono::system_clock::from_time_t(timegm(&tm));
+}
+
+std::string date_text(std::chrono::system_clock::time_point t) {
+  const std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  return buf;
+}
+
+std::string serial_hex(const ASN1_INTEGER* serial) {
+  bignum_ptr bn(ASN1_INTEGER_to_BN(serial, nullptr));
+  if (!bn) {
+    ERR_clear_error();
+    return "?";
+  }
+  char* hex = BN_bn2hex(bn.get());
+  if (!hex) {
+    ERR_clear_error();
+    return "?";
+  }
+  std::string s(hex);
+  OPENSSL_free(hex);
+  return s;
+}
+
+std::optional<std::string> crl_problem(X509_CRL* crl, X509* ca) {
+  if (X509_NAME_cmp(X509_CRL_get_issuer(crl), X509_get_subject_name(ca)) != 0)
+    return std::string("it was issued by another CA");
+  EVP_PKEY* pub = X509_get0_pubkey(ca);
+  if (!pub || X509_CRL_verify(crl, pub) != 1) {
+    const std::string errs = openssl_errors();
+    return "its signature does not verify with the CA's key" + (errs.empty() ? std::string() : " (" + errs + ")");
+  }
+  return std::nullopt;
 }
 
 std::optional<std::string> verify_against(X509* cert, X509* ca) {

@@ -35,6 +35,10 @@ using x509_store_ctx_ptr = std::unique_ptr<X509_STORE_CTX, ssl_deleter<X509_STOR
 using x509_name_ptr = std::unique_ptr<X509_NAME, ssl_deleter<X509_NAME_free>>;
 using x509_extension_ptr = std::unique_ptr<X509_EXTENSION, ssl_deleter<X509_EXTENSION_free>>;
 using bignum_ptr = std::unique_ptr<BIGNUM, ssl_deleter<BN_free>>;
+using x509_crl_ptr = std::unique_ptr<X509_CRL, ssl_deleter<X509_CRL_free>>;
+using x509_revoked_ptr = std::unique_ptr<X509_REVOKED, ssl_deleter<X509_REVOKED_free>>;
+using asn1_integer_ptr = std::unique_ptr<ASN1_INTEGER, ssl_deleter<ASN1_INTEGER_free>>;
+using asn1_time_ptr = std::unique_ptr<ASN1_TIME, ssl_deleter<ASN1_TIME_free>>;
 
 // Drains the OpenSSL error queue into one line ("" when empty).
 std::string openssl_errors();
@@ -45,15 +49,28 @@ std::string openssl_errors();
 // Reads a PEM certificate / private key; throws core::error with `what` and the path on failure.
 x509_ptr load_certificate(const std::filesystem::path& path, const char* what);
 evp_pkey_ptr load_private_key(const std::filesystem::path& path, const char* what);
+// Reads a PEM certificate revocation list; throws core::error with `what` and the path on failure.
+x509_crl_ptr load_crl(const std::filesystem::path& path, const char* what);
 
 // The certificate's subject common name ("" when absent).
 std::string common_name(const X509* cert);
+// The subject entry `nid` as UTF-8 ("" when absent).
+std::string subject_entry(const X509* cert, int nid);
 // The role written in the subject's organizational unit, if any.
 std::optional<core::tier> certificate_role(const X509* cert);
 // The node id a certificate binds (see certs.h: node_id_of).
 std::optional<std::uint32_t> certificate_node_id(const X509* cert);
 
 std::chrono::system_clock::time_point asn1_time_point(const ASN1_TIME* t);
+// "2026-03-01" (UTC).
+std::string date_text(std::chrono::system_clock::time_point t);
+
+// A serial number as upper-case hex without leading zeros ("0" for zero), the form revocation
+// lists are compared in.
+std::string serial_hex(const ASN1_INTEGER* serial);
+
+// Why `crl` is not a revocation list of the CA `ca` (issuer name, signature), or nothing.
+std::optional<std::string> crl_problem(X509_CRL* crl, X509* ca);
 
 // Verifies `cert` against the CA in `ca` at the current time; returns why it fails, or nothing.
 std::optional<std::string> verify_against(X509* cert, X509* ca);

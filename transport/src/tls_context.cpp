@@ -1,24 +1,50 @@
-// TLS 1.3-only OpenSSL context with mutual authentication against the federation CA.
+// TLS 1.3-only OpenSSL context with mutual authentication against the federation CA, checked
+// against the CA's revocation list; reloadable for new handshakes.
 #include "cleave/transport/tls_context.h"
 
-#include <spdlog/spdlog.h>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "cleave/transport/certs.h"
+#include "cleave/transport/log.h"
 #include "openssl_util.h"
 
 namespace cleave::transport {
 
 using namespace detail;
+namespace fs = std::filesystem;
 
-void tls_context::ctx_free::operator()(SSL_CTX* c) const {
-  SSL_CTX_free(c);
+namespace {
+
+struct ssl_ctx_free {
+  void operator()(SSL_CTX* c) const { SSL_CTX_free(c); }
+};
+
+// What one load of the files gives.
+struct loaded {
+  std::shared_ptr<SSL_CTX> ctx;
+  std::string identity;
+  std::optional<core::tier> role;
+  std::optional<std::uint32_t> node_id;
+  std::string serial;                             // of this node's certificate
+  std::chrono::system_clock::time_point expires;  // this node's certificate
+  bool has_crl = false;
+  std::set<std::string> revoked;  // serials on the list
+  std::string summary;            // for the log
+};
+
+int days_until(std::chrono::system_clock::time_point t) {
+  return static_cast<int>(std::chrono::duration_cast<std::chrono::hours>(t - std::chrono::system_clock::now()).count() /
+                          24);
 }
 
-tls_files tls_files_in(const std::filesystem::path& dir, const std::string& name) {
-  return tls_files{dir / ca_cert_file, dir / (name + ".crt"), dir / (name + ".key"), true};
+bool expires_soon(std::chrono::system_clock::time_point t) {
+  return t - std::chrono::system_clock::now() < std::chrono::hours(24 * expiry_warning_days);
 }
 
-tls_context::tls_context(const tls_files& files) {
+loaded load(const tls_files& files) {
+  loaded out;
   const x509_ptr ca = load_certificate(files.ca, "CA certificate");
   if (X509_check_ca(ca.get()) <= 0) throw core::error("CA certificate " + files.ca.string() + " is not a CA");
   x509_ptr cert;
@@ -27,11 +53,11 @@ tls_context::tls_context(const tls_files& files) {
     cert = load_certificate(files.cert, "certificate");
     key = load_private_key(files.key, "key");
     std::error_code ec;
-    const auto perms = std::filesystem::status(files.key, ec).permissions();
-    using p = std::filesystem::perms;
+    const auto perms = fs::status(files.key, ec).permissions();
+    using p = fs::perms;
     if (!ec && (perms & (p::group_all | p::others_all)) != p::none)
-      spdlog::warn("private key {} can be read by other users (mode {:o}); make it private: chmod 600 {}",
-                   files.key.string(), static_cast<unsigned>(perms) & 0777, files.key.string());
+      logger()->warn("private key {} can be read by other users (mode {:o}); make it private: chmod 600 {}",
+                     files.key.string(), static_cast<unsigned>(perms) & 0777, files.key.string());
     if (X509_check_private_key(cert.get(), key.get()) != 1) {
       ERR_clear_error();
       throw core::error("key " + files.key.string() + " does not match certificate " + files.cert.string());
@@ -40,22 +66,45 @@ tls_context::tls_context(const tls_files& files) {
       if (auto why = verify_against(cert.get(), ca.get()))
         throw core::error("certificate " + files.cert.string() + " does not verify against CA " + files.ca.string() +
                           ": " + *why);
-    identity_ = common_name(cert.get());
-    role_ = certificate_role(cert.get());
-    node_id_ = certificate_node_id(cert.get());
-    if (identity_.empty()) throw core::error("certificate " + files.cert.string() + " has no common name");
+    out.identity = common_name(cert.get());
+    out.role = certificate_role(cert.get());
+    out.node_id = certificate_node_id(cert.get());
+    out.serial = serial_hex(X509_get0_serialNumber(cert.get()));
+    out.expires = asn1_time_point(X509_get0_notAfter(cert.get()));
+    if (out.identity.empty()) throw core::error("certificate " + files.cert.string() + " has no common name");
+  }
+
+  x509_crl_ptr crl;
+  std::error_code ec;
+  if (!files.crl.empty() && fs::exists(files.crl, ec)) {
+    crl = load_crl(files.crl, "revocation list");
+    if (auto why = crl_problem(crl.get(), ca.get()))
+      throw core::error("revocation list " + files.crl.string() + " is not the CA's (" + files.ca.string() +
+                        "): " + *why);
+    const auto now = std::chrono::system_clock::now();
+    const auto from = asn1_time_point(X509_CRL_get0_lastUpdate(crl.get()));
+    if (from > now)
+      throw core::error("revocation list " + files.crl.string() + " is not valid before " + date_text(from) +
+                        " (is this machine's clock behind?)");
+    if (const ASN1_TIME* next = X509_CRL_get0_nextUpdate(crl.get()); next && asn1_time_point(next) < now)
+      throw core::error("revocation list " + files.crl.string() + " expired on " + date_text(asn1_time_point(next)) +
+                        " (write a new one with `cleave certs revoke`)");
+    const STACK_OF(X509_REVOKED)* revs = X509_CRL_get_REVOKED(crl.get());
+    for (int i = 0; revs && i < sk_X509_REVOKED_num(revs); ++i)
+      out.revoked.insert(serial_hex(X509_REVOKED_get0_serialNumber(sk_X509_REVOKED_value(revs, i))));
+    out.has_crl = true;
   }
 
   SSL_CTX* raw = SSL_CTX_new(TLS_method());
   CLEAVE_CHECK_SSL(raw);
-  ctx_.reset(raw, ctx_free{});
+  out.ctx.reset(raw, ssl_ctx_free{});
   CLEAVE_CHECK_SSL(SSL_CTX_set_min_proto_version(raw, TLS1_3_VERSION));
   CLEAVE_CHECK_SSL(SSL_CTX_set_max_proto_version(raw, TLS1_3_VERSION));
   // AES-128-GCM first: the fastest with AES-NI; all three are TLS 1.3 AEADs.
   CLEAVE_CHECK_SSL(
       SSL_CTX_set_ciphersuites(raw, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"));
   CLEAVE_CHECK_SSL(SSL_CTX_set1_groups_list(raw, "X25519:P-256"));
-  // No session resumption: every connection authenticates in full.
+  // No session resumption: every connection authenticates in full (and meets the current list).
   SSL_CTX_set_options(raw, SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION);
   SSL_CTX_set_num_tickets(raw, 0);
   SSL_CTX_set_session_cache_mode(raw, SSL_SESS_CACHE_OFF);
@@ -66,6 +115,11 @@ tls_context::tls_context(const tls_files& files) {
 
   X509_STORE* store = SSL_CTX_get_cert_store(raw);
   CLEAVE_CHECK_SSL(X509_STORE_add_cert(store, ca.get()));
+  if (crl) {
+    CLEAVE_CHECK_SSL(X509_STORE_add_crl(store, crl.get()));
+    // The peer's certificate (the chain is CA -> node) must not be on the list.
+    CLEAVE_CHECK_SSL(X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK));
+  }
   if (cert) {
     CLEAVE_CHECK_SSL(SSL_CTX_use_certificate(raw, cert.get()) == 1);
     CLEAVE_CHECK_SSL(SSL_CTX_use_PrivateKey(raw, key.get()) == 1);
@@ -75,6 +129,102 @@ tls_context::tls_context(const tls_files& files) {
   // for identity checks (tls_stream).
   SSL_CTX_set_verify(raw, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
   SSL_CTX_set_verify_depth(raw, 2);
+
+  if (cert)
+    out.summary =
+        "certificate '" + out.identity + "' (serial " + out.serial + ", expires " + date_text(out.expires) + ")";
+  else
+    out.summary = "no certificate";
+  out.summary += ", CA " + files.ca.string();
+  if (out.has_crl)
+    out.summary += ", revocation list " + files.crl.string() + " (" + std::to_string(out.revoked.size()) +
+                   (out.revoked.size() == 1 ? " entry)" : " entries)");
+  else
+    out.summary += ", no revocation list";
+  return out;
+}
+
+// Warnings about a freshly loaded state: this node's certificate expiring or on the list.
+void warn_about(const loaded& l, const tls_files& files) {
+  if (l.identity.empty()) return;
+  if (expires_soon(l.expires))
+    logger()->warn("certificate '{}' of this node ({}) expires in {} days, on {}: renew it (`cleave certs renew {}`)",
+                   l.identity, files.cert.string(), days_until(l.expires), date_text(l.expires), l.identity);
+  if (l.revoked.count(l.serial))
+    logger()->warn("certificate '{}' of this node (serial {}) is on the revocation list {}: peers will refuse it",
+                   l.identity, l.serial, files.crl.string());
+}
+
+}  // namespace
+
+struct tls_context::state {
+  tls_files files;
+  mutable std::mutex mu;
+  loaded now;                            // guarded by mu
+  mutable std::set<std::string> warned;  // peer certificates warned about (name + serial); guarded by mu
+};
+
+tls_files tls_files_in(const fs::path& dir, const std::string& name) {
+  return tls_files{dir / ca_cert_file, dir / (name + ".crt"), dir / (name + ".key"), true, dir / ca_crl_file};
+}
+
+tls_context::tls_context(const tls_files& files) : state_(std::make_shared<state>()) {
+  state_->files = files;
+  state_->now = load(files);
+  identity_ = state_->now.identity;
+  role_ = state_->now.role;
+  node_id_ = state_->now.node_id;
+  warn_about(state_->now, files);
+}
+
+std::string tls_context::reload() {
+  loaded next = load(state_->files);
+  const auto same = [](const auto& a, const auto& b) { return a == b; };
+  if (!same(next.identity, identity_) || !same(next.role, role_) || !same(next.node_id, node_id_))
+    throw core::error("certificate " + state_->files.cert.string() + " is for '" + next.identity + "' (" +
+                      (next.role ? std::string(core::tier_name(*next.role)) : std::string("no role")) +
+                      (next.node_id ? ", id " + std::to_string(*next.node_id) : std::string()) +
+                      "), not for this node '" + identity_ + "' (" +
+                      (role_ ? std::string(core::tier_name(*role_)) : std::string("no role")) +
+                      (node_id_ ? ", id " + std::to_string(*node_id_) : std::string()) +
+                      "); a reload keeps the node's identity (restart it to change that)");
+  std::string summary = next.summary;
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->now.has_crl && !next.has_crl)
+      throw core::error("revocation list " + state_->files.crl.string() +
+                        " is gone; a reload does not drop the revocations in force (restart the node to run without "
+                        "a list)");
+    state_->now = std::move(next);
+    warn_about(state_->now, state_->files);
+  }
+  return summary;
+}
+
+std::shared_ptr<SSL_CTX> tls_context::current() const {
+  std::lock_guard lock(state_->mu);
+  return state_->now.ctx;
+}
+
+bool tls_context::revokes(const std::string& serial) const {
+  std::lock_guard lock(state_->mu);
+  return state_->now.revoked.count(serial) != 0;
+}
+
+void tls_context::note_peer(X509* cert, const std::string& remote) const {
+  if (!cert) return;
+  const auto expires = asn1_time_point(X509_get0_notAfter(cert));
+  if (!expires_soon(expires)) return;
+  const std::string name = common_name(cert);
+  const std::string serial = serial_hex(X509_get0_serialNumber(cert));
+  {
+    std::lock_guard lock(state_->mu);
+    // Bounded: a federation has few certificates, but a peer renewed every minute must not grow it.
+    if (state_->warned.size() >= 4096) state_->warned.clear();
+    if (!state_->warned.insert(name + "/" + serial).second) return;
+  }
+  logger()->warn("certificate '{}' of peer {} expires in {} days, on {}: renew it (`cleave certs renew {}`)", name,
+                 remote, days_until(expires), date_text(expires), name);
 }
 
 }  // namespace cleave::transport

@@ -167,14 +167,14 @@ const BIO_METHOD* nosignal_socket_method() {
 }  // namespace
 
 tls_stream::tls_stream(asio::ip::tcp::socket socket, const tls_context& ctx, side s)
-    : socket_(std::move(socket)), check_(std::make_unique<peer_check>()) {
+    : socket_(std::move(socket)), ctx_(ctx), check_(std::make_unique<peer_check>()) {
   asio::error_code ec;
   const auto ep = socket_.remote_endpoint(ec);
   remote_ = ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
   socket_.set_option(asio::ip::tcp::no_delay(true), ec);
   socket_.non_blocking(true, ec);
   if (ec) throw core::error("cannot make socket non-blocking: " + ec.message());
-  ssl_ = SSL_new(ctx.native());
+  ssl_ = SSL_new(ctx.current().get());  // holds its own reference: a reload cannot free it
   CLEAVE_CHECK_SSL(ssl_);
   // Reads go straight to the socket (with OpenSSL's read-ahead buffer); writes go through a
   // buffer BIO so that many 16 KiB records leave in one system call (flushed by write_all), to
@@ -246,6 +246,8 @@ asio::awaitable<status> tls_stream::handshake() {
     peer_identity_ = common_name(peer);
     peer_role_ = certificate_role(peer);
     peer_node_id_ = certificate_node_id(peer);
+    peer_serial_ = serial_hex(X509_get0_serialNumber(peer));
+    ctx_.note_peer(peer, remote_);
   }
   co_return co_await flush();
 }

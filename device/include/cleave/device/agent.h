@@ -70,7 +70,8 @@ class agent {
   int run();
   // Thread-safe: ends run() soon.
   void stop();
-  // SIGINT and SIGTERM end run() cleanly (call before run()).
+  // SIGINT and SIGTERM end run() cleanly; SIGHUP reloads the certificate, key, CA and revocation
+  // list for new connections, closing those of peers now revoked (call before run()).
   void stop_on_signals();
 
  private:

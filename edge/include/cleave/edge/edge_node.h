@@ -40,7 +40,8 @@ class edge_node {
   // Serves until the server ends the run. Throws core::error on fatal configuration problems.
   int run();
   void stop();  // thread-safe
-  // SIGINT and SIGTERM end run() cleanly (call before run()).
+  // SIGINT and SIGTERM end run() cleanly; SIGHUP reloads the certificate, key, CA and revocation
+  // list for new connections, closing those of peers now revoked (call before run()).
   void stop_on_signals();
   std::uint16_t port() const;  // after listening started
 

@@ -45,7 +45,11 @@ class executors {
   // The node's orderly shutdown (tell peers, close channels), run once on the I/O thread when
   // the node stops for any reason; run() returns after it completes.
   void on_shutdown(std::function<asio::awaitable<void>(std::string why)> f) { shutdown_ = std::move(f); }
-  // SIGINT and SIGTERM stop the node (the handler belongs to the I/O loop: nothing outlives it).
+  // What the node reloads on SIGHUP, run on the I/O thread; an exception it throws is logged and
+  // the node runs on.
+  void on_reload(std::function<void()> f) { reload_ = std::move(f); }
+  // SIGINT and SIGTERM stop the node; SIGHUP runs the reload handler (the handlers belong to the
+  // I/O loop: nothing outlives it).
   void stop_on_signals();
 
   // Runs the I/O loop on the calling thread and the compute thread beside it until the node has
@@ -97,6 +101,8 @@ class executors {
 
  private:
   void begin_stop(const std::string& why);
+  void wait_for_signal();
+  void run_reload(const char* why);
 
   std::string who_;
   asio::io_context io_, work_;
@@ -104,6 +110,7 @@ class executors {
   std::thread worker_;
   asio::signal_set signals_;
   std::function<asio::awaitable<void>(std::string)> shutdown_;
+  std::function<void()> reload_;
   bool stopping_ = false;
   std::string stop_reason_;
   std::exception_ptr failure_;

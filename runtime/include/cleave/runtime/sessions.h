@@ -93,6 +93,9 @@ class acceptor {
   std::uint64_t bytes_moved() const;
   // Ends a session: on_closed runs now, its channel closes in the background.
   void close(const session_ptr& s, const std::string& why);
+  // Closes, with an Error saying why, every session whose peer certificate the revocation list
+  // now in force lists (after a reload); returns how many.
+  std::size_t close_revoked();
   // Stops accepting and closes every session cleanly (what was posted still goes out).
   asio::awaitable<void> shutdown();
 
@@ -101,6 +104,7 @@ class acceptor {
   asio::awaitable<void> serve(session_ptr s);
 
   executors& ex_;
+  transport::tls_context tls_;  // the listener's (shared) state: what is revoked now
   transport::listener listener_;
   handlers h_;
   std::list<session_ptr> sessions_;
@@ -128,6 +132,9 @@ class upstream {
   session_ptr current() const;
   // I/O thread: closes the current channel with an Error saying why (then reconnects).
   void drop(const std::string& why);
+  // I/O thread: closes the current channel when the revocation list now in force lists the
+  // upstream's certificate (after a reload); true if it did.
+  bool drop_revoked();
   asio::awaitable<void> shutdown();
 
  private:
@@ -154,5 +161,11 @@ class upstream {
   session_ptr cur_;
   int n_refused_ = 0;  // in a row
 };
+
+// A node's reload (SIGHUP): reads its certificate, key, CA and revocation list again for new
+// handshakes, then closes the sessions of peers whose certificates the list now revokes (`below`
+// and `above` may be null). Channels of the other peers carry on. A bad file keeps the state in
+// force, with the reason logged. I/O thread.
+void reload_credentials(const executors& ex, transport::tls_context& tls, acceptor* below, upstream* above);
 
 }  // namespace cleave::runtime

@@ -119,7 +119,8 @@ class server_node {
   // (certificates, data, no devices joined in time).
   round_report run();
   void stop();  // thread-safe
-  // SIGINT and SIGTERM end run() cleanly (call before run()).
+  // SIGINT and SIGTERM end run() cleanly; SIGHUP reloads the certificate, key, CA and revocation
+  // list for new connections, closing those of peers now revoked (call before run()).
   void stop_on_signals();
 
   // Why the last checkpoint write that failed did ("" when every one succeeded).

@@ -1,5 +1,6 @@
-// Provisioning of a federation: its certificate authority and the key + certificate of each node
-// (server, edge or device), written with OpenSSL 3's API. Backs `cleave certs init|issue`.
+// Provisioning of a federation: its certificate authority, the key + certificate of each node
+// (server, edge or device), renewal and revocation, written with OpenSSL 3's API. Backs
+// `cleave certs init|issue|renew|revoke` and `cleave provision`.
 #pragma once
 
 #include <chrono>
@@ -16,6 +17,8 @@ namespace cleave::transport {
 // File names inside a certificate directory.
 inline constexpr std::string_view ca_cert_file = "ca.crt";
 inline constexpr std::string_view ca_key_file = "ca.key";
+// The CA's certificate revocation list (PEM), written by revoke_certificate.
+inline constexpr std::string_view ca_crl_file = "ca.crl";
 
 struct pem_paths {
   std::filesystem::path cert;
@@ -64,7 +67,8 @@ pem_paths issue_certificate(const std::filesystem::path& ca_dir, std::string_vie
 bool valid_node_name(std::string_view name);
 
 struct certificate_info {
-  std::string name;  // subject CN
+  std::string name;    // subject CN
+  std::string serial;  // serial number, upper-case hex
   std::optional<core::tier> role;
   std::optional<std::uint32_t> node_id;  // as node_id_of reads it
   std::string issuer;                    // issuer CN
@@ -73,6 +77,63 @@ struct certificate_info {
   std::chrono::system_clock::time_point not_after;
 };
 certificate_info read_certificate_info(const std::filesystem::path& cert);
+
+// What a revocation list entry may say about why (RFC 5280 CRLReason, the ones that apply here).
+enum class revocation_reason {
+  unspecified,
+  key_compromise,
+  affiliation_changed,
+  superseded,
+  cessation_of_operation,
+  privilege_withdrawn
+};
+// "key-compromise" <-> revocation_reason::key_compromise.
+std::string_view revocation_reason_name(revocation_reason r);
+std::optional<revocation_reason> revocation_reason_from_name(std::string_view name);
+
+struct revoked_entry {
+  std::string serial;  // upper-case hex
+  std::chrono::system_clock::time_point when;
+  revocation_reason reason = revocation_reason::unspecified;
+};
+
+struct revocation {
+  std::string name;           // CN of the revoked certificate
+  std::string serial;         // its serial, upper-case hex
+  bool already = false;       // it was on the list before; the list is unchanged
+  std::size_t n_revoked = 0;  // entries on the list now
+  std::filesystem::path crl;
+};
+
+// Puts `cert` (a certificate the CA in `ca_dir` signed, expired or not) on <ca_dir>/ca.crl,
+// creating the list or re-signing it with the CA key: version 2, a CRL number one above the
+// last, valid until the CA certificate expires (so that a list nobody renews never locks every
+// node out before the CA itself would). Written to a temporary file and renamed into place.
+// Throws core::error for a certificate of another CA, a list that is not this CA's, or a file
+// that cannot be written.
+revocation revoke_certificate(const std::filesystem::path& ca_dir, const std::filesystem::path& cert,
+                              revocation_reason reason = revocation_reason::unspecified);
+
+// The entries of <ca_dir>/ca.crl (none when there is no list); throws core::error when the file
+// is not a revocation list signed by the CA in `ca_dir`.
+std::vector<revoked_entry> read_revocations(const std::filesystem::path& ca_dir);
+
+struct renew_options {
+  std::optional<int> valid_days;  // none: as long as the previous certificate was valid
+  bool revoke_previous = false;   // put the previous certificate on the revocation list at once
+};
+
+struct renewal {
+  pem_paths files;
+  certificate_info previous, current;
+  std::optional<revocation> revoked;  // when revoke_previous
+};
+
+// A new key and certificate for node `name` of the CA in `ca_dir`: same name, role, bound node id
+// and subjectAltNames as its certificate there, a new serial and validity from now. The key is
+// written before the certificate (each through a temporary file). Throws core::error when the node
+// has no certificate in `ca_dir` or it was not issued by this CA.
+renewal renew_certificate(const std::filesystem::path& ca_dir, std::string_view name, const renew_options& opts = {});
 
 // Checks that `key` belongs to `cert` and that `cert` is signed by the CA certificate `ca` and
 // valid now; throws core::error saying which file is wrong.

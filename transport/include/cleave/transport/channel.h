@@ -109,6 +109,8 @@ class channel {
   std::optional<core::tier> peer_role() const;
   // The node id the peer's certificate binds (transport/certs.h: node_id_of).
   std::optional<std::uint32_t> peer_node_id() const;
+  // The serial number of the peer's certificate, upper-case hex (checked against revocations).
+  const std::string& peer_serial() const;
   // "address:port" of the peer.
   const std::string& remote() const;
   channel_stats stats() const;

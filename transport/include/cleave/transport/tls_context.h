@@ -1,7 +1,9 @@
-// TLS configuration of a node: the federation CA it trusts, its own certificate and key, TLS 1.3
-// only, peer certificates required both ways. One context serves listeners and connections.
+// TLS configuration of a node: the federation CA it trusts, its own certificate and key, the CA's
+// revocation list, TLS 1.3 only, peer certificates required both ways. One context serves
+// listeners and connections; reload() swaps in new files for the handshakes that follow.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -10,6 +12,7 @@
 #include "cleave/core/tier.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
+typedef struct x509_st X509;
 
 namespace cleave::transport {
 
@@ -20,30 +23,54 @@ struct tls_files {
   // Check at load time that the key matches the certificate and that the certificate is signed
   // by the CA and valid now. Off only to build deliberately misconfigured peers in tests.
   bool check_own_certificate = true;
+  // The CA's revocation list (PEM). Every peer certificate is checked against it at the
+  // handshake. Empty, or a file that does not exist (yet): nothing is revoked.
+  std::filesystem::path crl = {};
 };
 
-// Files of node `name` inside a directory written by `cleave certs`.
+// Files of node `name` inside a directory written by `cleave certs` (the list: ca.crl there).
 tls_files tls_files_in(const std::filesystem::path& dir, const std::string& name);
 
-// A shared handle to an OpenSSL context; cheap to copy.
+// A certificate that expires within this many days is warned about: this node's own at load and
+// reload, a peer's at its handshake (once per certificate).
+inline constexpr int expiry_warning_days = 30;
+
+// A shared handle to a node's TLS state; cheap to copy. Copies share one state: a reload through
+// any of them is seen by all (a listener, the node's connections).
 class tls_context {
  public:
   // Throws core::error naming the missing or mismatched file.
   explicit tls_context(const tls_files& files);
 
-  // This node's identity: the common name of its certificate ("" without one).
+  // Reads the files again and, if they are all good, makes new handshakes use them; channels
+  // already open keep the session they have. Returns what was loaded, for the log. Throws
+  // core::error with the reason, keeping the current state, when a file is missing or bad, the
+  // certificate names another node (name, role or bound id: restart to change those), or a
+  // revocation list in use is gone. Thread-safe.
+  std::string reload();
+
+  // This node's identity: the common name of its certificate ("" without one); fixed for the life
+  // of the context.
   const std::string& identity() const { return identity_; }
   std::optional<core::tier> role() const { return role_; }
   std::optional<std::uint32_t> node_id() const { return node_id_; }  // as certs.h reads it
   bool has_certificate() const { return !identity_.empty(); }
 
-  SSL_CTX* native() const { return ctx_.get(); }
+  // The OpenSSL context new handshakes use; an SSL made from it holds its own reference.
+  std::shared_ptr<SSL_CTX> current() const;
+  // current().get(): valid until the next reload (tests only).
+  SSL_CTX* native() const { return current().get(); }
+
+  // Thread-safe: whether the revocation list in use lists this serial (upper-case hex).
+  bool revokes(const std::string& serial) const;
+  // Thread-safe: a peer's certificate passed the handshake; warns once per certificate when it
+  // expires within expiry_warning_days.
+  void note_peer(X509* cert, const std::string& remote) const;
+
+  struct state;
 
  private:
-  struct ctx_free {
-    void operator()(SSL_CTX* c) const;
-  };
-  std::shared_ptr<SSL_CTX> ctx_;
+  std::shared_ptr<state> state_;
   std::string identity_;
   std::optional<core::tier> role_;
   std::optional<std::uint32_t> node_id_;

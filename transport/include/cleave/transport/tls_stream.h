@@ -60,6 +60,8 @@ class tls_stream {
   const std::string& peer_identity() const { return peer_identity_; }
   std::optional<core::tier> peer_role() const { return peer_role_; }
   std::optional<std::uint32_t> peer_node_id() const { return peer_node_id_; }  // as certs.h reads it
+  // The serial number of the peer's certificate, upper-case hex ("" before the handshake).
+  const std::string& peer_serial() const { return peer_serial_; }
   // "address:port" of the peer, or "?" when unknown.
   const std::string& remote() const { return remote_; }
   asio::ip::tcp::socket& socket() { return socket_; }
@@ -69,12 +71,14 @@ class tls_stream {
   asio::awaitable<status> flush();
 
   asio::ip::tcp::socket socket_;
+  tls_context ctx_;  // the node's (shared) state: peer certificates are noted there
   SSL* ssl_ = nullptr;
   BIO* wbio_ = nullptr;  // owned by ssl_
   std::unique_ptr<detail::peer_check> check_;
   std::string peer_identity_;
   std::optional<core::tier> peer_role_;
   std::optional<std::uint32_t> peer_node_id_;
+  std::string peer_serial_;
   std::string remote_;
 };
 
