@@ -10,6 +10,10 @@
 int main(int argc, char** argv) {
   CLI::App app{"cleave: split learning across edge devices, edge servers and GPU servers"};
   app.require_subcommand(1);
+  app.footer(
+      "`cleave COMMAND --help` lists a command's options; `man cleave` describes the files, signals and exit "
+      "status.\nExit status: 0 done, 1 error (the message says which input or peer), 2 bad configuration file, "
+      "70 internal error, 100 and above a bad command line.");
   // One config format for every command: TOML, a [section] per subcommand, keys = long options.
   app.set_config("--config", "", "read options from a TOML file, e.g. [server] rounds = 10");
   // Set before the subcommands exist: they inherit both.
@@ -26,10 +30,8 @@ int main(int argc, char** argv) {
   });
   cleave::apps::register_train_commands(app);
   cleave::apps::register_node_commands(app);
-#ifdef CLEAVE_HAVE_CERTS_COMMAND
   cleave::apps::register_certs_command(app);
   cleave::apps::register_provision_command(app);
-#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ConfigError& e) {
