@@ -4,7 +4,8 @@
 # Installs what is missing first (scripts/debian-packages-arm64.txt through scripts/setup.sh).
 # Usage: scripts/cross-arm64.sh [BUILD_DIR] [extra CMake configure arguments...]
 #   BUILD_DIR defaults to build-arm64/ in the repository. The result is BUILD_DIR/apps/cleave;
-#   run it here with `qemu-aarch64-static BUILD_DIR/apps/cleave` (no -L: see the toolchain file).
+#   run it here with `qemu-aarch64-static BUILD_DIR/apps/cleave` (no -L: see the toolchain file),
+#   and its Debian package BUILD_DIR/packages/cleave_VERSION_arm64.deb (packaging/).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-arm64}
@@ -52,7 +53,7 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCLEAVE_WITH_ONEDNN=ON -DCLEAVE_WITH_VULKAN=ON -DCLEAVE_WITH_CUDA=OFF -DCLEAVE_WITH_NET=ON \
   -DCLEAVE_BUILD_TESTS=OFF -DCLEAVE_BUILD_BENCH=OFF "$@"
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake --build "$build" -j "$jobs" --target cleave
+cmake --build "$build" -j "$jobs" --target cleave cleave_manpage
 
 bin="$build/apps/cleave"
 kind=$(file -b "$bin")
@@ -60,3 +61,9 @@ case "$kind" in
   *"ARM aarch64"*) echo "cross-arm64: $bin: $kind" ;;
   *) echo "cross-arm64: $bin is not an arm64 executable: $kind" >&2; exit 1 ;;
 esac
+
+# The Debian package: its Depends from the arm64 libraries the binary links (dpkg-shlibdeps reads
+# the multiarch runtime packages installed above).
+cpack --config "$build/CPackConfig.cmake" -B "$build/packages" >"$build/cpack.log" 2>&1 ||
+  { cat "$build/cpack.log" >&2; echo "cross-arm64: cpack failed" >&2; exit 1; }
+echo "cross-arm64: $(ls "$build"/packages/cleave_*_arm64.deb)"
