@@ -134,13 +134,14 @@ std::string readme_of(const project& p, const node_spec& n, const transport::cer
     o << "  " << file << std::string(width - file.size() + 2, ' ') << what << "\n";
   o << "\nStart (cleave installed, or CLEAVE=/path/to/cleave before the script)\n"
     << "  tar -xzf " << n.name << ".tar.gz && " << n.name << "/start.sh\n"
-    << "\nAs a service\n"
-    << "  Unpack it as root where the service reads its files, e.g. tar -xzf " << n.name
-    << ".tar.gz -C /var/lib/cleave\n"
-    << "  (the files then belong to user cleave where that user exists), and run\n"
-    << "  cleave --config /var/lib/cleave/" << n.name << "/" << cmd << ".toml " << cmd
-    << " with WorkingDirectory=/var/lib/cleave/" << n.name << "\n"
-    << "  (certs = \"certs\" is relative to the working directory) and ExecReload=/bin/kill -HUP $MAINPID.\n"
+    << "\nAs a service (the cleave Debian package installed)\n"
+    << "  tar -xzf " << n.name << ".tar.gz -C /etc/cleave\n"
+    << "  systemctl enable --now cleave-" << cmd << "@" << n.name << ".service\n"
+    << "  journalctl -u cleave-" << cmd << "@" << n.name << ".service -f\n"
+    << "  Unpacked as root, the files belong to user cleave (the package creates it), the key readable\n"
+    << "  by it alone. The unit runs cleave --config /etc/cleave/" << n.name << "/" << cmd << ".toml " << cmd << "\n"
+    << "  in /etc/cleave/" << n.name << " (certs = \"certs\" is relative to it); /etc is read-only to it and\n"
+    << "  /var/lib/cleave is its state directory. systemctl reload sends SIGHUP.\n"
     << "\nCertificates\n"
     << "  On SIGHUP the node reads its certificate, key, CA and revocation list again: new connections\n"
     << "  use them, open ones carry on, and sessions of peers the list now revokes are closed. A file\n"

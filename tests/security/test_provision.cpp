@@ -178,7 +178,10 @@ TEST_CASE(
     CHECK_MESSAGE(agent.find(line) != std::string::npos, agent);
   CHECK(read_file(kit / "start.sh").find("exec \"${CLEAVE:-cleave}\" --config agent.toml agent \"$@\"") !=
         std::string::npos);
-  CHECK(read_file(kit / "README.txt").find("It connects to 'edge-1' at 10.1.2.3:7100.") != std::string::npos);
+  const std::string readme = read_file(kit / "README.txt");
+  CHECK(readme.find("It connects to 'edge-1' at 10.1.2.3:7100.") != std::string::npos);
+  // The packaged template unit that runs a kit unpacked into /etc/cleave.
+  CHECK_MESSAGE(readme.find("systemctl enable --now cleave-agent@device-1.service") != std::string::npos, readme);
   const auto cert = transport::read_certificate_info(kit / "certs" / "device-1.crt");
   CHECK(cert.node_id == 1u);
   CHECK(std::chrono::duration_cast<std::chrono::hours>(cert.not_after - cert.not_before).count() / 24 == 200);
