@@ -368,6 +368,10 @@ void run_demo(const demo_options& o) {
 
 namespace {
 
+constexpr const char* metrics_help =
+    "serve Prometheus metrics on http://ADDR/metrics: PORT (loopback) or HOST:PORT (0.0.0.0:PORT for every "
+    "interface); default: none";
+
 void add_server_command(CLI::App& app) {
   static server_options so;
   auto* s = app.add_subcommand("server", "run the top tier: rounds, aggregation, server segments, evaluation");
@@ -448,6 +452,8 @@ void add_server_command(CLI::App& app) {
                 "memory the server's blocks may use, e.g. 8G (default: half the RAM)");
   s->add_option("--schedule", so.c.schedule,
                 "emulated link changes by round (text or file), e.g. 'at 3 link server * 10Mbit/s 20ms'");
+  s->add_option("--metrics", so.c.metrics, metrics_help);
+  s->add_option("--run-log", so.c.run_log, "append one JSON object per round to this file (for plots and scripts)");
   s->callback([] { run_server(so); });
 }
 
@@ -466,6 +472,7 @@ void add_edge_command(CLI::App& app) {
   e->add_option("--backend", eo.c.backend, "compute backend")->capture_default_str();
   e->add_option("--memory-budget", eo.memory_budget, "memory its blocks may use, e.g. 2G (default: half the RAM)");
   e->add_option("--schedule", eo.c.schedule, "emulated link changes by round (text or file)");
+  e->add_option("--metrics", eo.c.metrics, metrics_help);
   e->add_option("--idle-timeout", eo.idle_timeout, "seconds without a frame after which a link counts as lost")
       ->capture_default_str();
   e->add_option("--profile-every", eo.c.profile_every, "device steps between profiles sent upstream")
@@ -499,6 +506,7 @@ void add_agent_command(CLI::App& app) {
   a->add_option("--schedule", ao.c.schedule,
                 "emulated changes by round (text or file), e.g. 'at 3 link device-2 edge-1 10Mbit/s 40ms; at 2 "
                 "slowdown device-2 4'");
+  a->add_option("--metrics", ao.c.metrics, metrics_help);
   a->add_option("--idle-timeout", ao.idle_timeout, "seconds without a frame after which a link counts as lost")
       ->capture_default_str();
   a->add_option("--profile-every", ao.c.profile_every, "steps between profiles sent upstream")

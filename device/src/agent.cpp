@@ -344,6 +344,13 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
   const double loss = n_loss_ ? loss_sum_ / static_cast<double>(n_loss_) : std::nan("");
   spdlog::info("device {}: round {}: {} steps in {:.1f} s (compute {:.1f} s), loss {:.4f}", c_.id, round, steps, secs,
                static_cast<double>(stats.compute_us) * 1e-6, loss);
+  auto& m = ex_.metrics();
+  m.add("cleave_rounds_completed_total", {});
+  m.set("cleave_round", {}, static_cast<double>(round));
+  m.add("cleave_steps_total", {}, static_cast<double>(steps));
+  m.add("cleave_compute_seconds_total", {{"tier", "device"}}, static_cast<double>(stats.compute_us) * 1e-6);
+  m.set("cleave_step_seconds", {}, secs / static_cast<double>(std::max<std::uint64_t>(1, steps)));
+  if (!std::isnan(loss)) m.set("cleave_train_loss", {}, loss);
   if (c_.on_round) c_.on_round(round, loss);
 }
 
@@ -359,9 +366,12 @@ asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t ge
   // The blocks coming down from the edge or the server.
   co_await wake_.wait_until([&] { return missing_ == 0 || over(gen); });
   if (over(gen)) co_return false;
+  const double secs = std::chrono::duration<double>(clock::now() - t0).count();
   spdlog::info("device {}: plan {} from step {}: {} -> {} ({} block range{} sent, {:.1f} ms)", c_.id, md.epoch, step,
-               from.str(), to.str(), moved.size(), moved.size() == 1 ? "" : "s",
-               std::chrono::duration<double, std::milli>(clock::now() - t0).count());
+               from.str(), to.str(), moved.size(), moved.size() == 1 ? "" : "s", secs * 1e3);
+  ex_.metrics().add("cleave_resplits_total", {});
+  ex_.metrics().add("cleave_migration_seconds_total", {}, secs);
+  ex_.metrics().add("cleave_migrated_block_ranges_total", {}, static_cast<double>(moved.size()));
   co_return true;
 }
 
@@ -458,6 +468,8 @@ int agent::impl::run() {
   up_.emplace(ex_, *tls_, c_.upstream_host, c_.upstream_port, c_.upstream_name, upstream_roles(c_), c_.links,
               runtime::upstream::handlers{[this](const runtime::session_ptr& s) { on_connected(s); },
                                           [this](transport::message m) { on_message(std::move(m)); }, lost});
+  ex_.collect_on_io([this] { up_->publish_links(); });
+  if (!c_.metrics.empty()) ex_.serve_metrics(c_.metrics);
   ex_.on_reload([this] { runtime::reload_credentials(ex_, *tls_, nullptr, &*up_); });
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("device {}: {}", c_.id, why);

@@ -571,6 +571,12 @@ int edge_node::impl::run() {
                                           [this](const std::string&) { collecting_ = false; }});
   spdlog::info("edge {} ({}): backend {} ({}); devices connect to {}:{}; server at {}:{}", c_.id, c_.name, be_->name(),
                be_->device_name(), c_.listen_host, below_->port(), c_.upstream_host, c_.upstream_port);
+  ex_.collect_on_io([this] {
+    below_->publish_links();
+    up_->publish_links();
+    ex_.metrics().set("cleave_devices_connected", {}, static_cast<double>(below_->sessions().size()));
+  });
+  if (!c_.metrics.empty()) ex_.serve_metrics(c_.metrics);
   ex_.on_reload([this] { runtime::reload_credentials(ex_, *tls_, &*below_, &*up_); });
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("edge {}: {}", c_.id, why.empty() ? "done" : why);

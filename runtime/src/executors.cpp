@@ -9,8 +9,11 @@
 #include <sys/resource.h>
 
 #include <asio/experimental/as_tuple.hpp>
+#include <future>
 #include <mutex>
 #include <optional>
+
+#include "cleave/runtime/node_metrics.h"
 
 namespace cleave::runtime {
 
@@ -28,9 +31,15 @@ void prepare_process() {
 
 executors::executors(std::string who) : who_(std::move(who)), work_guard_(asio::make_work_guard(work_)), signals_(io_) {
   prepare_process();
+  declare_node_metrics(metrics_);
+  metrics_.on_collect([this] {
+    metrics_.set("cleave_process_resident_memory_bytes", {}, static_cast<double>(metrics::resident_bytes()));
+    metrics_.set("cleave_process_peak_resident_memory_bytes", {}, static_cast<double>(metrics::peak_resident_bytes()));
+  });
 }
 
 executors::~executors() {
+  exporter_.reset();
   work_guard_.reset();
   work_.stop();
   if (worker_.joinable()) worker_.join();
@@ -79,6 +88,7 @@ void executors::run() {
     }
   });
   io_.run();
+  exporter_.reset();  // metrics are served while the node runs
   work_guard_.reset();
   worker_.join();
   if (failure_) std::rethrow_exception(failure_);
@@ -93,6 +103,27 @@ void executors::fail(std::exception_ptr e, const std::string& what) {
   spdlog::error("{}: {} failed: {}", who_, what, text);
   if (!failure_) failure_ = e;
   begin_stop(what + " failed: " + text);
+}
+
+void executors::serve_metrics(const std::string& address) {
+  try {
+    exporter_ = std::make_unique<metrics::exporter>(metrics_, address);
+  } catch (const std::exception& e) {
+    throw core::error(e.what());
+  }
+  spdlog::info("{}: metrics on http://{}:{}/metrics", who_, exporter_->host(), exporter_->port());
+}
+
+void executors::collect_on_io(std::function<void()> f) {
+  metrics_.on_collect([this, f = std::move(f)] {
+    auto done = std::make_shared<std::promise<void>>();
+    auto ready = done->get_future();
+    post_io([f, done] {
+      f();
+      done->set_value();
+    });
+    ready.wait_for(std::chrono::seconds(1));
+  });
 }
 
 void executors::spawn(asio::awaitable<void> a, std::string what) {

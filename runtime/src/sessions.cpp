@@ -112,16 +112,20 @@ asio::awaitable<void> acceptor::serve(session_ptr s) {
   auto first = co_await s->ch.receive();
   if (!first) co_return;
   std::string refused;
+  const char* reason = "revoked";
   try {
     // A handshake that began before a reload met the previous list.
     if (tls_.revokes(s->ch.peer_serial()))
       throw core::error("certificate '" + s->identity + "' (serial " + s->ch.peer_serial() + ") is revoked");
+    reason = "hello";
     check_hello(*s, *first);
+    reason = "admission";
     h_.on_hello(s, *first);
   } catch (const core::error& e) {
     refused = e.what();
   }
   if (!refused.empty()) {
+    ex_.metrics().add("cleave_refusals_total", {{"reason", reason}});
     spdlog::warn("{}: refused {} ({}): {}", ex_.who(), s->identity, s->ch.remote(), refused);
     s->post(transport::make_error(wire::ErrorCode::refused, refused));
     s->open = false;
@@ -139,6 +143,7 @@ asio::awaitable<void> acceptor::serve(session_ptr s) {
     try {
       h_.on_message(s, std::move(m.value()));
     } catch (const core::error& e) {
+      ex_.metrics().add("cleave_refusals_total", {{"reason", "message"}});
       s->post(transport::make_error(wire::ErrorCode::bad_message, e.what()));
       close(s, e.what());
     }
@@ -154,9 +159,46 @@ std::uint64_t acceptor::bytes_moved() const {
   return b;
 }
 
+void acceptor::publish_links() const {
+  struct totals {
+    std::uint64_t sent = 0, received = 0;
+    transport::channel_stats last;
+    bool up = false;
+  };
+  std::map<std::string, totals> peers;
+  for (const auto& [peer, b] : closed_bytes_) {
+    peers[peer].sent = b.first;
+    peers[peer].received = b.second;
+  }
+  for (const auto& s : sessions_) {
+    auto& t = peers[s->identity];
+    t.last = s->ch.stats();
+    t.sent += t.last.bytes_sent;
+    t.received += t.last.bytes_received;
+    t.up = true;
+  }
+  auto& m = ex_.metrics();
+  for (const auto& [peer, t] : peers) {
+    const metrics::labels l{{"peer", peer}};
+    m.set("cleave_link_up", l, t.up ? 1 : 0);
+    m.raise_to("cleave_link_sent_bytes_total", l, static_cast<double>(t.sent));
+    m.raise_to("cleave_link_received_bytes_total", l, static_cast<double>(t.received));
+    if (t.up && transport::link_rtt_us(t.last) > 0)
+      m.set("cleave_link_rtt_seconds", l, transport::link_rtt_us(t.last) * 1e-6);
+    if (t.up && t.last.send_bytes_per_second > 0)
+      m.set("cleave_link_send_bandwidth_bytes_per_second", l, t.last.send_bytes_per_second);
+    if (t.up && t.last.receive_bytes_per_second > 0)
+      m.set("cleave_link_receive_bandwidth_bytes_per_second", l, t.last.receive_bytes_per_second);
+  }
+}
+
 void acceptor::close(const session_ptr& s, const std::string& why) {
   if (!s->open) return;
   s->open = false;
+  const auto st = s->ch.stats();
+  auto& b = closed_bytes_[s->identity];
+  b.first += st.bytes_sent;
+  b.second += st.bytes_received;
   sessions_.remove(s);
   h_.on_closed(s, why);
   ex_.spawn(close_channel(s), "closing a session");
@@ -199,7 +241,24 @@ upstream::upstream(executors& ex, const transport::tls_context& tls, std::string
 
 bool upstream::post(transport::message_builder&& m) const {
   const auto s = current();
-  return s && s->post(std::move(m));
+  if (s && s->post(std::move(m))) return true;
+  ex_.metrics().add("cleave_frames_dropped_total", {});
+  return false;
+}
+
+void upstream::publish_links() const {
+  const auto s = current();
+  if (peer_.empty()) return;
+  const metrics::labels l{{"peer", peer_}};
+  auto& m = ex_.metrics();
+  const auto st = s ? s->ch.stats() : transport::channel_stats{};
+  m.set("cleave_link_up", l, s ? 1 : 0);
+  m.raise_to("cleave_link_sent_bytes_total", l, static_cast<double>(closed_bytes_.first + st.bytes_sent));
+  m.raise_to("cleave_link_received_bytes_total", l, static_cast<double>(closed_bytes_.second + st.bytes_received));
+  if (transport::link_rtt_us(st) > 0) m.set("cleave_link_rtt_seconds", l, transport::link_rtt_us(st) * 1e-6);
+  if (st.send_bytes_per_second > 0) m.set("cleave_link_send_bandwidth_bytes_per_second", l, st.send_bytes_per_second);
+  if (st.receive_bytes_per_second > 0)
+    m.set("cleave_link_receive_bandwidth_bytes_per_second", l, st.receive_bytes_per_second);
 }
 
 session_ptr upstream::current() const {
@@ -270,6 +329,9 @@ asio::awaitable<std::string> upstream::serve(session_ptr s) {
     std::lock_guard lock(mu_);
     cur_ = s;
   }
+  if (s->identity != peer_) closed_bytes_ = {};  // another upstream: its own totals
+  peer_ = s->identity;
+  ex_.metrics().add("cleave_connections_total", {});
   h_.on_connected(s);
   std::string why, refusal;
   bool admitted = false;  // a message other than an Error came
@@ -298,6 +360,9 @@ asio::awaitable<std::string> upstream::serve(session_ptr s) {
     std::lock_guard lock(mu_);
     cur_.reset();
   }
+  const auto st = s->ch.stats();
+  closed_bytes_.first += st.bytes_sent;
+  closed_bytes_.second += st.bytes_received;
   s->open = false;
   h_.on_lost(why);
   co_await s->ch.close();
@@ -333,6 +398,7 @@ std::string upstream::on_error(const wire::Error& e) {
 }
 
 bool upstream::refused(const std::string& why, double& backoff) {
+  ex_.metrics().add("cleave_refusals_total", {{"reason", "upstream"}});
   backoff = std::max(backoff, 2.0);  // waits of 1 to 2 s: at most one attempt a second
   if (++n_refused_ < links_.max_refusals) return false;
   ex_.fail(std::make_exception_ptr(

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -104,6 +105,12 @@ class server_node::impl {
   // checkpoint.
   asio::awaitable<void> close_round();
   void report(const core::eval_report& ev, std::int64_t test_samples);
+  // Metrics and the run log (server_metrics.cpp): opened before the rounds (a --run-log that
+  // cannot be written is an error then), the links and devices refreshed at every scrape, a
+  // round's figures when it closes.
+  void open_observers();
+  void publish_links_and_devices();
+  void observe_round(const round_report& rep);
   // Compute thread: the global model (uploaded to the evaluation stage) and the server replicas'
   // optimizer state of `routes` written to --checkpoint, the previous ones kept; "" or why it
   // failed.
@@ -160,7 +167,8 @@ class server_node::impl {
   round_state round_;
   round_report last_;
   std::optional<core::dataset> eval_subset_;  // --eval-samples of the test split
-  std::uint64_t run_id_ = 0;                  // this run's (kept when resumed)
+  std::ofstream run_log_;
+  std::uint64_t run_id_ = 0;  // this run's (kept when resumed)
   std::uint64_t first_round_ = 1;
   // From the checkpoint resumed: each device's server replicas' optimizer state, installed in
   // its first round.

@@ -277,6 +277,7 @@ void server_node::impl::check_replica(const runtime::session_ptr& s, const std::
       who += ")";
     }
     round_.refused = who + ": " + e.what();
+    ex_.metrics().add("cleave_refusals_total", {{"reason", "upload"}});
     throw core::error(who + ": replica of round " + std::to_string(round_.number) + " refused: " + e.what());
   }
 }
@@ -382,6 +383,7 @@ round_report server_node::impl::run() {
   eval_ = std::make_unique<core::trainer>(*be_, model_, tc);
   core::initial_values(model_, 0, model_.n_blocks(), c_.seed, global_p_, global_b_);
   resume_or_start();
+  open_observers();
   acceptor_.emplace(ex_, *tls_, c_.listen_host, c_.port, c_.allowed, c_.links,
                     runtime::acceptor::handlers{
                         [this](const runtime::session_ptr& s, const transport::message& h) { on_hello(s, h); },

@@ -201,6 +201,7 @@ asio::awaitable<void> server_node::impl::close_round() {
     auto save = [this, r = round_.number, routes] { return save_checkpoint(r, routes); };
     if (const std::string why = co_await ex_.compute(std::move(save)); !why.empty()) {
       spdlog::error("server: round {}: checkpoint not written, the previous one is kept: {}", round_.number, why);
+      ex_.metrics().add("cleave_checkpoint_failures_total", {});
       checkpoint_failure_ = "round " + std::to_string(round_.number) + ": " + why;
     }
   }
@@ -249,6 +250,7 @@ void server_node::impl::report(const core::eval_report& ev, std::int64_t test_sa
                  (rep.predicted_step_seconds / rep.step_seconds - 1.0) * 100.0, rep.n_resplits,
                  rep.n_resplits == 1 ? "" : "s");
   for (const auto& [id, route] : rep.routes) spdlog::info("round {}: device {}: {}", rep.round, id, route);
+  observe_round(rep);
   if (c_.on_round) c_.on_round(rep);
 }
 

@@ -44,6 +44,7 @@ struct agent_config {
   // Emulated heterogeneity by round (see transport/emulation.h): this device's slowdown and its
   // link to the upstream node. Text or a file.
   std::string schedule;
+  std::string metrics;              // "PORT" or "HOST:PORT" serving /metrics (Prometheus); "" = none
   std::uint64_t memory_budget = 0;  // bytes its blocks may use (0: from the machine)
   int profile_every = 20;           // steps between the profiles sent upstream
   // Sees every frame this device sends (tests of what leaves the device).

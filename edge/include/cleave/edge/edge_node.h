@@ -26,6 +26,7 @@ struct edge_config {
   std::string backend = "auto";
   runtime::link_settings links;     // idle timeout of its channels, reconnection backoff cap
   std::string schedule;             // emulated heterogeneity of its links (transport/emulation.h)
+  std::string metrics;              // "PORT" or "HOST:PORT" serving /metrics (Prometheus); "" = none
   std::uint64_t memory_budget = 0;  // bytes its blocks may use (0: from the machine)
   int profile_every = 20;           // device steps between the profiles it sends upstream
 };

@@ -14,11 +14,14 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <type_traits>
 
 #include "cleave/core/error.h"
+#include "cleave/metrics/exporter.h"
+#include "cleave/metrics/registry.h"
 
 namespace cleave::runtime {
 
@@ -59,6 +62,15 @@ class executors {
   void stop(std::string why);
   // I/O thread: as stop(), recording an unexpected failure that run() rethrows.
   void fail(std::exception_ptr e, const std::string& what);
+
+  // The node's metrics (node_metrics.h declares them), and their HTTP endpoint: serve_metrics()
+  // binds ADDR (see metrics::parse_listen_address; core::error when it cannot) and serves
+  // /metrics until run() returns.
+  metrics::registry& metrics() { return metrics_; }
+  void serve_metrics(const std::string& address);
+  // Before every scrape: f on the I/O thread (what only that thread may read: sessions, links),
+  // waited for up to a second (a scrape of a busy or stopped node shows what it had).
+  void collect_on_io(std::function<void()> f);
 
   // Starts a coroutine on the I/O thread; an exception escaping it is logged and stops the node.
   void spawn(asio::awaitable<void> a, std::string what);
@@ -114,6 +126,8 @@ class executors {
   bool stopping_ = false;
   std::string stop_reason_;
   std::exception_ptr failure_;
+  metrics::registry metrics_;
+  std::unique_ptr<metrics::exporter> exporter_;  // destroyed first: it reads metrics_ and posts to io_
 };
 
 // A condition coroutines on the I/O thread wait for: notify() wakes every waiter, which then

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -96,6 +97,9 @@ class acceptor {
   // Closes, with an Error saying why, every session whose peer certificate the revocation list
   // now in force lists (after a reload); returns how many.
   std::size_t close_revoked();
+  // I/O thread: every peer's link into the node's metrics (up, bytes over all its connections,
+  // RTT, bandwidth).
+  void publish_links() const;
   // Stops accepting and closes every session cleanly (what was posted still goes out).
   asio::awaitable<void> shutdown();
 
@@ -108,6 +112,8 @@ class acceptor {
   transport::listener listener_;
   handlers h_;
   std::list<session_ptr> sessions_;
+  // Bytes of each peer's closed sessions (sent, received), so that its totals never go back.
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> closed_bytes_;
 };
 
 class upstream {
@@ -135,6 +141,8 @@ class upstream {
   // I/O thread: closes the current channel when the revocation list now in force lists the
   // upstream's certificate (after a reload); true if it did.
   bool drop_revoked();
+  // I/O thread: the link to the upstream into the node's metrics.
+  void publish_links() const;
   asio::awaitable<void> shutdown();
 
  private:
@@ -159,7 +167,9 @@ class upstream {
   handlers h_;
   mutable std::mutex mu_;
   session_ptr cur_;
-  int n_refused_ = 0;  // in a row
+  int n_refused_ = 0;                                     // in a row
+  std::string peer_;                                      // the identity of the last connected upstream
+  std::pair<std::uint64_t, std::uint64_t> closed_bytes_;  // of its earlier channels (sent, received)
 };
 
 // A node's reload (SIGHUP): reads its certificate, key, CA and revocation list again for new

@@ -99,6 +99,8 @@ struct server_config {
   double repay_rounds = 2;          // a re-split must repay its migration within this many rounds
   std::uint64_t memory_budget = 0;  // bytes the server's blocks may use (0: from the machine)
   std::string schedule;             // emulated heterogeneity (see transport/emulation.h): text or file
+  std::string metrics;              // "PORT" or "HOST:PORT" serving /metrics (Prometheus); "" = none
+  std::filesystem::path run_log;    // one JSON object per round appended here; "" = none
   std::function<void(const round_report&)> on_round;
   std::function<void(std::uint64_t round, int n_participants)> on_round_start;
   std::function<void(std::uint16_t port)> on_listening;
