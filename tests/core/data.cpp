@@ -202,6 +202,22 @@ TEST_CASE("a missing data directory or file is a clear error") {
   CHECK(error_of([&] { core::load_dataset(dir.string()); }).find("no t10k-labels-idx1-ubyte") != std::string::npos);
 }
 
+TEST_CASE("a node that does not evaluate never reads the test pixels, only the test split's header and labels") {
+  const auto dir = make_dir("no-test", 10, false);
+  const auto img = dir / "t10k-images-idx3-ubyte";
+  fs::resize_file(img, 16 + 6);  // the header and one of the four images
+  core::load_options o;
+  o.test = false;
+  const auto d = core::load_dataset(dir.string(), o);
+  CHECK(d.train.size() == 10);
+  CHECK(d.test.size() == 0);
+  CHECK(error_of([&] { core::load_dataset(dir.string()); }).find("truncated while reading the pixels") !=
+        std::string::npos);
+  // The header is still checked: the test split must have the training split's shape.
+  write_file(img, be32(0x803) + be32(4) + be32(3) + be32(2) + std::string(24, '\0'), false);
+  CHECK(error_of([&] { core::load_dataset(dir.string(), o); }).find("differ in shape") != std::string::npos);
+}
+
 TEST_CASE("truncated, corrupt and mismatched data files are clear errors") {
   const auto dir = make_dir("bad", 10, false);
   const auto img = dir / "train-images-idx3-ubyte";
