@@ -80,8 +80,7 @@ class agent::impl {
   std::optional<runtime::link_schedule> schedule_;  // I/O thread
   std::unique_ptr<core::backend> be_;
   std::optional<runtime::segment_runner> runner_;
-  core::dataset_split data_;  // read-only once loaded
-  core::shard shard_;
+  core::dataset shard_;  // this device's training samples, in shard order; read-only once loaded
   std::uint64_t memory_budget_ = 0;
   std::mutex profile_mu_;
   std::vector<std::byte> latest_profile_;  // its frame, sent again after a reconnect
@@ -199,11 +198,10 @@ void agent::impl::on_plan(const wire::Plan& p) {
   const std::string json = p.model() ? p.model()->str() : "";
   if (json != model_.json) {
     auto m = core::parse_model_spec(json, "plan");
-    if (!(m.input == data_.train.item) || m.n_classes < data_.train.n_classes) {
+    if (!(m.input == shard_.item) || m.n_classes < shard_.n_classes) {
       auto e = std::make_exception_ptr(core::error("the server's model takes " + m.input.str() + " inputs and " +
                                                    std::to_string(m.n_classes) + " classes; this device's data has " +
-                                                   data_.train.item.str() + " and " +
-                                                   std::to_string(data_.train.n_classes)));
+                                                   shard_.item.str() + " and " + std::to_string(shard_.n_classes)));
       ex_.post_io([this, e] { ex_.fail(e, "joining"); });
       return;
     }
@@ -377,7 +375,7 @@ asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t ge
 
 void agent::impl::forward_step(std::uint64_t step) {
   const std::uint32_t mbs = micro_batch_size_, n_mb = n_micro_batches_;
-  const std::int64_t per = data_.train.item.numel();
+  const std::int64_t per = shard_.item.numel();
   std::vector<float> xb(static_cast<std::size_t>(mbs * n_mb * per));
   std::vector<std::int32_t> yb(static_cast<std::size_t>(mbs * n_mb));
   next_batch(mbs * n_mb, xb.data(), yb.data());
@@ -395,15 +393,15 @@ void agent::impl::forward_step(std::uint64_t step) {
 }
 
 void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
-  const auto size = static_cast<std::int64_t>(shard_.size());
+  const std::int64_t size = shard_.size();
   for (std::int64_t i = 0; i < n; ++i, ++position_) {
     const std::int64_t epoch = position_ / size;
     if (epoch != order_epoch_) {  // a new pass over the shard: its own shuffled order
       order_ = core::epoch_order(size, c_.order_seed, epoch);
       order_epoch_ = epoch;
     }
-    const std::int64_t idx = shard_[static_cast<std::size_t>(order_[static_cast<std::size_t>(position_ % size)])];
-    data_.train.gather(&idx, 1, x + i * data_.train.item.numel(), y + i);
+    const std::int64_t idx = order_[static_cast<std::size_t>(position_ % size)];
+    shard_.gather(&idx, 1, x + i * shard_.item.numel(), y + i);
   }
 }
 
@@ -453,9 +451,13 @@ int agent::impl::run() {
     throw core::error("device id " + std::to_string(c_.id) + " does not match certificate '" + c_.name + "' (" +
                       (bound ? "it is for device " + std::to_string(*bound) : "it binds no id") + ")");
   be_ = backend::make_backend(c_.backend);
-  data_ = core::load_dataset(c_.data);
-  shard_ =
-      core::pick_shard(c_.partition, data_.train.y, data_.train.n_classes, c_.n_shards, c_.shard, c_.partition_seed);
+  // Only this device's shard stays in memory; the test split is the server's.
+  core::load_options lo;
+  lo.test = false;
+  lo.pick_train = [this](const std::vector<std::int32_t>& labels, int n_classes) {
+    return core::pick_shard(c_.partition, labels, n_classes, c_.n_shards, c_.shard, c_.partition_seed);
+  };
+  shard_ = std::move(core::load_dataset(c_.data, lo).train);
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   runner_.emplace(*be_, core::tier::device, c_.id, c_.slowdown);
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_.size(),

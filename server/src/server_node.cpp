@@ -353,15 +353,14 @@ round_report server_node::impl::run() {
   schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
-  data_ = core::load_dataset(c_.data);
+  // The server only evaluates: of the training split it reads the statistics, keeps no sample.
+  core::load_options lo;
+  lo.pick_train = [](const std::vector<std::int32_t>&, int) { return std::vector<std::int64_t>{}; };
+  data_ = core::load_dataset(c_.data, lo);
   model_ = core::resolve_model(c_.model, data_.train.item, data_.train.n_classes);
-  data_.train = {};  // the server only evaluates
   if (c_.eval_samples > 0 && c_.eval_samples < data_.test.size()) {
     const auto order = core::epoch_order(data_.test.size(), c_.seed, 0);
-    eval_subset_.emplace(core::dataset{data_.test.name, data_.test.item, data_.test.n_classes, {}, {}});
-    eval_subset_->x.resize(static_cast<std::size_t>(c_.eval_samples * data_.test.item.numel()));
-    eval_subset_->y.resize(static_cast<std::size_t>(c_.eval_samples));
-    data_.test.gather(order.data(), c_.eval_samples, eval_subset_->x.data(), eval_subset_->y.data());
+    eval_subset_.emplace(data_.test.subset(std::span(order).first(static_cast<std::size_t>(c_.eval_samples))));
   }
   // Validate the configured cuts now, not when the first device joins.
   route_for_device(false);

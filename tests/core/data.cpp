@@ -3,7 +3,9 @@
 #include <zlib.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -80,10 +82,116 @@ TEST_CASE("IDX files load compressed or not, normalised with the training statis
     CHECK(d.train.item == core::shape{1, 2, 3});
     CHECK(d.train.n_classes == 3);
     CHECK(d.train.y[4] == 1);
+    std::vector<float> x(30 * 6);
+    std::vector<std::int32_t> y(30);
+    std::vector<std::int64_t> all(30);
+    for (std::int64_t i = 0; i < 30; ++i) all[static_cast<std::size_t>(i)] = i;
+    d.train.gather(all.data(), 30, x.data(), y.data());
     double sum = 0.0;
-    for (float v : d.train.x) sum += v;
-    CHECK(std::fabs(sum / static_cast<double>(d.train.x.size())) < 1e-5);
+    for (float v : x) sum += v;
+    CHECK(std::fabs(sum / static_cast<double>(x.size())) < 1e-5);
   }
+}
+
+// The normalisation as a whole float copy of the training split computes it: pixels scaled to
+// [0,1] as float, per-channel mean and deviation summed in double in sample then pixel order.
+std::vector<float> normalised_as_floats(const std::vector<std::uint8_t>& nhwc, int n, int hw, int c) {
+  std::vector<float> x(static_cast<std::size_t>(n * hw * c));
+  for (int s = 0; s < n; ++s)
+    for (int ch = 0; ch < c; ++ch)
+      for (int j = 0; j < hw; ++j)
+        x[static_cast<std::size_t>((s * c + ch) * hw + j)] =
+            static_cast<float>(nhwc[static_cast<std::size_t>((s * hw + j) * c + ch)]) * (1.0f / 255.0f);
+  for (int ch = 0; ch < c; ++ch) {
+    double sum = 0.0, sq = 0.0;
+    for (int s = 0; s < n; ++s)
+      for (int j = 0; j < hw; ++j) {
+        const double v = x[static_cast<std::size_t>((s * c + ch) * hw + j)];
+        sum += v;
+        sq += v * v;
+      }
+    const double count = static_cast<double>(n * hw);
+    const double mean = sum / count, stdev = std::sqrt(std::max(1e-12, sq / count - mean * mean));
+    for (int s = 0; s < n; ++s)
+      for (int j = 0; j < hw; ++j) {
+        float& v = x[static_cast<std::size_t>((s * c + ch) * hw + j)];
+        v = static_cast<float>((v - mean) / stdev);
+      }
+  }
+  return x;
+}
+
+TEST_CASE("samples kept as u8 come out exactly as a normalised float copy, channels first, any subset in its order") {
+  // 4-dim IDX: (N,H,W,C) with 3 channels of 4x5 pixels.
+  constexpr int n = 700, h = 4, w = 5, c = 3, hw = h * w;
+  const fs::path dir = fs::temp_directory_path() / ("cleave-test-" + std::to_string(::getpid()) + "-rgb");
+  fs::remove_all(dir);
+  made().all.push_back(dir);
+  fs::create_directories(dir);
+  std::vector<std::uint8_t> train_px;
+  for (auto [prefix, count] : {std::pair{"train", n}, std::pair{"t10k", 9}}) {
+    std::string img = be32(0x804) + be32(count) + be32(h) + be32(w) + be32(c);
+    std::string lab = be32(0x801) + be32(count);
+    for (int i = 0; i < count * hw * c; ++i) {
+      const auto p = static_cast<std::uint8_t>((i * 37 + i / 11) % 251);
+      img.push_back(static_cast<char>(p));
+      if (prefix == std::string("train")) train_px.push_back(p);
+    }
+    for (int i = 0; i < count; ++i) lab.push_back(static_cast<char>(i % 4));
+    write_file(dir / (std::string(prefix) + "-images-idx3-ubyte.gz"), img, true);
+    write_file(dir / (std::string(prefix) + "-labels-idx1-ubyte"), lab, false);
+  }
+  const auto expected = normalised_as_floats(train_px, n, hw, c);
+  constexpr auto per = static_cast<std::size_t>(hw * c);
+
+  const auto whole = core::load_dataset(dir.string());
+  REQUIRE(whole.train.size() == n);
+  CHECK(whole.train.item == core::shape{c, h, w});
+  CHECK(whole.train.pixels.size() == n * per);  // one byte a value
+  std::vector<float> x(per);
+  std::int32_t y = -1;
+  for (std::int64_t i = 0; i < n; ++i) {
+    whole.train.gather(&i, 1, x.data(), &y);
+    REQUIRE(std::memcmp(x.data(), expected.data() + static_cast<std::size_t>(i) * per, per * 4) == 0);
+    REQUIRE(y == i % 4);
+  }
+
+  // A shard: only its samples, in the order asked, the same values; no test pixels.
+  const std::vector<std::int64_t> keep{699, 3, 512, 0, 513, 3};
+  int classes_seen = 0;
+  core::load_options o;
+  o.test = false;
+  o.pick_train = [&](const std::vector<std::int32_t>& labels, int n_classes) {
+    CHECK(labels.size() == static_cast<std::size_t>(n));
+    classes_seen = n_classes;
+    return keep;
+  };
+  const auto part = core::load_dataset(dir.string(), o);
+  CHECK(classes_seen == 4);
+  CHECK(part.train.n_classes == 4);
+  CHECK(part.test.size() == 0);
+  CHECK(part.test.pixels.empty());
+  REQUIRE(part.train.size() == static_cast<std::int64_t>(keep.size()));
+  CHECK(part.train.pixels.size() == keep.size() * per);
+  for (std::int64_t i = 0; i < part.train.size(); ++i) {
+    part.train.gather(&i, 1, x.data(), &y);
+    const auto src = static_cast<std::size_t>(keep[static_cast<std::size_t>(i)]);
+    CHECK(std::memcmp(x.data(), expected.data() + src * per, per * 4) == 0);
+    CHECK(y == static_cast<std::int32_t>(src % 4));
+  }
+  // The test split shares the training split's normalisation.
+  const std::int64_t first = 0;
+  std::vector<float> t(per);
+  whole.test.gather(&first, 1, t.data(), &y);
+  const auto sub = whole.test.subset(std::vector<std::int64_t>{0});
+  std::vector<float> t2(per);
+  sub.gather(&first, 1, t2.data(), &y);
+  CHECK(t == t2);
+  CHECK(whole.test.table == whole.train.table);
+
+  o.pick_train = [](const std::vector<std::int32_t>&, int) { return std::vector<std::int64_t>{5, 700}; };
+  CHECK(error_of([&] { core::load_dataset(dir.string(), o); }).find("sample 700 asked for, it has 700") !=
+        std::string::npos);
 }
 
 TEST_CASE("a missing data directory or file is a clear error") {
@@ -92,6 +200,22 @@ TEST_CASE("a missing data directory or file is a clear error") {
   const auto dir = make_dir("missing", 10, false);
   fs::remove(dir / "t10k-labels-idx1-ubyte");
   CHECK(error_of([&] { core::load_dataset(dir.string()); }).find("no t10k-labels-idx1-ubyte") != std::string::npos);
+}
+
+TEST_CASE("a node that does not evaluate never reads the test pixels, only the test split's header and labels") {
+  const auto dir = make_dir("no-test", 10, false);
+  const auto img = dir / "t10k-images-idx3-ubyte";
+  fs::resize_file(img, 16 + 6);  // the header and one of the four images
+  core::load_options o;
+  o.test = false;
+  const auto d = core::load_dataset(dir.string(), o);
+  CHECK(d.train.size() == 10);
+  CHECK(d.test.size() == 0);
+  CHECK(error_of([&] { core::load_dataset(dir.string()); }).find("truncated while reading the pixels") !=
+        std::string::npos);
+  // The header is still checked: the test split must have the training split's shape.
+  write_file(img, be32(0x803) + be32(4) + be32(3) + be32(2) + std::string(24, '\0'), false);
+  CHECK(error_of([&] { core::load_dataset(dir.string(), o); }).find("differ in shape") != std::string::npos);
 }
 
 TEST_CASE("truncated, corrupt and mismatched data files are clear errors") {

@@ -1,12 +1,16 @@
 // The server's checkpoints: a path that cannot be written is refused before any training; a
 // write that fails later is reported, keeps the previous file and training goes on; the file
 // is the trainer's format, so a trainer evaluates it to the server's own figures. Evaluation
-// every N rounds and on a subset of the test split.
+// every N rounds and on a subset of the test split. `cleave export` reads it too.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+
 #include <cmath>
+#include <cstdio>
 
 #include "../support/error_of.h"
+#include "../support/safetensors_reader.h"
 #include "cleave/core/checkpoint.h"
 #include "cleave/core/trainer.h"
 #include "federation.h"
@@ -116,6 +120,47 @@ TEST_CASE("the server's checkpoint is the trainer's format: a trainer evaluates 
   const auto ev = t.evaluate(data.test);
   CHECK(ev.accuracy == doctest::Approx(reports.back().test_accuracy).epsilon(1e-9));
   CHECK(ev.loss == doctest::Approx(reports.back().test_loss).epsilon(1e-6));
+}
+
+TEST_CASE(
+    "a server's checkpoint exports for PyTorch: the global model with its averaged statistics, no optimizer state") {
+  const std::string be = test_backend();
+  workspace w("ckpt-export", 1, 256, 64);
+  auto sc = short_run(w, be, 2, 2);
+  sc.model = "resnet8";
+  std::vector<server::round_report> reports;
+  REQUIRE(train_one_device(w, be, sc, reports) == "");
+  const auto ck = core::load_checkpoint(sc.checkpoint.string());
+  const fs::path out = w.dir / "global.safetensors";
+  const std::string cmd = std::string(CLEAVE_BINARY) + " export --checkpoint " + sc.checkpoint.string() + " --out " +
+                          out.string() + " --model resnet8 2>&1";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  REQUIRE(f != nullptr);
+  std::string log;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, f)) log += buf;
+  const int status = ::pclose(f);
+  INFO(log);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+
+  const auto st = read_safetensors(out);
+  // conv1, fc (weight and bias), 6 convs in the blocks, 2 projections; 9 batch norms of 5 tensors.
+  CHECK(st.tensors.size() == 1 + 2 + 6 + 2 + 9 * 5);
+  for (const auto& [name, t] : st.tensors) CHECK(name.find(':') == std::string::npos);  // no "opt:..." state
+  auto same = [&](const std::string& torch, const std::string& cleave) {
+    const auto* e = ck.find(cleave);
+    REQUIRE(e);
+    REQUIRE(st.tensors.count(torch));
+    return st.tensors.at(torch).bytes ==
+           std::string(reinterpret_cast<const char*>(e->values.data()), e->values.size() * sizeof(float));
+  };
+  CHECK(same("conv1.weight", "p:0.weight"));
+  CHECK(same("bn1.running_mean", "s:1.running_mean"));
+  CHECK(same("layer3.0.downsample.1.running_var", "s:5.shortcut.1.running_var"));
+  CHECK(same("layer2.0.bn2.weight", "p:4.body.4.weight"));
+  CHECK(same("fc.bias", "p:7.bias"));
+  CHECK(st.metadata.at("step") == std::to_string(2 * 2));  // rounds x local steps
 }
 
 TEST_CASE("--eval-every and --eval-samples: skipped rounds say so, subsets are fixed, the last round sees all") {
