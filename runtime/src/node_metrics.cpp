@@ -4,45 +4,52 @@ namespace cleave::runtime {
 
 void declare_node_metrics(metrics::registry& r) {
   using metrics::kind;
-  // Rounds and training.
-  r.describe("cleave_rounds_completed_total", kind::counter,
-             "Rounds this node finished (the server: closed and averaged).");
-  r.describe("cleave_round", kind::gauge, "The last round this node took part in.");
-  r.describe("cleave_steps_total", kind::counter, "Training steps this device ran.");
-  r.describe("cleave_train_loss", kind::gauge, "Mean training loss of the last round.");
-  r.describe("cleave_train_accuracy", kind::gauge, "Training accuracy of the last round (0-1).");
-  r.describe("cleave_test_loss", kind::gauge, "Test loss of the global model at its last evaluation.");
-  r.describe("cleave_test_accuracy", kind::gauge, "Test accuracy of the global model at its last evaluation (0-1).");
-  r.describe("cleave_evaluations_total", kind::counter, "Evaluations of the global model.");
-  r.describe("cleave_learning_rate", kind::gauge, "Learning rate of the last round.");
-  r.describe("cleave_compute_seconds_total", kind::counter,
-             "Compute time of the model's blocks, by tier (the server reports every tier of its rounds).");
-  r.describe("cleave_checkpoint_failures_total", kind::counter, "Checkpoint writes that failed.");
-  // Devices and the split.
-  r.describe("cleave_devices_connected", kind::gauge, "Devices connected to this node (directly or through edges).");
-  r.describe("cleave_devices_participating", kind::gauge, "Devices whose replicas the last round averaged.");
-  r.describe("cleave_step_seconds", kind::gauge, "Measured time of a training step in the last round.");
-  r.describe("cleave_predicted_step_seconds", kind::gauge, "The cost model's step time for the last round's devices.");
-  r.describe("cleave_device_predicted_step_seconds", kind::gauge, "The cost model's step time of a device's route.");
-  r.describe("cleave_device_blocks", kind::gauge, "Blocks of a device's route on each tier.");
-  r.describe("cleave_resplits_total", kind::counter, "Re-splits (cut moves) this node made or took part in.");
-  r.describe("cleave_migration_seconds_total", kind::counter, "Time spent moving blocks at re-splits.");
-  r.describe("cleave_migrated_block_ranges_total", kind::counter, "Block ranges this node sent at re-splits.");
-  // Links.
-  r.describe("cleave_link_up", kind::gauge, "1 while the link to a peer is connected, else 0.");
-  r.describe("cleave_link_sent_bytes_total", kind::counter, "Bytes sent to a peer (frames, all connections).");
-  r.describe("cleave_link_received_bytes_total", kind::counter,
-             "Bytes received from a peer (frames, all connections).");
-  r.describe("cleave_link_rtt_seconds", kind::gauge, "Round-trip time of the link to a peer (heartbeats).");
-  r.describe("cleave_link_send_bandwidth_bytes_per_second", kind::gauge, "Measured send bandwidth to a peer.");
-  r.describe("cleave_link_receive_bandwidth_bytes_per_second", kind::gauge, "Measured receive bandwidth from a peer.");
-  r.describe("cleave_connections_total", kind::counter, "Connections this node made to its upstream.");
-  r.describe("cleave_refusals_total", kind::counter,
-             "Peers or messages refused, by reason (revoked, hello, admission, message, upload, upstream).");
-  r.describe("cleave_frames_dropped_total", kind::counter, "Messages dropped because the upstream link was down.");
-  // The process.
-  r.describe("cleave_process_resident_memory_bytes", kind::gauge, "Resident set size of this process.");
-  r.describe("cleave_process_peak_resident_memory_bytes", kind::gauge, "Peak resident set size of this process.");
+  struct family {
+    const char* name;
+    kind k;
+    const char* help;
+  };
+  static constexpr family catalogue[] = {
+      // Rounds and training.
+      {"cleave_rounds_completed_total", kind::counter, "Rounds this node finished (the server: closed and averaged)."},
+      {"cleave_round", kind::gauge, "The last round this node took part in."},
+      {"cleave_steps_total", kind::counter, "Training steps this device ran."},
+      {"cleave_train_loss", kind::gauge, "Mean training loss of the last round."},
+      {"cleave_train_accuracy", kind::gauge, "Training accuracy of the last round (0-1)."},
+      {"cleave_test_loss", kind::gauge, "Test loss of the global model at its last evaluation."},
+      {"cleave_test_accuracy", kind::gauge, "Test accuracy of the global model at its last evaluation (0-1)."},
+      {"cleave_evaluations_total", kind::counter, "Evaluations of the global model."},
+      {"cleave_learning_rate", kind::gauge, "Learning rate of the last round."},
+      {"cleave_compute_seconds_total", kind::counter,
+       "Compute time of the model's blocks, by tier (the server reports every tier of its rounds)."},
+      {"cleave_checkpoint_failures_total", kind::counter, "Checkpoint writes that failed."},
+      // Devices and the split.
+      {"cleave_devices_connected", kind::gauge, "Devices connected to this node (directly or through edges)."},
+      {"cleave_devices_participating", kind::gauge, "Devices whose replicas the last round averaged."},
+      {"cleave_step_seconds", kind::gauge, "Measured time of a training step in the last round."},
+      {"cleave_predicted_step_seconds", kind::gauge, "The cost model's step time for the last round's devices."},
+      {"cleave_device_predicted_step_seconds", kind::gauge, "The cost model's step time of a device's route."},
+      {"cleave_device_blocks", kind::gauge, "Blocks of a device's route on each tier."},
+      {"cleave_resplits_total", kind::counter, "Re-splits (cut moves) this node made or took part in."},
+      {"cleave_migration_seconds_total", kind::counter, "Time spent moving blocks at re-splits."},
+      {"cleave_migrated_block_ranges_total", kind::counter, "Block ranges this node sent at re-splits."},
+      // Links.
+      {"cleave_link_up", kind::gauge, "1 while the link to a peer is connected, else 0."},
+      {"cleave_link_sent_bytes_total", kind::counter, "Bytes sent to a peer (frames, all connections)."},
+      {"cleave_link_received_bytes_total", kind::counter, "Bytes received from a peer (frames, all connections)."},
+      {"cleave_link_rtt_seconds", kind::gauge, "Round-trip time of the link to a peer (heartbeats)."},
+      {"cleave_link_send_bandwidth_bytes_per_second", kind::gauge, "Measured send bandwidth to a peer."},
+      {"cleave_link_receive_bandwidth_bytes_per_second", kind::gauge, "Measured receive bandwidth from a peer."},
+      {"cleave_connections_total", kind::counter, "Connections this node made to its upstream."},
+      {"cleave_refusals_total", kind::counter,
+       "Peers or messages refused, by reason (revoked, hello, admission, message, upload, upstream)."},
+      {"cleave_frames_dropped_total", kind::counter, "Messages dropped because the upstream link was down."},
+      // The process.
+      {"cleave_process_resident_memory_bytes", kind::gauge, "Resident set size of this process."},
+      {"cleave_process_peak_resident_memory_bytes", kind::gauge, "Peak resident set size of this process."},
+      // namespace cleave::runtime
+  };
+  for (const auto& f : catalogue) r.describe(f.name, f.k, f.help);
 }
 
 }  // namespace cleave::runtime

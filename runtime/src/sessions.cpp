@@ -17,6 +17,22 @@ using clock = std::chrono::steady_clock;
 
 namespace {
 
+// One peer's link into a node's metrics: up or not, its byte totals over all its connections
+// (never lowered), and the figures of its open channel (`last`, when up).
+void publish_link(metrics::registry& m, const std::string& peer, bool up, std::uint64_t sent, std::uint64_t received,
+                  const transport::channel_stats& last) {
+  const metrics::labels l{{"peer", peer}};
+  m.set("cleave_link_up", l, up ? 1 : 0);
+  m.raise_to("cleave_link_sent_bytes_total", l, static_cast<double>(sent));
+  m.raise_to("cleave_link_received_bytes_total", l, static_cast<double>(received));
+  if (!up) return;
+  if (transport::link_rtt_us(last) > 0) m.set("cleave_link_rtt_seconds", l, transport::link_rtt_us(last) * 1e-6);
+  if (last.send_bytes_per_second > 0)
+    m.set("cleave_link_send_bandwidth_bytes_per_second", l, last.send_bytes_per_second);
+  if (last.receive_bytes_per_second > 0)
+    m.set("cleave_link_receive_bandwidth_bytes_per_second", l, last.receive_bytes_per_second);
+}
+
 asio::awaitable<void> close_channel(session_ptr s) {
   co_await s->ch.close();
 }
@@ -177,19 +193,7 @@ void acceptor::publish_links() const {
     t.received += t.last.bytes_received;
     t.up = true;
   }
-  auto& m = ex_.metrics();
-  for (const auto& [peer, t] : peers) {
-    const metrics::labels l{{"peer", peer}};
-    m.set("cleave_link_up", l, t.up ? 1 : 0);
-    m.raise_to("cleave_link_sent_bytes_total", l, static_cast<double>(t.sent));
-    m.raise_to("cleave_link_received_bytes_total", l, static_cast<double>(t.received));
-    if (t.up && transport::link_rtt_us(t.last) > 0)
-      m.set("cleave_link_rtt_seconds", l, transport::link_rtt_us(t.last) * 1e-6);
-    if (t.up && t.last.send_bytes_per_second > 0)
-      m.set("cleave_link_send_bandwidth_bytes_per_second", l, t.last.send_bytes_per_second);
-    if (t.up && t.last.receive_bytes_per_second > 0)
-      m.set("cleave_link_receive_bandwidth_bytes_per_second", l, t.last.receive_bytes_per_second);
-  }
+  for (const auto& [peer, t] : peers) publish_link(ex_.metrics(), peer, t.up, t.sent, t.received, t.last);
 }
 
 void acceptor::close(const session_ptr& s, const std::string& why) {
@@ -247,18 +251,11 @@ bool upstream::post(transport::message_builder&& m) const {
 }
 
 void upstream::publish_links() const {
-  const auto s = current();
   if (peer_.empty()) return;
-  const metrics::labels l{{"peer", peer_}};
-  auto& m = ex_.metrics();
+  const auto s = current();
   const auto st = s ? s->ch.stats() : transport::channel_stats{};
-  m.set("cleave_link_up", l, s ? 1 : 0);
-  m.raise_to("cleave_link_sent_bytes_total", l, static_cast<double>(closed_bytes_.first + st.bytes_sent));
-  m.raise_to("cleave_link_received_bytes_total", l, static_cast<double>(closed_bytes_.second + st.bytes_received));
-  if (transport::link_rtt_us(st) > 0) m.set("cleave_link_rtt_seconds", l, transport::link_rtt_us(st) * 1e-6);
-  if (st.send_bytes_per_second > 0) m.set("cleave_link_send_bandwidth_bytes_per_second", l, st.send_bytes_per_second);
-  if (st.receive_bytes_per_second > 0)
-    m.set("cleave_link_receive_bandwidth_bytes_per_second", l, st.receive_bytes_per_second);
+  publish_link(ex_.metrics(), peer_, s != nullptr, closed_bytes_.first + st.bytes_sent,
+               closed_bytes_.second + st.bytes_received, st);
 }
 
 session_ptr upstream::current() const {

@@ -9,43 +9,12 @@
 #include "cleave/transport/certs.h"
 #include "nodes.h"
 
+#include "../support/run_cleave.h"
+
 using namespace cleave;
 using namespace cleave::testing;
 
 namespace {
-
-struct outcome {
-  int status = -1;
-  std::string output;
-};
-
-// Runs the cleave binary with `args`, in `cwd` when given; its status and output.
-outcome run_cleave(const std::vector<std::string>& args) {
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::dup2(fds[1], STDOUT_FILENO);
-    ::dup2(fds[1], STDERR_FILENO);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    std::vector<char*> argv{const_cast<char*>(CLEAVE_BINARY)};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(CLEAVE_BINARY, argv.data());
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  outcome o;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) o.output.append(buf, static_cast<std::size_t>(n));
-  ::close(fds[0]);
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  o.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return o;
-}
 
 // A command's standard output.
 std::string capture(const std::string& cmd) {
