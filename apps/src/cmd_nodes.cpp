@@ -134,6 +134,7 @@ struct demo_options {
   std::string data = "fashion-mnist";
   bool u_shape = false, keep = false, no_adapt = false;
   std::string schedule, device_backends;
+  std::string dashboard, metrics;  // the server's
   int slow = 0;
   double slowdown = 1.0;
   float lr = 0.05f;
@@ -284,6 +285,8 @@ std::vector<std::string> demo_server_args(const demo_options& o, const fs::path&
                                  "--fresh",       "--force"};  // every demo is a run of its own
   if (o.u_shape) sargs.push_back("--u-shape");
   if (o.no_adapt) sargs.push_back("--no-adapt");
+  if (!o.dashboard.empty()) sargs.insert(sargs.end(), {"--dashboard", o.dashboard});
+  if (!o.metrics.empty()) sargs.insert(sargs.end(), {"--metrics", o.metrics});
   if (!o.schedule.empty()) {
     sargs.push_back("--schedule");
     sargs.push_back(o.schedule);
@@ -454,6 +457,12 @@ void add_server_command(CLI::App& app) {
                 "emulated link changes by round (text or file), e.g. 'at 3 link server * 10Mbit/s 20ms'");
   s->add_option("--metrics", so.c.metrics, metrics_help);
   s->add_option("--run-log", so.c.run_log, "append one JSON object per round to this file (for plots and scripts)");
+  s->add_option("--dashboard", so.c.dashboard,
+                "serve the live dashboard on http://ADDR/: PORT (loopback) or HOST:PORT (beyond loopback only with "
+                "--dashboard-token)");
+  s->add_option("--dashboard-token", so.c.dashboard_token,
+                "token every dashboard request must carry (?token=TOKEN or Authorization: Bearer TOKEN)")
+      ->envname("CLEAVE_DASHBOARD_TOKEN");
   s->callback([] { run_server(so); });
 }
 
@@ -542,6 +551,8 @@ void add_demo_command(CLI::App& app) {
   d->add_option("--schedule", dm.schedule, "emulated heterogeneity by round, given to every node (text or file)");
   d->add_option("--slow", dm.slow, "devices 1..N run --slowdown times slower")->check(CLI::Range(0, 64));
   d->add_option("--slowdown", dm.slowdown, "slowdown of the --slow devices")->check(CLI::Range(1.0, 1000.0));
+  d->add_option("--dashboard", dm.dashboard, "the server's live dashboard on http://ADDR/ (PORT: loopback)");
+  d->add_option("--metrics", dm.metrics, "the server's Prometheus metrics on http://ADDR/metrics (PORT: loopback)");
   d->callback([] { run_demo(dm); });
 }
 

@@ -27,22 +27,55 @@ std::pair<std::string, std::uint16_t> parse_listen_address(const std::string& te
   return {host, static_cast<std::uint16_t>(std::stoul(port))};
 }
 
-struct exporter::impl {
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+namespace {
+
+// Compared in time independent of where they differ.
+bool same_token(const std::string& given, const std::string& token) {
+  if (given.size() != token.size()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < token.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ token[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+struct http_server::impl {
   httplib::Server server;
   std::string host;
   int port = 0;
   std::thread thread;
 };
 
-exporter::exporter(const registry& r, const std::string& address, const std::string& what)
+http_server::http_server(const std::string& address, std::vector<page> pages, http_options o)
     : p_(std::make_unique<impl>()) {
-  auto [host, port] = parse_listen_address(address, what);
+  auto [host, port] = parse_listen_address(address, o.what);
+  if (o.token_beyond_loopback && o.token.empty() && !is_loopback_host(host))
+    throw std::invalid_argument(o.what + " " + address + ": serving beyond loopback needs a token (" + o.what +
+                                "-token)");
   p_->host = host;
-  p_->server.Get("/metrics", [&r](const httplib::Request&, httplib::Response& res) {
-    res.set_content(r.render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
+  if (!o.token.empty())
+    p_->server.set_pre_routing_handler([token = o.token](const httplib::Request& req, httplib::Response& res) {
+      static const std::string bearer = "Bearer ";
+      const std::string auth = req.get_header_value("Authorization");
+      if ((auth.rfind(bearer, 0) == 0 && same_token(auth.substr(bearer.size()), token)) ||
+          (req.has_param("token") && same_token(req.get_param_value("token"), token)))
+        return httplib::Server::HandlerResponse::Unhandled;
+      res.status = 401;
+      res.set_header("WWW-Authenticate", "Bearer");
+      res.set_content("a token is required: ?token=TOKEN or Authorization: Bearer TOKEN\n", "text/plain");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  for (auto& pg : pages)
+    p_->server.Get(pg.path, [pg](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-store");
+      res.set_content(pg.body(), pg.content_type.c_str());
+    });
   // SO_REUSEADDR only: the library's default adds SO_REUSEPORT, with which a second node on
-  // the same port would bind too and share the scrapes instead of being refused.
+  // the same port would bind too and share the requests instead of being refused.
   p_->server.set_socket_options([](socket_t sock) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
@@ -51,7 +84,7 @@ exporter::exporter(const registry& r, const std::string& address, const std::str
   p_->server.set_read_timeout(5, 0);
   p_->server.set_write_timeout(5, 0);
   p_->port = port == 0 ? p_->server.bind_to_any_port(host) : (p_->server.bind_to_port(host, port) ? port : -1);
-  if (p_->port <= 0) throw std::runtime_error(what + ": cannot listen on " + address);
+  if (p_->port <= 0) throw std::runtime_error(o.what + ": cannot listen on " + address);
   p_->thread = std::thread([this] { p_->server.listen_after_bind(); });
   // Serving before the constructor returns: a stop() that came before the loop began would be
   // lost, and the destructor would wait for ever.
@@ -61,20 +94,24 @@ exporter::exporter(const registry& r, const std::string& address, const std::str
   if (!p_->server.is_running()) {
     p_->server.stop();
     p_->thread.join();
-    throw std::runtime_error(what + ": the HTTP server on " + address + " did not start");
+    throw std::runtime_error(o.what + ": the HTTP server on " + address + " did not start");
   }
 }
 
-exporter::~exporter() {
+http_server::~http_server() {
   p_->server.stop();
   if (p_->thread.joinable()) p_->thread.join();
 }
 
-std::string exporter::host() const {
+std::string http_server::host() const {
   return p_->host;
 }
-std::uint16_t exporter::port() const {
+std::uint16_t http_server::port() const {
   return static_cast<std::uint16_t>(p_->port);
 }
+
+exporter::exporter(const registry& r, const std::string& address, const std::string& what)
+    : http_(address, {page{"/metrics", "text/plain; version=0.0.4; charset=utf-8", [&r] { return r.render(); }}},
+            http_options{what, {}, false}) {}
 
 }  // namespace cleave::metrics

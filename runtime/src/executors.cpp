@@ -40,6 +40,7 @@ executors::executors(std::string who) : who_(std::move(who)), work_guard_(asio::
 
 executors::~executors() {
   exporter_.reset();
+  pages_.clear();
   work_guard_.reset();
   work_.stop();
   if (worker_.joinable()) worker_.join();
@@ -88,7 +89,8 @@ void executors::run() {
     }
   });
   io_.run();
-  exporter_.reset();  // metrics are served while the node runs
+  exporter_.reset();  // metrics and pages are served while the node runs
+  pages_.clear();
   work_guard_.reset();
   worker_.join();
   if (failure_) std::rethrow_exception(failure_);
@@ -115,15 +117,27 @@ void executors::serve_metrics(const std::string& address) {
 }
 
 void executors::collect_on_io(std::function<void()> f) {
-  metrics_.on_collect([this, f = std::move(f)] {
-    auto done = std::make_shared<std::promise<void>>();
-    auto ready = done->get_future();
-    post_io([f, done] {
-      f();
-      done->set_value();
-    });
-    ready.wait_for(std::chrono::seconds(1));
+  metrics_.on_collect([this, f = std::move(f)] { run_on_io(f, std::chrono::seconds(1)); });
+}
+
+std::uint16_t executors::serve_pages(const std::string& address, std::vector<metrics::page> pages,
+                                     metrics::http_options o) {
+  try {
+    pages_.push_back(std::make_unique<metrics::http_server>(address, std::move(pages), std::move(o)));
+  } catch (const std::exception& e) {
+    throw core::error(e.what());
+  }
+  return pages_.back()->port();
+}
+
+bool executors::run_on_io(std::function<void()> f, std::chrono::milliseconds wait) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto ready = done->get_future();
+  post_io([f = std::move(f), done] {
+    f();
+    done->set_value();
   });
+  return ready.wait_for(wait) == std::future_status::ready;
 }
 
 void executors::spawn(asio::awaitable<void> a, std::string what) {

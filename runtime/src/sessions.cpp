@@ -175,25 +175,30 @@ std::uint64_t acceptor::bytes_moved() const {
   return b;
 }
 
-void acceptor::publish_links() const {
-  struct totals {
-    std::uint64_t sent = 0, received = 0;
-    transport::channel_stats last;
-    bool up = false;
-  };
-  std::map<std::string, totals> peers;
+std::vector<acceptor::link_report> acceptor::links() const {
+  std::map<std::string, link_report> peers;
   for (const auto& [peer, b] : closed_bytes_) {
     peers[peer].sent = b.first;
     peers[peer].received = b.second;
   }
   for (const auto& s : sessions_) {
     auto& t = peers[s->identity];
+    t.role = s->role;
     t.last = s->ch.stats();
     t.sent += t.last.bytes_sent;
     t.received += t.last.bytes_received;
     t.up = true;
   }
-  for (const auto& [peer, t] : peers) publish_link(ex_.metrics(), peer, t.up, t.sent, t.received, t.last);
+  std::vector<link_report> out;
+  for (auto& [peer, t] : peers) {
+    t.peer = peer;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void acceptor::publish_links() const {
+  for (const auto& t : links()) publish_link(ex_.metrics(), t.peer, t.up, t.sent, t.received, t.last);
 }
 
 void acceptor::close(const session_ptr& s, const std::string& why) {

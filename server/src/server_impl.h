@@ -12,6 +12,8 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "cleave/backend/registry.h"
@@ -46,6 +48,10 @@ class server_node::impl {
     runtime::route_state rs;
     std::uint64_t last_step = ~0ULL;  // the last step seen
     bool measured = true;             // has reported a profile since its last re-split
+    std::string name;                 // from its Hello
+    std::uint64_t joined_round = 0;   // the round open when it joined, and when its route last moved
+    std::uint64_t moved_round = 0;
+    double predicted_step_seconds = 0;  // the cost model's, at the last round's end
   };
   // The round as a state machine: open -> wait for members -> start -> collect -> close and
   // average -> evaluate -> broadcast -> checkpoint. Membership events change `members`.
@@ -111,6 +117,11 @@ class server_node::impl {
   void open_observers();
   void publish_links_and_devices();
   void observe_round(const round_report& rep);
+  // The dashboard (server_dashboard.cpp): its page and state, and what the state is made of (I/O
+  // thread), kept for when that thread cannot answer in time.
+  void open_dashboard();
+  std::string dashboard_state();
+  nlohmann::json board() const;
   // Compute thread: the global model (uploaded to the evaluation stage) and the server replicas'
   // optimizer state of `routes` written to --checkpoint, the previous ones kept; "" or why it
   // failed.
@@ -168,6 +179,9 @@ class server_node::impl {
   round_report last_;
   std::optional<core::dataset> eval_subset_;  // --eval-samples of the test split
   std::ofstream run_log_;
+  std::vector<nlohmann::json> history_;  // one row per round closed, for the dashboard's curves
+  std::mutex board_mu_;
+  std::string board_cache_ = "{}";
   std::uint64_t run_id_ = 0;  // this run's (kept when resumed)
   std::uint64_t first_round_ = 1;
   // From the checkpoint resumed: each device's server replicas' optimizer state, installed in

@@ -13,6 +13,7 @@ void server_node::impl::open_observers() {
   }
   ex_.collect_on_io([this] { publish_links_and_devices(); });
   if (!c_.metrics.empty()) ex_.serve_metrics(c_.metrics);
+  if (!c_.dashboard.empty()) open_dashboard();
 }
 
 void server_node::impl::publish_links_and_devices() {
@@ -58,8 +59,20 @@ void server_node::impl::observe_round(const round_report& rep) {
   for (const auto& [id, route] : rep.routes) {
     const double predicted = predicted_step({id});
     if (predicted > 0) m.set("cleave_device_predicted_step_seconds", {{"device", std::to_string(id)}}, predicted);
+    if (const auto d = devices_.find(id); d != devices_.end()) d->second.predicted_step_seconds = predicted;
     devices.push_back({{"id", id}, {"route", route}, {"predicted_step_seconds", predicted}});
   }
+  history_.push_back({{"round", rep.round},
+                      {"train_loss", rep.train_loss},
+                      {"train_accuracy", rep.train_accuracy},
+                      {"evaluated", rep.evaluated},
+                      {"test_loss", rep.test_loss},
+                      {"test_accuracy", rep.test_accuracy},
+                      {"step_seconds", rep.step_seconds},
+                      {"predicted_step_seconds", rep.predicted_step_seconds},
+                      {"devices", rep.n_devices},
+                      {"resplits", rep.n_resplits},
+                      {"seconds", rep.seconds}});
   if (!run_log_.is_open()) return;
   nlohmann::json j = {
       {"round", rep.round},

@@ -107,6 +107,8 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
   d.behind_edge = behind_edge;
   d.connected = true;
   d.rs.reset(route_for_device(behind_edge), plan_epoch_);
+  d.name = h.name() ? h.name()->str() : "device-" + std::to_string(id);
+  d.joined_round = d.moved_round = round_.number;
   if (old && old != via) {
     spdlog::warn("server: device {} reconnected{}; its older connection is superseded", id,
                  in_round ? " and is counted out of round " + std::to_string(round_.number) : "");

@@ -21,6 +21,7 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
   const split::route from = d.rs.cut_over(c.epoch()), to = d.rs.route;
   if (round_.at == phase::collecting) ++round_.n_resplits;
   d.measured = false;
+  d.moved_round = round_.number;
   const transport::migrate_desc md{d.rs.epoch, c.step(), dev, d.behind_edge ? s->id : 0, core::tier::server, 0};
   ex_.post_compute(
       [this, s, dev, from, to, md] {

@@ -27,6 +27,12 @@ void profile_book::set_profile(node_key node, node_profile p) {
   profiles_[node] = std::move(p);
 }
 
+std::vector<profile_book::link_measurement> profile_book::links() const {
+  std::vector<link_measurement> out;
+  for (const auto& [ends, m] : links_) out.push_back({ends.first, ends.second, m.rtt_seconds, m.bytes_per_second});
+  return out;
+}
+
 void profile_book::report_link(node_key from, node_key to, double rtt_seconds, double bytes_per_second) {
   auto& m = links_[{from, to}];
   if (rtt_seconds > 0) m.rtt_seconds = rtt_seconds;

@@ -71,6 +71,12 @@ class executors {
   // Before every scrape: f on the I/O thread (what only that thread may read: sessions, links),
   // waited for up to a second (a scrape of a busy or stopped node shows what it had).
   void collect_on_io(std::function<void()> f);
+  // Other pages of the node (the server's dashboard) on ADDR, served as /metrics is, until run()
+  // returns; core::error when it cannot. Returns the port bound.
+  std::uint16_t serve_pages(const std::string& address, std::vector<metrics::page> pages, metrics::http_options o);
+  // From any thread but the I/O thread: f run there, waited for up to `wait`; false when it did
+  // not run in time (it may run later: f must own what it writes to).
+  bool run_on_io(std::function<void()> f, std::chrono::milliseconds wait);
 
   // Starts a coroutine on the I/O thread; an exception escaping it is logged and stops the node.
   void spawn(asio::awaitable<void> a, std::string what);
@@ -127,7 +133,8 @@ class executors {
   std::string stop_reason_;
   std::exception_ptr failure_;
   metrics::registry metrics_;
-  std::unique_ptr<metrics::exporter> exporter_;  // destroyed first: it reads metrics_ and posts to io_
+  std::unique_ptr<metrics::exporter> exporter_;               // destroyed first: it reads metrics_ and posts to io_
+  std::vector<std::unique_ptr<metrics::http_server>> pages_;  // as exporter_
 };
 
 // A condition coroutines on the I/O thread wait for: notify() wakes every waiter, which then

@@ -97,8 +97,17 @@ class acceptor {
   // Closes, with an Error saying why, every session whose peer certificate the revocation list
   // now in force lists (after a reload); returns how many.
   std::size_t close_revoked();
-  // I/O thread: every peer's link into the node's metrics (up, bytes over all its connections,
-  // RTT, bandwidth).
+  // I/O thread: every peer that has connected, by certificate name: up now or not, bytes over all
+  // its connections, and its open channel's figures (RTT, bandwidth; zero when it is down).
+  struct link_report {
+    std::string peer;
+    core::tier role = core::tier::device;
+    bool up = false;
+    std::uint64_t sent = 0, received = 0;
+    transport::channel_stats last;
+  };
+  std::vector<link_report> links() const;
+  // I/O thread: links() into the node's metrics.
   void publish_links() const;
   // Stops accepting and closes every session cleanly (what was posted still goes out).
   asio::awaitable<void> shutdown();

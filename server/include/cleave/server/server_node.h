@@ -101,6 +101,10 @@ struct server_config {
   std::string schedule;             // emulated heterogeneity (see transport/emulation.h): text or file
   std::string metrics;              // "PORT" or "HOST:PORT" serving /metrics (Prometheus); "" = none
   std::filesystem::path run_log;    // one JSON object per round appended here; "" = none
+  // "PORT" or "HOST:PORT" serving the live dashboard (a page, and its state as JSON at
+  // /api/state); "" = none. Beyond loopback only with a token, which every request must then
+  // carry (?token=TOKEN or Authorization: Bearer TOKEN); on loopback a token given is required too.
+  std::string dashboard, dashboard_token;
   std::function<void(const round_report&)> on_round;
   std::function<void(std::uint64_t round, int n_participants)> on_round_start;
   std::function<void(std::uint16_t port)> on_listening;

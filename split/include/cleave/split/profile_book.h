@@ -31,6 +31,12 @@ class profile_book {
   bool has_profile(node_key node) const { return profiles_.count(node) > 0; }
   // One end's measurement of a link: its round trip and bandwidth (0: not measured yet).
   void report_link(node_key from, node_key to, double rtt_seconds, double bytes_per_second);
+  struct link_measurement {
+    node_key from, to;
+    double rtt_seconds = 0, bytes_per_second = 0;
+  };
+  // Every link measured, in (from, to) order.
+  std::vector<link_measurement> links() const;
 
   struct device_entry {
     std::uint32_t id = 0;
