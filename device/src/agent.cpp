@@ -14,6 +14,7 @@
 #include "cleave/core/dataset.h"
 #include "cleave/core/partition.h"
 #include "cleave/core/random.h"
+#include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/transport/protocol.h"
@@ -358,6 +359,8 @@ asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t ge
   const split::route from = plan_->cut_over(plan_->next_epoch), to = plan_->route;
   const transport::migrate_desc md{plan_->epoch, step, c_.id, edge_id_, core::tier::device, c_.id};
   auto moved = runner_->rehost(c_.id, from, to, md);
+  runtime::count_migration(ex_.metrics(), moved);
+  const std::size_t n_moved = moved.size();
   for (auto& [tier, msg] : moved) post(std::move(msg));
   post(transport::make_cutover(c_.id, md.epoch, md.step));
   missing_ = runner_->host().n_missing(c_.id);
@@ -366,10 +369,9 @@ asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t ge
   if (over(gen)) co_return false;
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
   spdlog::info("device {}: plan {} from step {}: {} -> {} ({} block range{} sent, {:.1f} ms)", c_.id, md.epoch, step,
-               from.str(), to.str(), moved.size(), moved.size() == 1 ? "" : "s", secs * 1e3);
+               from.str(), to.str(), n_moved, n_moved == 1 ? "" : "s", secs * 1e3);
   ex_.metrics().add("cleave_resplits_total", {});
   ex_.metrics().add("cleave_migration_seconds_total", {}, secs);
-  ex_.metrics().add("cleave_migrated_block_ranges_total", {}, static_cast<double>(moved.size()));
   co_return true;
 }
 

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "cleave/backend/registry.h"
+#include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/split/aggregate.h"
@@ -406,7 +407,9 @@ void edge_node::impl::on_cutover(device_state& d, const transport::message& m) {
   auto cutover = std::make_shared<transport::message_builder>(transport::copy_of(m));
   ex_.post_compute(
       [this, s = d.s, from, to, md, cutover] {
-        for (auto& [tier, msg] : runner_->rehost(s->id, from, to, md))
+        auto moved = runner_->rehost(s->id, from, to, md);
+        runtime::count_migration(ex_.metrics(), moved);
+        for (auto& [tier, msg] : moved)
           tier == core::tier::device ? s->post(std::move(msg)) : up_->post(std::move(msg));
         // After this edge's own blocks, so the server has them when it re-hosts.
         up_->post(std::move(*cutover));

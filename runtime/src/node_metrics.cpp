@@ -33,6 +33,7 @@ void declare_node_metrics(metrics::registry& r) {
       {"cleave_resplits_total", kind::counter, "Re-splits (cut moves) this node made or took part in."},
       {"cleave_migration_seconds_total", kind::counter, "Time spent moving blocks at re-splits."},
       {"cleave_migrated_block_ranges_total", kind::counter, "Block ranges this node sent at re-splits."},
+      {"cleave_migrated_bytes_total", kind::counter, "Bytes of the blocks (weights, optimizer state) this node sent at re-splits."},
       // Links.
       {"cleave_link_up", kind::gauge, "1 while the link to a peer is connected, else 0."},
       {"cleave_link_sent_bytes_total", kind::counter, "Bytes sent to a peer (frames, all connections)."},
@@ -50,6 +51,13 @@ void declare_node_metrics(metrics::registry& r) {
       // namespace cleave::runtime
   };
   for (const auto& f : catalogue) r.describe(f.name, f.k, f.help);
+}
+
+void count_migration(metrics::registry& r, const std::vector<std::pair<core::tier, transport::message_builder>>& moved) {
+  double bytes = 0;
+  for (const auto& [tier, msg] : moved) bytes += static_cast<double>(msg.frame().size());
+  r.add("cleave_migrated_block_ranges_total", {}, static_cast<double>(moved.size()));
+  r.add("cleave_migrated_bytes_total", {}, bytes);
 }
 
 }  // namespace cleave::runtime

@@ -19,6 +19,7 @@
 #include "cleave/backend/registry.h"
 #include "cleave/core/checkpoint.h"
 #include "cleave/core/trainer.h"
+#include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/split/aggregator.h"

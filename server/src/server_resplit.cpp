@@ -25,7 +25,9 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
   const transport::migrate_desc md{d.rs.epoch, c.step(), dev, d.behind_edge ? s->id : 0, core::tier::server, 0};
   ex_.post_compute(
       [this, s, dev, from, to, md] {
-        for (auto& [tier, msg] : runner_->rehost(dev, from, to, md)) s->post(std::move(msg));
+        auto moved = runner_->rehost(dev, from, to, md);
+        runtime::count_migration(ex_.metrics(), moved);
+        for (auto& [tier, msg] : moved) s->post(std::move(msg));
       },
       [this, s, dev](const std::string& why) { device_failed(s, dev, why); });
 }
