@@ -138,6 +138,7 @@ struct demo_options {
   double slowdown = 1.0;
   float lr = 0.05f;
   std::uint64_t seed = 1;
+  core::augment_config augment;
 };
 
 void run_server(server_options& o) {
@@ -333,6 +334,7 @@ void run_demo(const demo_options& o) {
     std::vector<std::string> extra;
     if (!o.schedule.empty()) extra = {"--schedule", o.schedule};
     if (i <= o.slow) extra.insert(extra.end(), {"--slowdown", std::to_string(o.slowdown)});
+    if (o.augment.any()) extra.insert(extra.end(), {"--augment", core::augment_str(o.augment)});
     std::vector<std::string> aargs{"cleave",
                                    "--log-level",
                                    level,
@@ -512,6 +514,7 @@ void add_agent_command(CLI::App& app) {
   a->add_option("--profile-every", ao.c.profile_every, "steps between profiles sent upstream")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
+  add_augment_option(a, ao.c.augment);
   a->callback([] { run_agent(ao); });
 }
 
@@ -542,6 +545,7 @@ void add_demo_command(CLI::App& app) {
   d->add_option("--schedule", dm.schedule, "emulated heterogeneity by round, given to every node (text or file)");
   d->add_option("--slow", dm.slow, "devices 1..N run --slowdown times slower")->check(CLI::Range(0, 64));
   d->add_option("--slowdown", dm.slowdown, "slowdown of the --slow devices")->check(CLI::Range(1.0, 1000.0));
+  add_augment_option(d, dm.augment);  // given to the device agents
   d->callback([] { run_demo(dm); });
 }
 
