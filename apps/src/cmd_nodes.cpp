@@ -139,6 +139,7 @@ struct demo_options {
   double slowdown = 1.0;
   float lr = 0.05f;
   std::uint64_t seed = 1;
+  core::augment_config augment;
 };
 
 void run_server(server_options& o) {
@@ -336,6 +337,7 @@ void run_demo(const demo_options& o) {
     std::vector<std::string> extra;
     if (!o.schedule.empty()) extra = {"--schedule", o.schedule};
     if (i <= o.slow) extra.insert(extra.end(), {"--slowdown", std::to_string(o.slowdown)});
+    if (o.augment.any()) extra.insert(extra.end(), {"--augment", core::augment_str(o.augment)});
     std::vector<std::string> aargs{"cleave",
                                    "--log-level",
                                    level,
@@ -503,7 +505,7 @@ void add_agent_command(CLI::App& app) {
                 "--upstream-name pins the node)")
       ->check(CLI::IsMember({"server", "edge"}));
   a->add_option("--backend", ao.c.backend, "compute backend")->capture_default_str();
-  a->add_option("--data", ao.c.data, "'fashion-mnist' or a directory of IDX files")->capture_default_str();
+  a->add_option("--data", ao.c.data, "'fashion-mnist', or a directory of IDX or CIFAR binary files")->capture_default_str();
   a->add_option("--shard", ao.shard, "K/N: this device holds shard K of N")->capture_default_str();
   a->add_option("--partition", ao.c.partition, "iid, dirichlet:ALPHA, classes:K or all")->capture_default_str();
   a->add_option("--partition-seed", ao.c.partition_seed, "seed of the partition (same on every device)")
@@ -521,6 +523,7 @@ void add_agent_command(CLI::App& app) {
   a->add_option("--profile-every", ao.c.profile_every, "steps between profiles sent upstream")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
+  add_augment_option(a, ao.c.augment);
   a->callback([] { run_agent(ao); });
 }
 
@@ -553,6 +556,7 @@ void add_demo_command(CLI::App& app) {
   d->add_option("--slowdown", dm.slowdown, "slowdown of the --slow devices")->check(CLI::Range(1.0, 1000.0));
   d->add_option("--dashboard", dm.dashboard, "the server's live dashboard on http://ADDR/ (PORT: loopback)");
   d->add_option("--metrics", dm.metrics, "the server's Prometheus metrics on http://ADDR/metrics (PORT: loopback)");
+  add_augment_option(d, dm.augment);  // given to the device agents
   d->callback([] { run_demo(dm); });
 }
 

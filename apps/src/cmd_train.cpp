@@ -32,11 +32,12 @@ struct train_options {
   std::uint64_t seed = 1;
   std::int64_t max_steps = -1;
   int warmup = 0;
+  core::augment_config augment;
 };
 
 void add_common(CLI::App* c, train_options& o) {
   c->add_option("--model", o.model, "zoo model (mlp, lenet5, resnet8) or a .json spec file")->capture_default_str();
-  c->add_option("--data", o.data, "'fashion-mnist' or a directory of IDX files")->capture_default_str();
+  c->add_option("--data", o.data, "'fashion-mnist' or a directory of IDX or CIFAR binary files")->capture_default_str();
   c->add_option("--backend", o.backend, "reference, onednn, vulkan[:dev], cuda[:dev] or auto")->capture_default_str();
   c->add_option("--batch", o.batch, "batch size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
   c->add_option("--seed", o.seed, "seed of weights, data order and dropout")->capture_default_str();
@@ -58,6 +59,7 @@ void run_train(const train_options& o) {
   c.epochs = o.epochs;
   c.seed = o.seed;
   c.max_steps = o.max_steps;
+  c.augment = o.augment;
   c.opt.kind = core::parse_optimizer_kind(o.optimizer);
   c.opt.lr = o.lr;
   c.opt.momentum = o.momentum;
@@ -69,6 +71,7 @@ void run_train(const train_options& o) {
   spdlog::info("training {} ({} blocks, {} parameters) on {} ({} train / {} test, {} classes) with backend {} ({})",
                model.name, model.n_blocks(), model.n_params(), o.data, data.train.size(), data.test.size(),
                data.train.n_classes, be->name(), be->device_name());
+  if (o.augment.any()) spdlog::info("augmenting the training batches ({})", core::augment_str(o.augment));
   core::trainer t(*be, model, c);
   int first_epoch = 0;
   if (resumed) {
@@ -119,6 +122,16 @@ void run_eval(const train_options& o) {
 
 }  // namespace
 
+CLI::Option* add_augment_option(CLI::App* c, core::augment_config& a) {
+  return c
+      ->add_option_function<std::string>(
+          "--augment", [&a](const std::string& text) { a = core::parse_augment(text); },
+          "augment the training batches, seeded (evaluation never is): bare, random crop with 4 pixels of "
+          "padding and horizontal flip; or a list of crop, crop:PAD, flip")
+      ->expected(0, 1)
+      ->default_str("crop:4,flip");
+}
+
 void register_train_commands(CLI::App& app) {
   static train_options o;  // lives as long as the app's callbacks
 
@@ -139,6 +152,7 @@ void register_train_commands(CLI::App& app) {
   train->add_option("--resume", o.resume, "continue from a checkpoint");
   train->add_option("--max-steps", o.max_steps, "stop each epoch after this many steps (quick runs)")
       ->check(CLI::NonNegativeNumber);
+  add_augment_option(train, o.augment);
   train->callback([] { run_train(o); });
 
   auto* eval = app.add_subcommand("eval", "evaluate a checkpoint on a data set's test split");

@@ -3,7 +3,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cleave/core/dataset.h"
+
 namespace cleave::apps {
+
+// `--augment [LIST]` of the commands that train (train, agent, demo), read into `a`: bare, the
+// usual CIFAR recipe crop:4,flip; or a list as core::parse_augment reads it.
+CLI::Option* add_augment_option(CLI::App* c, core::augment_config& a);
 
 void register_train_commands(CLI::App& app);     // train, eval, backends, models
 void register_export_command(CLI::App& app);     // export (safetensors)

@@ -12,10 +12,14 @@
 
 #include "cleave/core/error.h"
 #include "cleave/core/random.h"
+#include "dataset_detail.h"
 
 namespace cleave::core {
 
 namespace {
+
+using detail::channel_stats;
+using detail::scaled;
 
 struct gz_closer {
   void operator()(gzFile f) const { gzclose(f); }
@@ -133,80 +137,10 @@ int class_count(const std::vector<std::int32_t>& labels) {
   return *std::max_element(labels.begin(), labels.end()) + 1;
 }
 
-float scaled(std::uint8_t p) {
-  return static_cast<float>(p) * (1.0f / 255.0f);
-}
-
-// Sums of the scaled pixel values per channel, in sample then pixel order.
-struct channel_stats {
-  std::vector<double> sum, sq;
-  std::uint64_t n_per_channel = 0;
-
-  explicit channel_stats(std::size_t c) : sum(c), sq(c) {}
-  // samples (n,C,H*W)
-  void add(const std::uint8_t* samples, std::uint64_t n, std::uint64_t hw) {
-    const std::size_t c = sum.size();
-    for (std::uint64_t s = 0; s < n; ++s)
-      for (std::size_t ch = 0; ch < c; ++ch) {
-        const std::uint8_t* p = samples + (s * c + ch) * hw;
-        double& su = sum[ch];
-        double& q = sq[ch];
-        for (std::uint64_t j = 0; j < hw; ++j) {
-          const double v = scaled(p[j]);
-          su += v;
-          q += v * v;
-        }
-      }
-    n_per_channel += n * hw;
-  }
-  // table[c * 256 + p] = (p / 255 - mean_c) / stdev_c
-  std::vector<float> table() const {
-    std::vector<float> t(sum.size() * 256);
-    const auto count = static_cast<double>(n_per_channel);
-    for (std::size_t ch = 0; ch < sum.size(); ++ch) {
-      const double mean = sum[ch] / count;
-      const double stdev = std::sqrt(std::max(1e-12, sq[ch] / count - mean * mean));
-      for (int p = 0; p < 256; ++p)
-        t[ch * 256 + static_cast<std::size_t>(p)] =
-            static_cast<float>((static_cast<double>(scaled(static_cast<std::uint8_t>(p))) - mean) / stdev);
-    }
-    return t;
-  }
-};
-
 std::vector<float> scale_table(std::size_t channels) {
   std::vector<float> t(channels * 256);
   for (std::size_t i = 0; i < t.size(); ++i) t[i] = scaled(static_cast<std::uint8_t>(i % 256));
   return t;
-}
-
-// Streams the training images: statistics of all of them, pixels of the samples `keep` (in
-// that order) only.
-std::vector<std::uint8_t> stream_train(idx_images& imgs, const std::vector<std::int64_t>& keep, channel_stats& stats) {
-  const std::uint64_t per = imgs.per_sample(), n = imgs.size();
-  // (source sample, position in the kept set), by source.
-  std::vector<std::pair<std::int64_t, std::int64_t>> wanted(keep.size());
-  for (std::size_t i = 0; i < keep.size(); ++i) {
-    if (keep[i] < 0 || static_cast<std::uint64_t>(keep[i]) >= n)
-      throw error("data file '" + imgs.path() + "': sample " + std::to_string(keep[i]) + " asked for, it has " +
-                  std::to_string(n));
-    wanted[i] = {keep[i], static_cast<std::int64_t>(i)};
-  }
-  std::sort(wanted.begin(), wanted.end());
-  std::vector<std::uint8_t> out(keep.size() * per);
-  constexpr std::uint64_t chunk = 512;
-  std::vector<std::uint8_t> buf(chunk * per);
-  auto next = wanted.begin();
-  for (std::uint64_t first = 0; first < n; first += chunk) {
-    const std::uint64_t count = std::min(chunk, n - first);
-    imgs.read_nchw(count, buf.data());
-    stats.add(buf.data(), count, per / stats.sum.size());
-    for (; next != wanted.end() && static_cast<std::uint64_t>(next->first) < first + count; ++next)
-      std::memcpy(out.data() + static_cast<std::uint64_t>(next->second) * per,
-                  buf.data() + (static_cast<std::uint64_t>(next->first) - first) * per, per);
-  }
-  imgs.expect_end();
-  return out;
 }
 
 }  // namespace
@@ -253,14 +187,9 @@ dataset read_idx_pair(const std::string& images_path, const std::string& labels_
   return d;
 }
 
-dataset_split load_dataset(const std::string& name_or_dir, const load_options& o) {
-  const std::string dir = name_or_dir == "fashion-mnist" ? fashion_mnist_dir : name_or_dir;
-  if (!std::filesystem::is_directory(dir)) {
-    if (name_or_dir == "fashion-mnist")
-      throw error(std::string("data set 'fashion-mnist' not found in ") + fashion_mnist_dir +
-                  " (install Debian's dataset-fashion-mnist: scripts/setup.sh)");
-    throw error("data directory '" + dir + "': not found (give 'fashion-mnist' or a directory of IDX files)");
-  }
+namespace {
+
+dataset_split load_idx(const std::string& name, const std::string& dir, const load_options& o) {
   idx_images train_imgs(find_file(dir, "train-images-idx3-ubyte"));
   auto train_labels = read_labels(find_file(dir, "train-labels-idx1-ubyte"), train_imgs);
   // The test split's header and labels are small and always read: its shape is checked and its
@@ -273,19 +202,13 @@ dataset_split load_dataset(const std::string& name_or_dir, const load_options& o
 
   dataset_split s;
   for (dataset* d : {&s.train, &s.test}) {
-    d->name = name_or_dir;
+    d->name = name;
     d->item = train_imgs.item();
     d->n_classes = std::max(class_count(train_labels), class_count(test_labels));
   }
-  std::vector<std::int64_t> keep;
-  if (o.pick_train) {
-    keep = o.pick_train(train_labels, s.train.n_classes);
-  } else {
-    keep.resize(train_labels.size());
-    for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<std::int64_t>(i);
-  }
+  const auto keep = detail::kept_samples(o, train_labels, s.train.n_classes);
   channel_stats stats(static_cast<std::size_t>(s.train.item[0]));
-  s.train.pixels = stream_train(train_imgs, keep, stats);
+  s.train.pixels = detail::stream_train(train_imgs, keep, stats, "data file '" + train_imgs.path() + "'");
   s.train.y.resize(keep.size());
   for (std::size_t i = 0; i < keep.size(); ++i) s.train.y[i] = train_labels[static_cast<std::size_t>(keep[i])];
   s.train.table = s.test.table = stats.table();
@@ -296,6 +219,89 @@ dataset_split load_dataset(const std::string& name_or_dir, const load_options& o
     s.test.y = std::move(test_labels);
   }
   return s;
+}
+
+enum class layout { idx, cifar10, cifar100 };
+
+// The files by which a directory's layout is recognised.
+struct layout_marks {
+  layout kind;
+  const char* what;
+  std::vector<const char*> files;
+};
+
+const std::vector<layout_marks>& all_marks() {
+  static const std::vector<layout_marks> m{
+      {layout::idx,
+       "IDX",
+       {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte",
+        "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz"}},
+      {layout::cifar10,
+       "CIFAR-10",
+       {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin", "data_batch_5.bin",
+        "test_batch.bin"}},
+      {layout::cifar100, "CIFAR-100", {"train.bin", "test.bin"}},
+  };
+  return m;
+}
+
+// The directory holding the data files (`dir` or the CIFAR archive's folder in it) and its layout.
+std::pair<std::string, layout> find_layout(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<const layout_marks*, std::string>> seen;  // a layout and one of its files
+  for (const auto& m : all_marks())
+    for (const char* f : m.files)
+      if (fs::exists(dir + "/" + f)) {
+        seen.emplace_back(&m, f);
+        break;
+      }
+  if (seen.size() > 1) {
+    std::string found;
+    for (const auto& [m, f] : seen) found += std::string(found.empty() ? "" : ", ") + m->what + " (" + f + ")";
+    throw error("data directory '" + dir + "': holds files of more than one data set layout: " + found +
+                "; keep one data set per directory");
+  }
+  if (seen.size() == 1) return {dir, seen[0].first->kind};
+  const char* archives[] = {"cifar-10-batches-bin", "cifar-100-binary"};
+  std::vector<std::string> inside;
+  for (const char* a : archives)
+    if (fs::is_directory(dir + "/" + a)) inside.push_back(dir + "/" + a);
+  if (inside.size() > 1)
+    throw error("data directory '" + dir + "': holds both cifar-10-batches-bin and cifar-100-binary; give one of them");
+  if (inside.size() == 1) {
+    const auto [sub, kind] = find_layout(inside[0]);
+    if (kind != layout::idx && sub == inside[0]) return {sub, kind};
+    throw error("data directory '" + inside[0] + "': no CIFAR binary files in it");
+  }
+  throw error("data directory '" + dir +
+              "': no data files (expected IDX train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
+              "t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]; CIFAR-10 data_batch_1.bin .. "
+              "data_batch_5.bin and test_batch.bin; or CIFAR-100 train.bin and test.bin)");
+}
+
+}  // namespace
+
+dataset_split load_dataset(const std::string& name_or_dir, const load_options& o) {
+  const std::string dir = name_or_dir == "fashion-mnist" ? fashion_mnist_dir : name_or_dir;
+  if (!std::filesystem::is_directory(dir)) {
+    if (name_or_dir == "fashion-mnist")
+      throw error(std::string("data set 'fashion-mnist' not found in ") + fashion_mnist_dir +
+                  " (install Debian's dataset-fashion-mnist: scripts/setup.sh)");
+    throw error("data directory '" + dir +
+                "': not found (give 'fashion-mnist' or a directory of IDX or CIFAR binary files)");
+  }
+  const auto [files, kind] = find_layout(dir);
+  switch (kind) {
+    case layout::idx:
+      return load_idx(name_or_dir, files, o);
+    case layout::cifar10:
+      return detail::load_cifar(name_or_dir, files, detail::cifar_kind::cifar10, o);
+    case layout::cifar100:
+      return detail::load_cifar(name_or_dir, files, detail::cifar_kind::cifar100, o);
+  }
+  CLEAVE_ASSERT(false, "a known layout");
+  return {};
 }
 
 std::vector<std::int64_t> epoch_order(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {

@@ -47,7 +47,8 @@ void fit_schedule(train_config& c, std::int64_t n_samples) {
 
 std::int64_t trainer::train_epoch(const dataset& d, int epoch,
                                   const std::function<void(const progress_report&)>& progress) {
-  const auto order = epoch_order(d.size(), c_.order_seed ? c_.order_seed : c_.seed, epoch);
+  const std::uint64_t order_seed = c_.order_seed ? c_.order_seed : c_.seed;
+  const auto order = epoch_order(d.size(), order_seed, epoch);
   const std::int64_t per = d.item.numel();
   const std::int64_t steps = steps_per_epoch(d.size(), c_);
   std::vector<float> xb(static_cast<std::size_t>(c_.batch * per));
@@ -58,7 +59,7 @@ std::int64_t trainer::train_epoch(const dataset& d, int epoch,
   for (std::int64_t s = 0; s < steps; ++s) {
     const std::int64_t first = s * c_.batch;
     const std::int64_t n = std::min<std::int64_t>(c_.batch, d.size() - first);
-    d.gather(order.data() + first, n, xb.data(), yb.data());
+    d.gather(order.data() + first, n, xb.data(), yb.data(), c_.augment, order_seed, epoch);
     const float lr_now = learning_rate(c_.opt, opt_->steps_taken());
     tensor loss = step(xb.data(), yb.data(), n);
     b_->axpy(1.0f, loss, loss_sum);

@@ -403,7 +403,7 @@ void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
       order_epoch_ = epoch;
     }
     const std::int64_t idx = order_[static_cast<std::size_t>(position_ % size)];
-    shard_.gather(&idx, 1, x + i * shard_.item.numel(), y + i);
+    shard_.gather(&idx, 1, x + i * shard_.item.numel(), y + i, c_.augment, c_.order_seed, epoch);
   }
 }
 
@@ -464,6 +464,7 @@ int agent::impl::run() {
   runner_.emplace(*be_, core::tier::device, c_.id, c_.slowdown);
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_.size(),
                c_.data, c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());
+  if (c_.augment.any()) spdlog::info("device {}: augmenting its batches ({})", c_.id, core::augment_str(c_.augment));
   auto lost = [this](const std::string& why) {
     spdlog::warn("device {}: link lost: {}", c_.id, why);
     // What was in flight went with the link; the server counts this device out of the round.

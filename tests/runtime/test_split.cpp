@@ -25,7 +25,8 @@ namespace {
 // The device's data stream (partition "all"): position p is sample order(p / n)[p % n].
 std::vector<float> local_training(const workspace& w, const std::string& be, const core::optimizer_config& opt,
                                   std::uint64_t seed, std::uint32_t device, int steps, int batch,
-                                  const std::function<float(int step)>& lr_of = {}) {
+                                  const std::function<float(int step)>& lr_of = {},
+                                  const core::augment_config& aug = {}) {
   const auto d = core::load_dataset(w.data.string());
   const auto m = core::zoo_model("lenet5", d.train.item, d.train.n_classes);
   auto b = backend::make_backend(be);
@@ -41,7 +42,7 @@ std::vector<float> local_training(const workspace& w, const std::string& be, con
   for (int s = 0; s < steps; ++s) {
     for (int i = 0; i < batch; ++i, ++pos) {
       const std::int64_t idx = core::epoch_order(n, order_seed, pos / n)[static_cast<std::size_t>(pos % n)];
-      d.train.gather(&idx, 1, x.data() + i * 784, y.data() + i);
+      d.train.gather(&idx, 1, x.data() + i * 784, y.data() + i, aug, order_seed, pos / n);
     }
     if (lr_of) t.opt().set_lr(lr_of(s));
     t.step(x.data(), y.data(), batch);
@@ -108,6 +109,22 @@ TEST_CASE("split training with one device equals local training in 2-tier, 3-tie
       CHECK(diff <= 1e-5);
     }
   }
+}
+
+TEST_CASE("a device augmenting its batches trains as local training on the same augmented samples") {
+  const std::string be = test_backend();
+  workspace w("augment", 1);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 2;
+  sc.local_steps = 25;
+  const core::augment_config aug{true, 4, true};
+  const auto got = run_federation(w, be, sc, 1, false, [&](device::agent_config& ac) { ac.augment = aug; });
+  const auto want = local_training(w, be, sc.opt, sc.seed, 1, 50, sc.batch, {}, aug);
+  const auto plain = local_training(w, be, sc.opt, sc.seed, 1, 50, sc.batch);
+  const double diff = max_rel_diff(got, want);
+  INFO("max relative difference " << diff);
+  CHECK(diff <= 1e-5);
+  CHECK(max_rel_diff(got, plain) > 1e-3);  // the augmentation took effect
 }
 
 TEST_CASE("a device on the vulkan backend trains its blocks in a split as local training does") {

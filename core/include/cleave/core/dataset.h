@@ -1,16 +1,47 @@
-// Image classification data sets in IDX form (optionally gzip-compressed): reading, checking,
-// normalising, batching, and the default location of Fashion-MNIST.
+// Image classification data sets in IDX form (optionally gzip-compressed) or CIFAR binary form:
+// reading, checking, normalising, batching with seeded augmentation, and where Fashion-MNIST is.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cleave/core/shape.h"
 
 namespace cleave::core {
+
+// Training-time augmentation of a drawn sample, in this order:
+// - crop: the image padded by `pad` pixels on every side and a window of its own size cut at a
+//   random offset in [0, 2 * pad] on each axis. The padding holds pixel value 0 (black) before
+//   normalisation, as torchvision's RandomCrop(size, padding) does on the image ahead of
+//   Normalize: a padded value is the normalised value of a 0 pixel in its channel, not 0.
+// - flip: mirrored left to right with probability 1/2.
+// The choices for a sample depend only on (seed, epoch, the sample's index in the data set it
+// is drawn from): the same on every machine and backend, whatever the batch or thread count.
+struct augment_config {
+  bool crop = false;
+  int pad = 4;  // crop padding in pixels, >= 1
+  bool flip = false;
+
+  bool any() const { return crop || flip; }
+};
+
+// "crop,flip" (the usual CIFAR recipe), "crop", "crop:PAD", "flip", combinations separated by
+// ',' in any order, or "none". Errors name the text.
+augment_config parse_augment(std::string_view text);
+// The text parse_augment reads back: "none", or e.g. "crop:4,flip".
+std::string augment_str(const augment_config& a);
+
+// What augmentation does to one sample: the crop window's offset into the padded image (0 when
+// there is no crop) and whether it is mirrored.
+struct augment_draw {
+  int dy = 0, dx = 0;  // in [0, 2 * pad] when cropping
+  bool flip = false;
+};
+augment_draw draw_augment(const augment_config& a, std::uint64_t seed, std::int64_t epoch, std::int64_t sample);
 
 // Samples are kept as the file stores them (u8 pixels, a quarter of float32) and normalised
 // when a batch is drawn: `gather` gives exactly the float values a whole float copy would hold.
@@ -26,6 +57,10 @@ struct dataset {
   std::int64_t size() const { return static_cast<std::int64_t>(y.size()); }
   // Normalised samples idx[0, n) into x_out (n * item) and their labels into y_out (n).
   void gather(const std::int64_t* idx, std::int64_t n, float* x_out, std::int32_t* y_out) const;
+  // As above, each sample augmented as `a` says with the draws of (seed, epoch, idx[i]). With
+  // nothing enabled the output is exactly gather's.
+  void gather(const std::int64_t* idx, std::int64_t n, float* x_out, std::int32_t* y_out, const augment_config& a,
+              std::uint64_t seed, std::int64_t epoch) const;
   // The samples idx, in that order (same name, shape, classes and normalisation).
   dataset subset(std::span<const std::int64_t> idx) const;
 };
@@ -46,12 +81,19 @@ struct load_options {
   std::function<std::vector<std::int64_t>(const std::vector<std::int32_t>& labels, int n_classes)> pick_train;
 };
 
-// `name_or_dir`: "fashion-mnist" (Debian's dataset-fashion-mnist), or a directory holding
-// train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz],
-// t10k-labels-idx1-ubyte[.gz]. Pixels are scaled to [0,1] and normalised per channel with the
-// whole training split's mean and standard deviation, whatever part of it is kept; the class
-// count is over both splits' labels. The training images are streamed: only the kept samples
-// stay in memory.
+// `name_or_dir`: "fashion-mnist" (Debian's dataset-fashion-mnist), or a directory holding one
+// of these layouts, found by the files it holds:
+// - IDX: train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz],
+//   t10k-labels-idx1-ubyte[.gz]; the class count is over both splits' labels.
+// - CIFAR-10 binary: data_batch_1.bin .. data_batch_5.bin (training, in that order) and
+//   test_batch.bin; records of 1 label byte and 3072 pixel bytes (3,32,32); 10 classes.
+// - CIFAR-100 binary: train.bin and test.bin; records of a coarse label byte, a fine label byte
+//   and 3072 pixel bytes; the fine labels, 100 classes.
+// A CIFAR directory may also be the one its official archive unpacks to: a directory holding
+// cifar-10-batches-bin/ or cifar-100-binary/ is read from there.
+// Pixels are scaled to [0,1] and normalised per channel with the whole training split's mean
+// and standard deviation, whatever part of it is kept. The training images are streamed: only
+// the kept samples stay in memory. Errors name the file or directory and what is wrong.
 dataset_split load_dataset(const std::string& name_or_dir, const load_options& o = {});
 
 // Where `fashion-mnist` is looked up.

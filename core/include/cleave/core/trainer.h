@@ -20,6 +20,9 @@ struct train_config {
   int eval_batch = 500;
   int report_every = 50;        // steps between progress reports
   std::int64_t max_steps = -1;  // stop an epoch early (benchmarks, tests); -1: whole epochs
+  // Augmentation of the training batches, drawn with the data-order seed; evaluation never
+  // augments.
+  augment_config augment;
 };
 
 struct progress_report {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cleave/core/dataset.h"
 #include "cleave/runtime/sessions.h"
 
 namespace cleave::device {
@@ -37,6 +38,9 @@ struct agent_config {
   std::uint64_t partition_seed = 1;
   // Seed of this device's data order (default: derived from the partition seed and the id).
   std::uint64_t order_seed = 0;
+  // Augmentation of the batches this device trains on, drawn with the order seed (each sample's
+  // index in the shard and its pass over the shard).
+  core::augment_config augment;
   // Compute made this many times slower (sleeping in proportion to measured compute time),
   // to emulate a weaker board.
   double slowdown = 1.0;
