@@ -505,7 +505,8 @@ void add_agent_command(CLI::App& app) {
                 "--upstream-name pins the node)")
       ->check(CLI::IsMember({"server", "edge"}));
   a->add_option("--backend", ao.c.backend, "compute backend")->capture_default_str();
-  a->add_option("--data", ao.c.data, "'fashion-mnist', or a directory of IDX or CIFAR binary files")->capture_default_str();
+  a->add_option("--data", ao.c.data, "'fashion-mnist', or a directory of IDX or CIFAR binary files")
+      ->capture_default_str();
   a->add_option("--shard", ao.shard, "K/N: this device holds shard K of N")->capture_default_str();
   a->add_option("--partition", ao.c.partition, "iid, dirichlet:ALPHA, classes:K or all")->capture_default_str();
   a->add_option("--partition-seed", ao.c.partition_seed, "seed of the partition (same on every device)")
