@@ -203,6 +203,24 @@ void cuda_backend::relu_backward(const tensor& y, const tensor& dy, const tensor
   CLEAVE_CHECK_CUDA(k::relu_backward(py, pdy, pdx, dx.numel(), stream_));
 }
 
+void cuda_backend::clamp_forward(const tensor& x, const tensor& y, float lo, float hi) {
+  same_numel(x, y, "clamp_forward");
+  CLEAVE_ASSERT(lo < hi, "clamp_forward: lo must be below hi");
+  const float* px = f32(*this, x, "clamp_forward: x");
+  float* py = f32(*this, y, "clamp_forward: y");
+  device_guard g(device_);
+  CLEAVE_CHECK_CUDA(k::clamp_forward(px, py, y.numel(), lo, hi, stream_));
+}
+
+void cuda_backend::clamp_backward(const tensor& y, const tensor& dy, const tensor& dx, float lo, float hi) {
+  same_numel(y, dy, "clamp_backward");
+  same_numel(dy, dx, "clamp_backward");
+  const float *py = f32(*this, y, "clamp_backward: y"), *pdy = f32(*this, dy, "clamp_backward: dy");
+  float* pdx = f32(*this, dx, "clamp_backward: dx");
+  device_guard g(device_);
+  CLEAVE_CHECK_CUDA(k::clamp_backward(py, pdy, pdx, dx.numel(), lo, hi, stream_));
+}
+
 void cuda_backend::dropout_forward(const tensor& x, const tensor& y, const tensor& mask, float p, std::uint32_t seed) {
   same_numel(x, y, "dropout_forward");
   same_numel(x, mask, "dropout_forward");

@@ -72,7 +72,7 @@ class cuda_backend final : public core::backend {
     conv_plan& operator=(const conv_plan&) = delete;
   };
   using conv_key = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                              std::int64_t, int, int, int, int>;
+                              std::int64_t, int, int, int, int, int>;
 
   // Device memory for one op's temporary use; returned to the cache when the op is done
   // (later reuse is ordered after this op's kernels on the stream).

@@ -78,7 +78,7 @@ cuda_backend::conv_plan::~conv_plan() {
 cuda_backend::conv_plan& cuda_backend::plan_for(const core::conv2d_desc& d, const tensor& x, const tensor& w,
                                                 const tensor& y) {
   const conv_dims c = conv_shapes(d, x, w, y);
-  const conv_key key{c.n, c.c, c.h, c.w, c.k, c.r, c.s, d.stride_h, d.stride_w, d.pad_h, d.pad_w};
+  const conv_key key{c.n, c.c, c.h, c.w, c.k, c.r, c.s, d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.groups};
   if (auto it = conv_plans_.find(key); it != conv_plans_.end()) return *it->second;
   auto plan = std::make_unique<conv_plan>();
   CLEAVE_CHECK_CUDNN(cudnnCreateTensorDescriptor(&plan->x));
@@ -89,13 +89,14 @@ cuda_backend::conv_plan& cuda_backend::plan_for(const core::conv2d_desc& d, cons
   CLEAVE_CHECK_CUDNN(
       cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i32(c.n), i32(c.k), i32(c.p), i32(c.q)));
   CLEAVE_CHECK_CUDNN(
-      cudnnSetFilter4dDescriptor(plan->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i32(c.k), i32(c.c), i32(c.r), i32(c.s)));
+      cudnnSetFilter4dDescriptor(plan->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i32(c.k), i32(c.cg()), i32(c.r), i32(c.s)));
   for (auto* desc : {&plan->fwd_desc, &plan->data_desc, &plan->filter_desc}) {
     CLEAVE_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(desc));
     // Cross-correlation (no kernel flip), as the reference computes.
     CLEAVE_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(*desc, d.pad_h, d.pad_w, d.stride_h, d.stride_w, 1, 1,
                                                        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     CLEAVE_CHECK_CUDNN(cudnnSetConvolutionMathType(*desc, conv_math(tf32_)));
+    if (c.g > 1) CLEAVE_CHECK_CUDNN(cudnnSetConvolutionGroupCount(*desc, i32(c.g)));
   }
   int p = 0, q = 0, nn = 0, kk = 0;
   CLEAVE_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(plan->fwd_desc, plan->x, plan->w, &nn, &kk, &p, &q));

@@ -32,6 +32,10 @@ cudaError_t cast(const void* src, int src_dt, void* dst, int dst_dt, i64 n, cuda
 cudaError_t relu_forward(const float* x, float* y, i64 n, cudaStream_t stream);
 // dx = y > 0 ? dy : 0
 cudaError_t relu_backward(const float* y, const float* dy, float* dx, i64 n, cudaStream_t stream);
+// y = min(max(x, lo), hi)
+cudaError_t clamp_forward(const float* x, float* y, i64 n, float lo, float hi, cudaStream_t stream);
+// dx = lo < y < hi ? dy : 0
+cudaError_t clamp_backward(const float* y, const float* dy, float* dx, i64 n, float lo, float hi, cudaStream_t stream);
 // mask = dropout_keep(seed, i, threshold) ? keep_scale : 0; y = x * mask
 cudaError_t dropout_forward(const float* x, float* y, float* mask, i64 n, std::uint32_t threshold, float keep_scale,
                             std::uint32_t seed, cudaStream_t stream);

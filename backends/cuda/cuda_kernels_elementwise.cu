@@ -42,6 +42,19 @@ cudaError_t relu_backward(const float* y, const float* dy, float* dx, i64 n, cud
   return for_each(n, stream, [=] __device__(i64 i) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; });
 }
 
+cudaError_t clamp_forward(const float* x, float* y, i64 n, float lo, float hi, cudaStream_t stream) {
+  return for_each(n, stream, [=] __device__(i64 i) {
+    // Comparisons, not fminf/fmaxf: a NaN stays NaN, as on the reference.
+    const float v = x[i];
+    y[i] = v < lo ? lo : (v > hi ? hi : v);
+  });
+}
+
+cudaError_t clamp_backward(const float* y, const float* dy, float* dx, i64 n, float lo, float hi,
+                           cudaStream_t stream) {
+  return for_each(n, stream, [=] __device__(i64 i) { dx[i] = y[i] > lo && y[i] < hi ? dy[i] : 0.0f; });
+}
+
 cudaError_t dropout_forward(const float* x, float* y, float* mask, i64 n, std::uint32_t threshold, float keep_scale,
                             std::uint32_t seed, cudaStream_t stream) {
   return for_each(n, stream, [=] __device__(i64 i) {

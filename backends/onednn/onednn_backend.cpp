@@ -1,7 +1,8 @@
-// oneDNN backend: construction, registry entry points, ReLU and the dense ops (on matmul).
+// oneDNN backend: construction, registry entry points, ReLU, clamp and the dense ops (on matmul).
 #include "onednn_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <thread>
 
@@ -101,18 +102,22 @@ void onednn_backend::download(const tensor& src, void* dst) {
   reference_backend::download(src, dst);
 }
 
-// ---- ReLU (eltwise over the flat element range) ----------------------------------------------
+// ---- ReLU and clamp (eltwise over the flat element range) ------------------------------------
 
-void onednn_backend::relu_forward(const tensor& x, const tensor& y) {
-  core::expect_f32(*this, x, "relu_forward: x");
-  core::expect_f32(*this, y, "relu_forward: y");
-  same_numel(x, y, "relu_forward");
+void onednn_backend::eltwise_forward(const char* what, bool relu, float lo, float hi, const tensor& x,
+                                     const tensor& y) {
+  core::expect_f32(*this, x, what);
+  core::expect_f32(*this, y, what);
+  same_numel(x, y, what);
   const std::int64_t n = x.numel();
   if (n == 0) return;
-  auto& op = plan(make_key(op_tag::relu_fwd) << n, 4.0 * 8 * n, [&](planned_op& p) {
+  op_key key = make_key(relu ? op_tag::relu_fwd : op_tag::clamp_fwd) << n;
+  if (!relu) key << std::int64_t{std::bit_cast<std::uint32_t>(lo)} << std::int64_t{std::bit_cast<std::uint32_t>(hi)};
+  auto& op = plan(key, 4.0 * 8 * n, [&](planned_op& p) {
     const dnnl::memory::desc md({n}, dt::f32, tag::x);
+    const auto alg = relu ? dnnl::algorithm::eltwise_relu : dnnl::algorithm::eltwise_clip_v2;
     auto pd = CLEAVE_CHECK_DNNL(dnnl::eltwise_forward::primitive_desc(
-        {dnnl::prop_kind::forward_training, dnnl::algorithm::eltwise_relu, md, 0.0f}, eng_));
+        {dnnl::prop_kind::forward_training, alg, md, relu ? 0.0f : lo, relu ? 0.0f : hi}, eng_));
     p.input(DNNL_ARG_SRC, md, pd.src_desc());
     p.output(DNNL_ARG_DST, md, pd.dst_desc());
     p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::eltwise_forward(pd)));
@@ -120,27 +125,50 @@ void onednn_backend::relu_forward(const tensor& x, const tensor& y) {
   run(op, {{DNNL_ARG_SRC, x.host_data()}, {DNNL_ARG_DST, y.host_data()}});
 }
 
-void onednn_backend::relu_backward(const tensor& y, const tensor& dy, const tensor& dx) {
-  core::expect_f32(*this, y, "relu_backward: y");
-  core::expect_f32(*this, dy, "relu_backward: dy");
-  core::expect_f32(*this, dx, "relu_backward: dx");
-  same_numel(y, dy, "relu_backward");
-  same_numel(dy, dx, "relu_backward");
+void onednn_backend::eltwise_backward(const char* what, bool relu, float lo, float hi, const tensor& y,
+                                      const tensor& dy, const tensor& dx) {
+  core::expect_f32(*this, y, what);
+  core::expect_f32(*this, dy, what);
+  core::expect_f32(*this, dx, what);
+  same_numel(y, dy, what);
+  same_numel(dy, dx, what);
   const std::int64_t n = y.numel();
   if (n == 0) return;
-  auto& op = plan(make_key(op_tag::relu_bwd) << n, 4.0 * 12 * n, [&](planned_op& p) {
+  op_key key = make_key(relu ? op_tag::relu_bwd : op_tag::clamp_bwd) << n;
+  if (!relu) key << std::int64_t{std::bit_cast<std::uint32_t>(lo)} << std::int64_t{std::bit_cast<std::uint32_t>(hi)};
+  auto& op = plan(key, 4.0 * 12 * n, [&](planned_op& p) {
     const dnnl::memory::desc md({n}, dt::f32, tag::x);
-    // dx = y > 0 ? dy : 0 reads the forward output, as the interface passes y, not x.
-    const auto alg = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
+    // The gradient reads the forward output (the interface passes y, not x): relu's dx = y > 0 ?
+    // dy : 0, clip_v2's dx = lo < y < hi ? dy : 0.
+    const auto alg =
+        relu ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd : dnnl::algorithm::eltwise_clip_v2_use_dst_for_bwd;
+    const float a = relu ? 0.0f : lo, b = relu ? 0.0f : hi;
     auto hint = CLEAVE_CHECK_DNNL(
-        dnnl::eltwise_forward::primitive_desc({dnnl::prop_kind::forward_training, alg, md, 0.0f}, eng_));
-    auto pd = CLEAVE_CHECK_DNNL(dnnl::eltwise_backward::primitive_desc({alg, md, md, 0.0f}, eng_, hint));
+        dnnl::eltwise_forward::primitive_desc({dnnl::prop_kind::forward_training, alg, md, a, b}, eng_));
+    auto pd = CLEAVE_CHECK_DNNL(dnnl::eltwise_backward::primitive_desc({alg, md, md, a, b}, eng_, hint));
     p.input(DNNL_ARG_DST, md, md);
     p.input(DNNL_ARG_DIFF_DST, md, pd.diff_dst_desc());
     p.output(DNNL_ARG_DIFF_SRC, md, pd.diff_src_desc());
     p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::eltwise_backward(pd)));
   });
   run(op, {{DNNL_ARG_DST, y.host_data()}, {DNNL_ARG_DIFF_DST, dy.host_data()}, {DNNL_ARG_DIFF_SRC, dx.host_data()}});
+}
+
+void onednn_backend::relu_forward(const tensor& x, const tensor& y) {
+  eltwise_forward("relu_forward", true, 0.0f, 0.0f, x, y);
+}
+
+void onednn_backend::relu_backward(const tensor& y, const tensor& dy, const tensor& dx) {
+  eltwise_backward("relu_backward", true, 0.0f, 0.0f, y, dy, dx);
+}
+
+void onednn_backend::clamp_forward(const tensor& x, const tensor& y, float lo, float hi) {
+  CLEAVE_ASSERT(lo < hi, "clamp_forward: lo must be below hi");
+  eltwise_forward("clamp_forward", false, lo, hi, x, y);
+}
+
+void onednn_backend::clamp_backward(const tensor& y, const tensor& dy, const tensor& dx, float lo, float hi) {
+  eltwise_backward("clamp_backward", false, lo, hi, y, dy, dx);
 }
 
 // ---- dense: everything on the matmul primitive (brgemm kernels on AVX-512) -------------------

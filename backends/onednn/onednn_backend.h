@@ -31,6 +31,8 @@ enum class op_tag : std::int64_t {
   bn_train,
   bn_infer,
   bn_bwd,
+  clamp_fwd,
+  clamp_bwd,
 };
 
 inline op_key make_key(op_tag t) {
@@ -78,6 +80,9 @@ class onednn_backend final : public reference_backend {
 
   void relu_forward(const core::tensor& x, const core::tensor& y) override;
   void relu_backward(const core::tensor& y, const core::tensor& dy, const core::tensor& dx) override;
+  void clamp_forward(const core::tensor& x, const core::tensor& y, float lo, float hi) override;
+  void clamp_backward(const core::tensor& y, const core::tensor& dy, const core::tensor& dx, float lo,
+                      float hi) override;
 
   void matmul(const core::tensor& a, const core::tensor& b, const core::tensor& c, bool trans_a, bool trans_b,
               float alpha, float beta) override;
@@ -116,6 +121,10 @@ class onednn_backend final : public reference_backend {
                     const core::tensor& m, const core::tensor& v) override;
 
  private:
+  // ReLU (relu) or clamp to [lo, hi] through oneDNN eltwise primitives; `what` names the op in errors.
+  void eltwise_forward(const char* what, bool relu, float lo, float hi, const core::tensor& x, const core::tensor& y);
+  void eltwise_backward(const char* what, bool relu, float lo, float hi, const core::tensor& y,
+                        const core::tensor& dy, const core::tensor& dx);
   // Threads for an op of `work` (see onednn_options::min_parallel_work).
   int threads_for(double work) const;
   // The cached plan for `key`, built by `build(planned_op&)` on first use; `work` (see

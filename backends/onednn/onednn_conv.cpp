@@ -18,7 +18,7 @@ bool empty_conv(const conv_dims& c) {
 }
 
 double conv_flops(const conv_dims& c) {
-  return 2.0 * c.n * c.k * c.p * c.q * c.c * c.r * c.s;
+  return 2.0 * c.n * c.k * c.p * c.q * c.cg() * c.r * c.s;
 }
 
 enum class conv_op : std::uint8_t { forward, backward_data, backward_weights };
@@ -53,14 +53,18 @@ struct conv_mds {
 
 conv_mds conv_descs(const core::conv2d_desc& d, const conv_dims& c, tag act, bool bias) {
   conv_mds m;
-  const dims xd{c.n, c.c, c.h, c.w}, wd{c.k, c.c, c.r, c.s}, yd{c.n, c.k, c.p, c.q};
+  // Grouped weights are (G, K/G, C/G, R, S) to oneDNN: the same bytes as the caller's (K, C/G, R, S).
+  const bool grouped = c.g > 1;
+  const dims xd{c.n, c.c, c.h, c.w}, yd{c.n, c.k, c.p, c.q};
+  const dims wd = grouped ? dims{c.g, c.kg(), c.cg(), c.r, c.s} : dims{c.k, c.c, c.r, c.s};
+  const tag plain_w = grouped ? tag::goihw : tag::oihw;
   m.ux = {xd, dt::f32, tag::nchw};
-  m.uw = {wd, dt::f32, tag::oihw};
+  m.uw = {wd, dt::f32, plain_w};
   m.uy = {yd, dt::f32, tag::nchw};
   m.ub = bias ? dnnl::memory::desc({c.k}, dt::f32, tag::x) : dnnl::memory::desc();
   m.x = {xd, dt::f32, act};
   m.y = {yd, dt::f32, act};
-  m.w = {wd, dt::f32, act == tag::nchw ? tag::oihw : tag::any};
+  m.w = {wd, dt::f32, act == tag::nchw ? plain_w : tag::any};
   m.b = m.ub;
   m.strides = {d.stride_h, d.stride_w};
   m.pad_l = {d.pad_h, d.pad_w};
@@ -90,7 +94,7 @@ void onednn_backend::conv2d_forward(const core::conv2d_desc& d, const tensor& x,
   const bool bias = b.defined();
   op_key key = make_key(op_tag::conv_fwd);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
-      << std::int64_t{d.pad_h} << std::int64_t{d.pad_w} << std::int64_t{bias};
+      << std::int64_t{d.pad_h} << std::int64_t{d.pad_w} << c.g << std::int64_t{bias};
   auto& op = plan(key, conv_flops(c), [&](planned_op& p) {
     const auto m = conv_descs(d, c, activation_tag(layout_, conv_op::forward, c.c), bias);
     const auto pd = conv_forward_pd(m, eng_);
@@ -115,7 +119,7 @@ void onednn_backend::conv2d_backward_data(const core::conv2d_desc& d, const tens
   if (empty_conv(c)) return reference_backend::conv2d_backward_data(d, dy, w, dx);
   op_key key = make_key(op_tag::conv_bwd_data);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
-      << std::int64_t{d.pad_h} << std::int64_t{d.pad_w};
+      << std::int64_t{d.pad_h} << std::int64_t{d.pad_w} << c.g;
   auto& op = plan(key, conv_flops(c), [&](planned_op& p) {
     const auto m = conv_descs(d, c, activation_tag(layout_, conv_op::backward_data, c.c), false);
     const auto hint = conv_forward_pd(m, eng_);
@@ -142,7 +146,7 @@ void onednn_backend::conv2d_backward_weights(const core::conv2d_desc& d, const t
   const bool bias = db.defined();
   op_key key = make_key(op_tag::conv_bwd_weights);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
-      << std::int64_t{d.pad_h} << std::int64_t{d.pad_w} << std::int64_t{bias};
+      << std::int64_t{d.pad_h} << std::int64_t{d.pad_w} << c.g << std::int64_t{bias};
   auto& op = plan(key, conv_flops(c), [&](planned_op& p) {
     const auto m = conv_descs(d, c, activation_tag(layout_, conv_op::backward_weights, c.c), bias);
     const auto hint = conv_forward_pd(m, eng_);

@@ -165,6 +165,22 @@ void reference_backend::relu_backward(const tensor& y, const tensor& dy, const t
   for (std::int64_t i = 0, n = dx.numel(); i < n; ++i) pdx[i] = py[i] > 0.0f ? pdy[i] : 0.0f;
 }
 
+void reference_backend::clamp_forward(const tensor& x, const tensor& y, float lo, float hi) {
+  same_numel(x, y, "clamp_forward");
+  CLEAVE_ASSERT(lo < hi, "clamp_forward: lo must be below hi");
+  const float* px = x.f32();
+  float* py = y.f32();
+  for (std::int64_t i = 0, n = y.numel(); i < n; ++i) py[i] = std::min(std::max(px[i], lo), hi);
+}
+
+void reference_backend::clamp_backward(const tensor& y, const tensor& dy, const tensor& dx, float lo, float hi) {
+  same_numel(y, dy, "clamp_backward");
+  same_numel(dy, dx, "clamp_backward");
+  const float *py = y.f32(), *pdy = dy.f32();
+  float* pdx = dx.f32();
+  for (std::int64_t i = 0, n = dx.numel(); i < n; ++i) pdx[i] = py[i] > lo && py[i] < hi ? pdy[i] : 0.0f;
+}
+
 void reference_backend::dropout_forward(const tensor& x, const tensor& y, const tensor& mask, float p,
                                         std::uint32_t seed) {
   same_numel(x, y, "dropout_forward");

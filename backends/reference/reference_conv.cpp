@@ -24,15 +24,16 @@ void reference_backend::conv2d_forward(const core::conv2d_desc& d, const tensor&
       for (std::int64_t p = 0; p < c.p; ++p)
         for (std::int64_t q = 0; q < c.q; ++q) {
           double acc = pb ? pb[k] : 0.0;
-          for (std::int64_t ch = 0; ch < c.c; ++ch)
+          const std::int64_t c0 = k / c.kg() * c.cg();  // the first input channel of k's group
+          for (std::int64_t j = 0; j < c.cg(); ++j)
             for (std::int64_t r = 0; r < c.r; ++r) {
               const std::int64_t ih = p * d.stride_h - d.pad_h + r;
               if (ih < 0 || ih >= c.h) continue;
               for (std::int64_t s = 0; s < c.s; ++s) {
                 const std::int64_t iw = q * d.stride_w - d.pad_w + s;
                 if (iw < 0 || iw >= c.w) continue;
-                acc += static_cast<double>(px[((n * c.c + ch) * c.h + ih) * c.w + iw]) *
-                       pw[((k * c.c + ch) * c.r + r) * c.s + s];
+                acc += static_cast<double>(px[((n * c.c + c0 + j) * c.h + ih) * c.w + iw]) *
+                       pw[((k * c.cg() + j) * c.r + r) * c.s + s];
               }
             }
           py[((n * c.k + k) * c.p + p) * c.q + q] = static_cast<float>(acc);
@@ -50,7 +51,9 @@ void reference_backend::conv2d_backward_data(const core::conv2d_desc& d, const t
       for (std::int64_t ih = 0; ih < c.h; ++ih)
         for (std::int64_t iw = 0; iw < c.w; ++iw) {
           double acc = 0.0;
-          for (std::int64_t k = 0; k < c.k; ++k)
+          // The output channels of ch's group, and ch's index within its group.
+          const std::int64_t k0 = ch / c.cg() * c.kg(), j = ch % c.cg();
+          for (std::int64_t k = k0; k < k0 + c.kg(); ++k)
             for (std::int64_t r = 0; r < c.r; ++r) {
               const std::int64_t ph = ih + d.pad_h - r;
               if (ph < 0 || ph % d.stride_h) continue;
@@ -62,7 +65,7 @@ void reference_backend::conv2d_backward_data(const core::conv2d_desc& d, const t
                 const std::int64_t q = qw / d.stride_w;
                 if (q >= c.q) continue;
                 acc += static_cast<double>(pdy[((n * c.k + k) * c.p + p) * c.q + q]) *
-                       pw[((k * c.c + ch) * c.r + r) * c.s + s];
+                       pw[((k * c.cg() + j) * c.r + r) * c.s + s];
               }
             }
           pdx[((n * c.c + ch) * c.h + ih) * c.w + iw] = static_cast<float>(acc);
@@ -75,9 +78,10 @@ void reference_backend::conv2d_backward_weights(const core::conv2d_desc& d, cons
   const float *px = x.f32(), *pdy = dy.f32();
   float* pdw = dw.f32();
   for (std::int64_t k = 0; k < c.k; ++k)
-    for (std::int64_t ch = 0; ch < c.c; ++ch)
+    for (std::int64_t j = 0; j < c.cg(); ++j)
       for (std::int64_t r = 0; r < c.r; ++r)
         for (std::int64_t s = 0; s < c.s; ++s) {
+          const std::int64_t ch = k / c.kg() * c.cg() + j;
           double acc = 0.0;
           for (std::int64_t n = 0; n < c.n; ++n)
             for (std::int64_t p = 0; p < c.p; ++p) {
@@ -90,7 +94,7 @@ void reference_backend::conv2d_backward_weights(const core::conv2d_desc& d, cons
                        px[((n * c.c + ch) * c.h + ih) * c.w + iw];
               }
             }
-          pdw[((k * c.c + ch) * c.r + r) * c.s + s] += static_cast<float>(acc);
+          pdw[((k * c.cg() + j) * c.r + r) * c.s + s] += static_cast<float>(acc);
         }
   if (db.defined()) {
     float* pdb = db.f32();

@@ -39,9 +39,19 @@ std::uint32_t u32(std::int64_t v) {
 // Push constants of eltwise.comp.
 struct eltwise_push {
   std::uint32_t n, off_a, off_b, off_y;
-  float alpha;
+  float alpha, beta;
 };
-enum eltwise_op : std::uint32_t { op_add, op_mul, op_axpy, op_scale, op_relu, op_relu_bwd, op_fill };
+enum eltwise_op : std::uint32_t {
+  op_add,
+  op_mul,
+  op_axpy,
+  op_scale,
+  op_relu,
+  op_relu_bwd,
+  op_fill,
+  op_clamp,
+  op_clamp_bwd
+};
 
 }  // namespace
 
@@ -188,13 +198,14 @@ void vulkan_backend::synchronize() {
 
 // ---- element-wise -------------------------------------------------------------------------
 
-void vulkan_backend::eltwise(std::uint32_t op, const tensor& a, const tensor& b, const tensor& y, float alpha) {
+void vulkan_backend::eltwise(std::uint32_t op, const tensor& a, const tensor& b, const tensor& y, float alpha,
+                             float beta) {
   const std::int64_t n = y.numel();
   if (n == 0) return;
   const bound ba = a.defined() ? bind(a, false) : dummy();
   const bound bb = b.defined() ? bind(b, false) : dummy();
   const bound by = bind(y, true);
-  const eltwise_push pc{u32(n), ba.word, bb.word, by.word, alpha};
+  const eltwise_push pc{u32(n), ba.word, bb.word, by.word, alpha, beta};
   const std::array<std::uint32_t, 1> spec{op};
   run("eltwise", {ba, bb, by}, pc, groups_for(n), 1, 1, spec);
 }
@@ -284,6 +295,23 @@ void vulkan_backend::relu_backward(const tensor& y, const tensor& dy, const tens
   core::expect_f32(*this, dy, "relu_backward: dy");
   core::expect_f32(*this, dx, "relu_backward: dx");
   eltwise(op_relu_bwd, y, dy, dx, 0.0f);
+}
+
+void vulkan_backend::clamp_forward(const tensor& x, const tensor& y, float lo, float hi) {
+  same_numel(x, y, "clamp_forward");
+  CLEAVE_ASSERT(lo < hi, "clamp_forward: lo must be below hi");
+  core::expect_f32(*this, x, "clamp_forward: x");
+  core::expect_f32(*this, y, "clamp_forward: y");
+  eltwise(op_clamp, x, {}, y, lo, hi);
+}
+
+void vulkan_backend::clamp_backward(const tensor& y, const tensor& dy, const tensor& dx, float lo, float hi) {
+  same_numel(y, dy, "clamp_backward");
+  same_numel(dy, dx, "clamp_backward");
+  core::expect_f32(*this, y, "clamp_backward: y");
+  core::expect_f32(*this, dy, "clamp_backward: dy");
+  core::expect_f32(*this, dx, "clamp_backward: dx");
+  eltwise(op_clamp_bwd, y, dy, dx, lo, hi);
 }
 
 void vulkan_backend::dropout_forward(const tensor& x, const tensor& y, const tensor& mask, float p,

@@ -67,7 +67,8 @@ class vulkan_backend final : public core::backend {
   }
   // Workgroups for a grid-stride loop over n items.
   static std::uint32_t groups_for(std::int64_t n);
-  void eltwise(std::uint32_t op, const core::tensor& a, const core::tensor& b, const core::tensor& y, float alpha);
+  void eltwise(std::uint32_t op, const core::tensor& a, const core::tensor& b, const core::tensor& y, float alpha,
+               float beta = 0.0f);
 
   struct gemm_args;
   void gemm(std::string_view shader, gemm_args& g, const bound& a, const bound& b, const bound& c, const bound& bias);

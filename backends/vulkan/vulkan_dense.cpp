@@ -229,6 +229,22 @@ namespace {
 
 using core::conv_dims;
 
+// Push constants of the direct grouped-convolution shaders (shaders/gconv_common.glsl).
+struct gconv_push {
+  std::uint32_t n, c, h, w, k, r, s, p, q;
+  std::uint32_t sh, sw, ph, pw, g;
+  std::uint32_t off0, off1, off2, off_b;
+  std::uint32_t has_bias;
+};
+
+gconv_push gconv_params(const core::conv2d_desc& d, const conv_dims& c) {
+  gconv_push pc{};
+  pc.n = u32(c.n), pc.c = u32(c.c), pc.h = u32(c.h), pc.w = u32(c.w), pc.k = u32(c.k), pc.r = u32(c.r);
+  pc.s = u32(c.s), pc.p = u32(c.p), pc.q = u32(c.q);
+  pc.sh = u32(d.stride_h), pc.sw = u32(d.stride_w), pc.ph = u32(d.pad_h), pc.pw = u32(d.pad_w), pc.g = u32(c.g);
+  return pc;
+}
+
 std::array<std::uint32_t, 13> conv_words(const core::conv2d_desc& d, const conv_dims& c) {
   return {u32(c.n), u32(c.c), u32(c.h),        u32(c.w),        u32(c.k),     u32(c.r),    u32(c.s),
           u32(c.p), u32(c.q), u32(d.stride_h), u32(d.stride_w), u32(d.pad_h), u32(d.pad_w)};
@@ -247,6 +263,14 @@ void vulkan_backend::conv2d_forward(const core::conv2d_desc& d, const tensor& x,
     CLEAVE_ASSERT(b.numel() == c.k, "conv2d_forward: bias size");
   }
   if (y.numel() == 0) return;
+  if (c.g > 1) {
+    // Grouped and depthwise: a direct kernel (a GEMM per group would be a sliver for depthwise).
+    gconv_push pc = gconv_params(d, c);
+    const bound bx = bind(x, false), bw = bind(w, false), by = bind(y, true), bb = bind_opt(b, false);
+    pc.off0 = bx.word, pc.off1 = bw.word, pc.off2 = by.word, pc.off_b = bb.word, pc.has_bias = b.defined();
+    run("gconv_fwd", {bx, bw, by, bb}, pc, groups_for(y.numel()));
+    return;
+  }
   gemm_args g;
   g.pc.m = u32(c.k);
   g.pc.n = u32(c.n * c.p * c.q);
@@ -269,6 +293,14 @@ void vulkan_backend::conv2d_backward_data(const core::conv2d_desc& d, const tens
   core::expect_f32(*this, dx, "conv2d_backward_data: dx");
   const auto c = core::conv_dims_of(d, dx, w, dy);
   if (dx.numel() == 0) return;
+  if (c.g > 1) {
+    gconv_push pc = gconv_params(d, c);
+    if (dy.numel() == 0) return fill(dx, 0.0f);
+    const bound bdy = bind(dy, false), bw = bind(w, false), bdx = bind(dx, true);
+    pc.off0 = bdy.word, pc.off1 = bw.word, pc.off2 = bdx.word;
+    run("gconv_bwd_data", {bdy, bw, bdx}, pc, groups_for(dx.numel()));
+    return;
+  }
   gemm_args g;
   g.pc.m = u32(c.c);
   g.pc.n = u32(c.n * c.h * c.w);
@@ -291,16 +323,23 @@ void vulkan_backend::conv2d_backward_weights(const core::conv2d_desc& d, const t
   core::expect_f32(*this, dw, "conv2d_backward_weights: dw");
   const auto c = core::conv_dims_of(d, x, dw, dy);
   if (dy.numel() == 0) return;  // += of an empty sum
-  gemm_args g;
-  g.pc.m = u32(c.k);
-  g.pc.n = u32(c.c * c.r * c.s);
-  g.pc.kd = u32(c.n * c.p * c.q);
-  g.pc.beta = 1.0f;  // dw +=
-  g.pc.c_rs = g.pc.c_grp = g.pc.n;
-  g.pc.e = conv_words(d, c);
-  g.a_p_fast = true;
-  g.b_j_fast = false;
-  if (dw.numel() > 0) gemm("conv_bwd_weights", g, bind(dy, false), bind(x, false), bind(dw, true), dummy());
+  if (c.g > 1 && dw.numel() > 0) {
+    gconv_push pc = gconv_params(d, c);
+    const bound bx = bind(x, false), bdy = bind(dy, false), bdw = bind(dw, true);
+    pc.off0 = bx.word, pc.off1 = bdy.word, pc.off2 = bdw.word;
+    run("gconv_bwd_weights", {bx, bdy, bdw}, pc, groups_for(dw.numel()));
+  } else if (dw.numel() > 0) {
+    gemm_args g;
+    g.pc.m = u32(c.k);
+    g.pc.n = u32(c.c * c.r * c.s);
+    g.pc.kd = u32(c.n * c.p * c.q);
+    g.pc.beta = 1.0f;  // dw +=
+    g.pc.c_rs = g.pc.c_grp = g.pc.n;
+    g.pc.e = conv_words(d, c);
+    g.a_p_fast = true;
+    g.b_j_fast = false;
+    gemm("conv_bwd_weights", g, bind(dy, false), bind(x, false), bind(dw, true), dummy());
+  }
   if (db.defined()) {
     core::expect_f32(*this, db, "conv2d_backward_weights: db");
     CLEAVE_ASSERT(db.numel() == c.k, "conv2d_backward_weights: db size");

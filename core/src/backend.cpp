@@ -9,8 +9,9 @@ namespace cleave::core {
 conv_dims conv_dims_of(const conv2d_desc& d, const tensor& x, const tensor& w, const tensor& y) {
   const auto &xs = x.shape(), &ws = w.shape(), &ys = y.shape();
   CLEAVE_ASSERT(xs.rank() == 4 && ws.rank() == 4 && ys.rank() == 4, "conv2d needs 4-D tensors");
-  conv_dims c{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], ys[2], ys[3]};
-  CLEAVE_ASSERT(ws[1] == c.c && ys[0] == c.n && ys[1] == c.k, "conv2d channel/batch mismatch");
+  conv_dims c{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], ys[2], ys[3], d.groups};
+  CLEAVE_ASSERT(d.groups >= 1 && c.c % d.groups == 0 && c.k % d.groups == 0, "conv2d groups must divide C and K");
+  CLEAVE_ASSERT(ws[1] * d.groups == c.c && ys[0] == c.n && ys[1] == c.k, "conv2d channel/batch mismatch");
   CLEAVE_ASSERT(d.stride_h >= 1 && d.stride_w >= 1 && d.pad_h >= 0 && d.pad_w >= 0, "conv2d stride/padding");
   CLEAVE_ASSERT(c.p == window_out(c.h, static_cast<int>(c.r), d.stride_h, d.pad_h) &&
                     c.q == window_out(c.w, static_cast<int>(c.s), d.stride_w, d.pad_w),

@@ -129,7 +129,8 @@ std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::st
       const auto [kh, kw] = f.pair("kernel");
       const auto stride = static_cast<int>(f.integer("stride", 1));
       const auto pad = static_cast<int>(f.integer("padding", 0));
-      l = layers::make_conv2d(in, out, kh, kw, stride, pad, f.boolean("bias", true));
+      const auto groups = static_cast<int>(f.integer("groups", 1));
+      l = layers::make_conv2d(in, out, kh, kw, stride, pad, f.boolean("bias", true), groups);
       // Checked before the layer counts its weights or FLOPs (C*R*S would overflow int64).
       if (values_of(shape{in[0], kh, kw}) > static_cast<double>(spec_limits::max_params))
         throw error("field 'kernel': " + std::to_string(kh) + "x" + std::to_string(kw) + " over " +
@@ -146,6 +147,10 @@ std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::st
       l = layers::make_global_avg_pool(in);
     } else if (type == "relu") {
       l = layers::make_relu(in);
+    } else if (type == "relu6") {
+      l = layers::make_clamp(in, 0.0f, 6.0f);
+    } else if (type == "clamp") {
+      l = layers::make_clamp(in, static_cast<float>(f.number("min", 0.0)), static_cast<float>(f.number("max", 6.0)));
     } else if (type == "flatten") {
       l = layers::make_flatten(in);
     } else if (type == "dropout") {
@@ -160,8 +165,8 @@ std::unique_ptr<layer> parse_block(const json& j, const shape& in, const std::st
       l = layers::make_residual(in, std::move(body), std::move(shortcut), f.boolean("relu", true));
     } else {
       throw error("unknown block type '" + printable(type, 64) +
-                  "' (known: conv2d, linear, maxpool2d, avgpool2d, global_avg_pool, relu, flatten, dropout, "
-                  "batchnorm2d, residual)");
+                  "' (known: conv2d, linear, maxpool2d, avgpool2d, global_avg_pool, relu, relu6, clamp, flatten, "
+                  "dropout, batchnorm2d, residual)");
     }
     f.reject_unknown();
     if (values_of(l->output_shape()) > static_cast<double>(spec_limits::max_sample_values))

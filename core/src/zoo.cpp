@@ -1,6 +1,9 @@
 // The model zoo: built-in specs, generated for the data set's input shape and class count.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "cleave/core/model.h"
 
 namespace cleave::core {
@@ -32,6 +35,59 @@ json basic_block(int in, int out, int stride) {
   return b;
 }
 
+json conv_bn(int out, int k, int stride, int groups) {
+  json c = conv(out, k, stride, k / 2, false);
+  if (groups != 1) c["groups"] = groups;
+  return c;
+}
+
+// Channels times the width multiplier, rounded to a multiple of 8 and never more than 10%
+// below the exact value (torchvision's _make_divisible).
+int make_divisible(double v) {
+  int r = std::max(8, static_cast<int>(v + 4.0) / 8 * 8);
+  if (r < 0.9 * v) r += 8;
+  return r;
+}
+
+// MobileNetV2's inverted residual (Sandler et al. 2018): 1x1 expansion (skipped for t = 1),
+// 3x3 depthwise with the stride, 1x1 linear projection, each with batch norm and the first two
+// with ReLU6. With stride 1 and equal widths the input is added back (one residual block);
+// otherwise the layers are blocks of their own (more places to cut, the same function).
+void inverted_residual(json& blocks, int in, int out, int stride, int t) {
+  const int hidden = in * t;
+  json body = json::array();
+  if (t != 1) body.insert(body.end(), {conv_bn(hidden, 1, 1, 1), simple("batchnorm2d"), simple("relu6")});
+  body.insert(body.end(), {conv_bn(hidden, 3, stride, hidden), simple("batchnorm2d"), simple("relu6"),
+                           conv_bn(out, 1, 1, 1), simple("batchnorm2d")});
+  if (stride == 1 && in == out) {
+    blocks.push_back({{"type", "residual"}, {"body", body}, {"relu", false}});
+  } else {
+    for (auto& l : body) blocks.push_back(l);
+  }
+}
+
+// MobileNetV2 for small images (CIFAR-style: stride 1 in the stem and in the second stage, so a
+// 32x32 input ends at 4x4), with a width multiplier.
+json mobilenetv2(double width, int n_classes) {
+  // (expansion t, channels c, repeats n, first stride s), as in the paper's Table 2.
+  const int settings[][4] = {{1, 16, 1, 1},  {6, 24, 2, 1},  {6, 32, 3, 2}, {6, 64, 4, 2},
+                             {6, 96, 3, 1},  {6, 160, 3, 2}, {6, 320, 1, 1}};
+  json blocks = json::array();
+  int in = make_divisible(32 * width);
+  blocks.insert(blocks.end(), {conv_bn(in, 3, 1, 1), simple("batchnorm2d"), simple("relu6")});
+  for (const auto& st : settings) {
+    const int out = make_divisible(st[1] * width);
+    for (int i = 0; i < st[2]; ++i) {
+      inverted_residual(blocks, in, out, i == 0 ? st[3] : 1, st[0]);
+      in = out;
+    }
+  }
+  const int last = width > 1.0 ? make_divisible(1280 * width) : 1280;
+  blocks.insert(blocks.end(), {conv_bn(last, 1, 1, 1), simple("batchnorm2d"), simple("relu6"),
+                               simple("global_avg_pool"), linear(n_classes)});
+  return blocks;
+}
+
 json input_json(const shape& s) {
   json a = json::array();
   for (int i = 0; i < s.rank(); ++i) a.push_back(s[i]);
@@ -41,7 +97,7 @@ json input_json(const shape& s) {
 }  // namespace
 
 std::vector<std::string> zoo_names() {
-  return {"mlp", "lenet5", "resnet8"};
+  return {"mlp", "lenet5", "resnet8", "mobilenetv2"};
 }
 
 model_spec zoo_model(std::string_view name, const shape& input, int n_classes) {
@@ -58,6 +114,17 @@ model_spec zoo_model(std::string_view name, const shape& input, int n_classes) {
     blocks = {conv(16, 3, 1, 1, false),  simple("batchnorm2d"),  simple("relu"),
               basic_block(16, 16, 1),    basic_block(16, 32, 2), basic_block(32, 64, 2),
               simple("global_avg_pool"), linear(n_classes)};
+  } else if (name == "mobilenetv2" || name.rfind("mobilenetv2:", 0) == 0) {
+    // "mobilenetv2:W" for width multiplier W (default 1).
+    double width = 1.0;
+    if (name.size() > 12) {
+      const std::string w(name.substr(12));
+      char* end = nullptr;
+      width = std::strtod(w.c_str(), &end);
+      if (end != w.c_str() + w.size() || !(width >= 0.125 && width <= 4.0))
+        throw error("model '" + std::string(name) + "': the width multiplier must be a number in [0.125, 4]");
+    }
+    blocks = mobilenetv2(width, n_classes);
   } else {
     std::string known;
     for (const auto& n : zoo_names()) known += (known.empty() ? "" : ", ") + n;

@@ -141,6 +141,30 @@ TEST_CASE("relu forward and backward match the reference") {
   });
 }
 
+TEST_CASE("clamp (ReLU6) forward and backward match the reference, bounds included") {
+  const shape s{4, 3, 5, 5};
+  auto vx = random_vec(s.numel(), 3, -9.0f, 9.0f);
+  // Values on the bounds get no gradient, as PyTorch's hardtanh.
+  vx[0] = 0.0f, vx[1] = 6.0f, vx[2] = -1.5f, vx[3] = 2.0f;
+  const auto vdy = random_vec(s.numel(), 4);
+  for (auto [lo, hi] : {std::pair{0.0f, 6.0f}, std::pair{-1.5f, 2.0f}}) {
+    CAPTURE(lo);
+    CAPTURE(hi);
+    compare_with_reference(
+        "clamp",
+        [&, lo = lo, hi = hi](core::backend& b) {
+          tensor x = make(b, s, vx), y = b.empty(s), dy = make(b, s, vdy), dx = b.empty(s);
+          b.clamp_forward(x, y, lo, hi);
+          b.clamp_backward(y, dy, dx, lo, hi);
+          tensor z = make(b, s, vx), g = make(b, s, vdy);
+          b.clamp_forward(z, z, lo, hi);      // in place
+          b.clamp_backward(z, g, g, lo, hi);  // dx aliasing dy
+          return outs_t{read(b, y), read(b, dx), read(b, z), read(b, g)};
+        },
+        0.0f, 0.0f);
+  }
+}
+
 TEST_CASE("dropout draws the same mask on every backend") {
   const shape s{8, 333};
   const auto vx = random_vec(s.numel(), 5);
@@ -197,6 +221,7 @@ struct conv_case {
   std::int64_t n, c, h, w, k, r, s;
   int stride, pad;
   bool bias;
+  int groups = 1;
 };
 }  // namespace
 
@@ -208,16 +233,24 @@ TEST_CASE("conv2d forward, backward-data and accumulating backward-weights match
       {3, 5, 11, 10, 7, 3, 3, 2, 1, true},    // strided 3x3
       {2, 8, 8, 8, 16, 1, 1, 2, 0, false},    // 1x1 shortcut, stride 2
       {1, 3, 32, 32, 16, 3, 3, 1, 1, false},  // first layer on 32x32x3
+      // Grouped and depthwise (MobileNetV2's 3x3 depthwise, a channel multiplier, grouped 1x1).
+      {2, 16, 9, 9, 16, 3, 3, 1, 1, false, 16},
+      {2, 24, 9, 7, 24, 3, 3, 2, 1, false, 24},
+      {3, 32, 8, 8, 32, 3, 3, 1, 1, true, 32},
+      {2, 8, 6, 6, 12, 3, 3, 1, 1, true, 4},
+      {3, 4, 5, 5, 8, 3, 3, 1, 0, true, 4},
+      {2, 6, 4, 4, 9, 1, 1, 1, 0, false, 3},
   };
   for (const auto& cc : cases) {
     CAPTURE(cc.c);
     CAPTURE(cc.h);
     CAPTURE(cc.r);
     CAPTURE(cc.stride);
-    const core::conv2d_desc d{cc.stride, cc.stride, cc.pad, cc.pad};
+    CAPTURE(cc.groups);
+    const core::conv2d_desc d{cc.stride, cc.stride, cc.pad, cc.pad, cc.groups};
     const std::int64_t p = core::window_out(cc.h, static_cast<int>(cc.r), cc.stride, cc.pad);
     const std::int64_t q = core::window_out(cc.w, static_cast<int>(cc.s), cc.stride, cc.pad);
-    const shape sx{cc.n, cc.c, cc.h, cc.w}, sw{cc.k, cc.c, cc.r, cc.s}, sy{cc.n, cc.k, p, q};
+    const shape sx{cc.n, cc.c, cc.h, cc.w}, sw{cc.k, cc.c / cc.groups, cc.r, cc.s}, sy{cc.n, cc.k, p, q};
     const auto vx = random_vec(sx.numel(), 30), vw = random_vec(sw.numel(), 31), vb = random_vec(cc.k, 32),
                vdy = random_vec(sy.numel(), 33), vdw = random_vec(sw.numel(), 34), vdb = random_vec(cc.k, 35);
     compare_with_reference("conv2d", [&](core::backend& b) {

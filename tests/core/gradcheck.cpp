@@ -156,6 +156,13 @@ TEST_CASE("conv2d gradients match finite differences") {
   check_layer(R"({"type":"conv2d","out_channels":2,"kernel":[3,2],"stride":2,"bias":false})", shape{3, 7, 6});
 }
 
+TEST_CASE("grouped and depthwise conv2d gradients match finite differences") {
+  check_layer(R"({"type":"conv2d","out_channels":4,"kernel":3,"padding":1,"groups":2})", shape{4, 4, 4});
+  check_layer(R"({"type":"conv2d","out_channels":3,"kernel":3,"stride":2,"padding":1,"groups":3,"bias":false})",
+              shape{3, 5, 5});
+  check_layer(R"({"type":"conv2d","out_channels":6,"kernel":[1,3],"groups":3})", shape{3, 1, 7});
+}
+
 TEST_CASE("pooling gradients match finite differences") {
   check_layer(R"({"type":"maxpool2d","kernel":2})", shape{2, 4, 6});
   check_layer(R"({"type":"maxpool2d","kernel":3,"stride":2,"padding":1})", shape{2, 5, 5});
@@ -163,8 +170,11 @@ TEST_CASE("pooling gradients match finite differences") {
   check_layer(R"({"type":"global_avg_pool"})", shape{3, 3, 3});
 }
 
-TEST_CASE("relu, flatten and dropout gradients match finite differences") {
+TEST_CASE("relu, clamp, relu6, flatten and dropout gradients match finite differences") {
   check_layer(R"({"type":"relu"})", shape{3, 2, 5});
+  // Inputs span [-4, 4]: clamp(-1, 2) has inputs beyond both bounds, relu6 below its lower one.
+  check_layer(R"({"type":"clamp","min":-1,"max":2})", shape{3, 2, 5});
+  check_layer(R"({"type":"relu6"})", shape{3, 2, 5});
   check_layer(R"({"type":"flatten"})", shape{2, 3, 3});
   check_layer(R"({"type":"dropout","p":0.3})", shape{40});
 }

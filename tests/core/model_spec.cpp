@@ -161,3 +161,51 @@ TEST_CASE("negative pooling padding and class counts beyond 32 bits are refused"
   CHECK(error_of(R"({"input": [4], "classes": 4294967298, "blocks": [{"type": "linear", "out_features": 2}]})")
             .find("field 'classes': missing or not an integer from 2 to 1000000") != std::string::npos);
 }
+
+TEST_CASE("mobilenetv2 has torchvision's parameter count, depthwise blocks and a width multiplier") {
+  const auto m = core::zoo_model("mobilenetv2", core::shape{3, 32, 32}, 10);
+  // torchvision.models.mobilenet_v2(num_classes=10): the strides differ (CIFAR-style), the
+  // weights do not.
+  CHECK(m.n_params() == 2236682);
+  CHECK(m.blocks.back().out == core::shape{10});
+  int depthwise = 0, residual = 0, relu6 = 0;
+  for (const auto& b : m.blocks) {
+    residual += b.kind == "residual";
+    relu6 += b.kind == "relu6";
+  }
+  // 17 inverted residual blocks; 10 keep their width and stride and add the input back.
+  CHECK(residual == 10);
+  CHECK(relu6 > 0);
+  const std::string spec = m.json;
+  for (std::size_t at = spec.find("\"groups\""); at != std::string::npos; at = spec.find("\"groups\"", at + 1))
+    ++depthwise;
+  CHECK(depthwise == 17);
+  // 32x32 ends at 4x4 before the global pool; 28x28 at 4x4 too (28 -> 14 -> 7 -> 4).
+  for (const auto& in : {core::shape{3, 32, 32}, core::shape{1, 28, 28}}) {
+    const auto mm = core::zoo_model("mobilenetv2", in, 10);
+    CHECK(mm.blocks[mm.n_blocks() - 2].in == core::shape{1280, 4, 4});
+  }
+  const auto half = core::zoo_model("mobilenetv2:0.5", core::shape{3, 32, 32}, 10);
+  CHECK(half.n_params() < m.n_params() / 2);
+  CHECK(cleave::testing::error_of([] { core::zoo_model("mobilenetv2:x", core::shape{3, 32, 32}, 10); })
+            .find("width multiplier") != std::string::npos);
+}
+
+TEST_CASE("grouped convolutions and clamps are checked like every other field") {
+  CHECK(error_of(R"({"input":[6,8,8],"classes":2,"blocks":[{"type":"conv2d","out_channels":4,"kernel":3,"groups":4},
+      {"type":"flatten"},{"type":"linear","out_features":2}]})")
+            .find("block 0 (conv2d): groups 4 must divide the input channels (6) and out_channels (4)") !=
+        std::string::npos);
+  CHECK(error_of(R"({"input":[6,8,8],"classes":2,"blocks":[{"type":"conv2d","out_channels":6,"kernel":3,"groups":0},
+      {"type":"flatten"},{"type":"linear","out_features":2}]})")
+            .find("groups must be >= 1") != std::string::npos);
+  CHECK(error_of(R"({"input":[4],"classes":2,"blocks":[{"type":"clamp","min":3,"max":1},
+      {"type":"linear","out_features":2}]})")
+            .find("block 0 (clamp): clamp needs finite min < max") != std::string::npos);
+  const auto m = core::parse_model_spec(R"({"input":[6,8,8],"classes":2,"blocks":[
+      {"type":"conv2d","out_channels":12,"kernel":3,"groups":3,"bias":false},{"type":"relu6"},
+      {"type":"flatten"},{"type":"linear","out_features":2}]})",
+                                        "net.json");
+  CHECK(m.blocks[0].n_params == 12 * 2 * 3 * 3);
+  CHECK(m.blocks[1].kind == "relu6");
+}

@@ -1,4 +1,5 @@
-// Linear, convolution, pooling, activation, flatten, dropout and batch-norm layers.
+// Linear, convolution (grouped and depthwise too), pooling, activations (ReLU, clamp/ReLU6),
+// flatten, dropout and batch-norm layers.
 #include <cmath>
 
 #include "layers.h"
@@ -58,8 +59,9 @@ class conv2d final : public layer {
       : layer(in, out), r_(r), s_(s), d_(d), bias_(bias) {}
   std::string kind() const override { return "conv2d"; }
   std::vector<param_spec> params() const override {
-    const std::int64_t fan_in = in_[0] * r_ * s_;
-    std::vector<param_spec> p{{"weight", {out_[0], in_[0], r_, s_}, init_kind::uniform_fan_in, fan_in}};
+    // PyTorch's fan-in of a grouped convolution: the input channels one output channel sees.
+    const std::int64_t cg = in_[0] / d_.groups, fan_in = cg * r_ * s_;
+    std::vector<param_spec> p{{"weight", {out_[0], cg, r_, s_}, init_kind::uniform_fan_in, fan_in}};
     if (bias_) p.push_back({"bias", {out_[0]}, init_kind::uniform_fan_in, fan_in});
     return p;
   }
@@ -84,7 +86,7 @@ class conv2d final : public layer {
     return dx;
   }
   double flops_per_sample() const override {
-    return 2.0 * static_cast<double>(out_.numel()) * static_cast<double>(in_[0] * r_ * s_);
+    return 2.0 * static_cast<double>(out_.numel()) * static_cast<double>(in_[0] / d_.groups * r_ * s_);
   }
 
  private:
@@ -146,6 +148,29 @@ class relu final : public layer {
     return dx;
   }
   double flops_per_sample() const override { return static_cast<double>(in_.numel()); }
+};
+
+// y = min(max(x, lo), hi); ReLU6 is clamp(0, 6).
+class clamp final : public layer {
+ public:
+  clamp(const shape& in, float lo, float hi) : layer(in, in), lo_(lo), hi_(hi) {}
+  std::string kind() const override { return lo_ == 0.0f && hi_ == 6.0f ? "relu6" : "clamp"; }
+  tensor forward(backend& b, const tensor& x, layer_ctx& ctx, const run_info&) override {
+    tensor y = b.empty(x.shape());
+    b.clamp_forward(x, y, lo_, hi_);
+    ctx.saved = {y};
+    return y;
+  }
+  tensor backward(backend& b, const tensor& dy, layer_ctx& ctx, bool need_dx) override {
+    if (!need_dx) return {};
+    tensor dx = b.empty(dy.shape());
+    b.clamp_backward(ctx.saved[0], dy, dx, lo_, hi_);
+    return dx;
+  }
+  double flops_per_sample() const override { return 2.0 * static_cast<double>(in_.numel()); }
+
+ private:
+  float lo_, hi_;
 };
 
 class flatten final : public layer {
@@ -233,9 +258,13 @@ std::unique_ptr<layer> make_linear(const shape& in, std::int64_t out_features, b
 }
 
 std::unique_ptr<layer> make_conv2d(const shape& in, std::int64_t out_channels, int kernel_h, int kernel_w, int stride,
-                                   int padding, bool bias) {
+                                   int padding, bool bias, int groups) {
   require_rank(in, 3, "conv2d");
   if (out_channels < 1) throw error("out_channels must be >= 1, got " + std::to_string(out_channels));
+  if (groups < 1) throw error("groups must be >= 1, got " + std::to_string(groups));
+  if (in[0] % groups != 0 || out_channels % groups != 0)
+    throw error("groups " + std::to_string(groups) + " must divide the input channels (" + std::to_string(in[0]) +
+                ") and out_channels (" + std::to_string(out_channels) + ")");
   if (kernel_h < 1 || kernel_w < 1) throw error("kernel must be >= 1");
   if (stride < 1) throw error("stride must be >= 1, got " + std::to_string(stride));
   if (padding < 0) throw error("padding must be >= 0, got " + std::to_string(padding));
@@ -245,7 +274,7 @@ std::unique_ptr<layer> make_conv2d(const shape& in, std::int64_t out_channels, i
     throw error("kernel " + std::to_string(kernel_h) + "x" + std::to_string(kernel_w) + " does not fit input " +
                 in.str() + " with padding " + std::to_string(padding));
   return std::make_unique<conv2d>(in, shape{out_channels, p, q}, kernel_h, kernel_w,
-                                  conv2d_desc{stride, stride, padding, padding}, bias);
+                                  conv2d_desc{stride, stride, padding, padding, groups}, bias);
 }
 
 std::unique_ptr<layer> make_pool2d(const shape& in, const pool2d_desc& d) {
@@ -269,6 +298,12 @@ std::unique_ptr<layer> make_global_avg_pool(const shape& in) {
 
 std::unique_ptr<layer> make_relu(const shape& in) {
   return std::make_unique<relu>(in);
+}
+
+std::unique_ptr<layer> make_clamp(const shape& in, float lo, float hi) {
+  if (!std::isfinite(lo) || !std::isfinite(hi) || !(lo < hi))
+    throw error("clamp needs finite min < max, got min " + std::to_string(lo) + ", max " + std::to_string(hi));
+  return std::make_unique<clamp>(in, lo, hi);
 }
 
 std::unique_ptr<layer> make_flatten(const shape& in) {

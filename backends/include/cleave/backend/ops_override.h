@@ -18,6 +18,10 @@
   void relu_forward(const ::cleave::core::tensor& x, const ::cleave::core::tensor& y) override;                    \
   void relu_backward(const ::cleave::core::tensor& y, const ::cleave::core::tensor& dy,                            \
                      const ::cleave::core::tensor& dx) override;                                                   \
+  void clamp_forward(const ::cleave::core::tensor& x, const ::cleave::core::tensor& y, float lo, float hi)         \
+      override;                                                                                                    \
+  void clamp_backward(const ::cleave::core::tensor& y, const ::cleave::core::tensor& dy,                           \
+                      const ::cleave::core::tensor& dx, float lo, float hi) override;                              \
   void dropout_forward(const ::cleave::core::tensor& x, const ::cleave::core::tensor& y,                           \
                        const ::cleave::core::tensor& mask, float p, std::uint32_t seed) override;                  \
   void matmul(const ::cleave::core::tensor& a, const ::cleave::core::tensor& b, const ::cleave::core::tensor& c,   \

@@ -25,6 +25,9 @@ namespace cleave::core {
 struct conv2d_desc {
   int stride_h = 1, stride_w = 1;
   int pad_h = 0, pad_w = 0;  // zero padding on both sides
+  // Grouped convolution: input and output channels split into `groups` equal groups, output
+  // group j seeing input group j only; groups == C == K is a depthwise convolution.
+  int groups = 1;
 };
 
 enum class pool_kind : std::uint8_t { max, avg };
@@ -69,9 +72,12 @@ constexpr std::int64_t window_out(std::int64_t in, int kernel, int stride, int p
   return (in + 2 * pad - kernel) / stride + 1;
 }
 
-// A convolution's sizes: x (N,C,H,W), w (K,C,R,S), y (N,K,P,Q).
+// A convolution's sizes: x (N,C,H,W), w (K,C/G,R,S), y (N,K,P,Q), G groups.
 struct conv_dims {
   std::int64_t n, c, h, w, k, r, s, p, q;
+  std::int64_t g = 1;
+  std::int64_t cg() const { return c / g; }  // input channels per group
+  std::int64_t kg() const { return k / g; }  // output channels per group
 };
 // The sizes of conv2d(x, w) -> y, checked against each other and the descriptor (a mismatch
 // is a bug of the caller: CLEAVE_ASSERT).
@@ -122,6 +128,12 @@ class backend {
   virtual void relu_forward(const tensor& x, const tensor& y) = 0;
   // y (the forward output), dy, dx (same numel): dx = y > 0 ? dy : 0 (overwrite; dx may alias dy)
   virtual void relu_backward(const tensor& y, const tensor& dy, const tensor& dx) = 0;
+  // x, y (same numel), lo < hi: y = min(max(x, lo), hi) (overwrite; y may alias x). ReLU6 is
+  // clamp(x, 0, 6).
+  virtual void clamp_forward(const tensor& x, const tensor& y, float lo, float hi) = 0;
+  // y (the forward output), dy, dx (same numel): dx = lo < y < hi ? dy : 0 (overwrite; dx may
+  // alias dy), the gradient PyTorch's hardtanh gives (none at the bounds themselves).
+  virtual void clamp_backward(const tensor& y, const tensor& dy, const tensor& dx, float lo, float hi) = 0;
   // x, y, mask (same numel): mask = dropout_keep(seed, i, keep_threshold(p)) ? 1/(1-p) : 0;
   // y = x * mask (overwrite). Backward is mul(dy, mask, dx). 0 <= p < 1.
   virtual void dropout_forward(const tensor& x, const tensor& y, const tensor& mask, float p, std::uint32_t seed) = 0;
@@ -138,14 +150,14 @@ class backend {
   // x (N,I), dy (N,O), dw (O,I), db (O) or undefined: dw += dy^T x; db += sum_n dy
   virtual void linear_backward_weights(const tensor& x, const tensor& dy, const tensor& dw, const tensor& db) = 0;
 
-  // ---- convolution (groups 1, dilation 1) -----------------------------------------------
-  // x (N,C,H,W), w (K,C,R,S), b (K) or undefined, y (N,K,P,Q) with P = window_out(H,R,..):
-  // y = conv(x, w) + b (overwrite)
+  // ---- convolution (dilation 1; d.groups G divides C and K) -----------------------------
+  // x (N,C,H,W), w (K,C/G,R,S), b (K) or undefined, y (N,K,P,Q) with P = window_out(H,R,..):
+  // y = conv(x, w) + b (overwrite); output channel k reads input channels of group k/(K/G).
   virtual void conv2d_forward(const conv2d_desc& d, const tensor& x, const tensor& w, const tensor& b,
                               const tensor& y) = 0;
-  // dy (N,K,P,Q), w (K,C,R,S), dx (N,C,H,W): dx = conv_transpose(dy, w) (overwrite)
+  // dy (N,K,P,Q), w (K,C/G,R,S), dx (N,C,H,W): dx = conv_transpose(dy, w) (overwrite)
   virtual void conv2d_backward_data(const conv2d_desc& d, const tensor& dy, const tensor& w, const tensor& dx) = 0;
-  // x (N,C,H,W), dy (N,K,P,Q), dw (K,C,R,S), db (K) or undefined:
+  // x (N,C,H,W), dy (N,K,P,Q), dw (K,C/G,R,S), db (K) or undefined:
   // dw += correlation(x, dy); db += sum_{n,p,q} dy
   virtual void conv2d_backward_weights(const conv2d_desc& d, const tensor& x, const tensor& dy, const tensor& dw,
                                        const tensor& db) = 0;

@@ -52,7 +52,8 @@ struct spec_limits {
 model_spec parse_model_spec(std::string_view json_text, std::string_view source = "<text>");
 model_spec load_model_spec_file(const std::string& path);
 
-// Built-in models for a per-sample input shape and a class count: mlp, lenet5, resnet8.
+// Built-in models for a per-sample input shape and a class count: mlp, lenet5, resnet8,
+// mobilenetv2 (and "mobilenetv2:W" with width multiplier W).
 std::vector<std::string> zoo_names();
 model_spec zoo_model(std::string_view name, const shape& input, int n_classes);
 
