@@ -88,8 +88,8 @@ cuda_backend::conv_plan& cuda_backend::plan_for(const core::conv2d_desc& d, cons
       cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i32(c.n), i32(c.c), i32(c.h), i32(c.w)));
   CLEAVE_CHECK_CUDNN(
       cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i32(c.n), i32(c.k), i32(c.p), i32(c.q)));
-  CLEAVE_CHECK_CUDNN(
-      cudnnSetFilter4dDescriptor(plan->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i32(c.k), i32(c.cg()), i32(c.r), i32(c.s)));
+  CLEAVE_CHECK_CUDNN(cudnnSetFilter4dDescriptor(plan->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i32(c.k), i32(c.cg()),
+                                                i32(c.r), i32(c.s)));
   for (auto* desc : {&plan->fwd_desc, &plan->data_desc, &plan->filter_desc}) {
     CLEAVE_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(desc));
     // Cross-correlation (no kernel flip), as the reference computes.

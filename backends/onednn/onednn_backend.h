@@ -123,8 +123,8 @@ class onednn_backend final : public reference_backend {
  private:
   // ReLU (relu) or clamp to [lo, hi] through oneDNN eltwise primitives; `what` names the op in errors.
   void eltwise_forward(const char* what, bool relu, float lo, float hi, const core::tensor& x, const core::tensor& y);
-  void eltwise_backward(const char* what, bool relu, float lo, float hi, const core::tensor& y,
-                        const core::tensor& dy, const core::tensor& dx);
+  void eltwise_backward(const char* what, bool relu, float lo, float hi, const core::tensor& y, const core::tensor& dy,
+                        const core::tensor& dx);
   // Threads for an op of `work` (see onednn_options::min_parallel_work).
   int threads_for(double work) const;
   // The cached plan for `key`, built by `build(planned_op&)` on first use; `work` (see

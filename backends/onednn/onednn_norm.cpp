@@ -1,6 +1,12 @@
-// oneDNN backend: batch normalisation (training, inference, backward) on oneDNN primitives, with
-// the parts oneDNN leaves out done here: 1/sqrt(var + eps), running statistics with the
-// unbiased variance (as PyTorch), and accumulation of dgamma and dbeta.
+// oneDNN backend: batch normalisation (training, inference, backward). Images (N,C,H,W) are
+// normalised here, per channel in parallel over the contiguous (H,W) planes: oneDNN 2.6's kernel
+// for plain NCHW ("ncsp") is a scalar loop, 10x slower than these (measured on MobileNetV2's
+// 64x96x28x28), and its vectorised kernels want blocked or channels-last layouts, which would
+// cost two reorders per call. (N,C) inputs go through oneDNN primitives, with the parts oneDNN
+// leaves out done here: 1/sqrt(var + eps), running statistics with the unbiased variance (as
+// PyTorch), and accumulation of dgamma and dbeta.
+#include <omp.h>
+
 #include <cmath>
 
 #include "dnnl_check.h"
@@ -38,6 +44,26 @@ dnnl::batch_normalization_forward::primitive_desc bn_forward_pd(dnnl::prop_kind 
   return CLEAVE_CHECK_DNNL(dnnl::batch_normalization_forward::primitive_desc({prop, md, eps, f}, eng));
 }
 
+// Planes of at least this many values take the direct loops.
+constexpr std::int64_t k_min_plane = 4;
+
+float plane_sum(const float* p, std::int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (std::int64_t j = 0; j < n; ++j) s += p[j];
+  return s;
+}
+
+float plane_centered_squares(const float* p, std::int64_t n, float mean) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (std::int64_t j = 0; j < n; ++j) {
+    const float d = p[j] - mean;
+    s += d * d;
+  }
+  return s;
+}
+
 }  // namespace
 
 void onednn_backend::batchnorm_forward_train(const core::batchnorm_desc& d, const tensor& x, const tensor& gamma,
@@ -58,6 +84,38 @@ void onednn_backend::batchnorm_forward_train(const core::batchnorm_desc& d, cons
   if (count == 0 || c == 0)
     return reference_backend::batchnorm_forward_train(d, x, gamma, beta, y, save_mean, save_invstd, running_mean,
                                                       running_var);
+  const std::int64_t n = dm[0], hw = dm[2] * dm[3];
+  if (hw >= k_min_plane) {
+    const float *px = x.f32(), *pg = gamma.f32(), *pb = beta.f32();
+    float *py = y.f32(), *pm = save_mean.f32(), *pi = save_invstd.f32();
+    float *prm = running_mean.f32(), *prv = running_var.f32();
+    const double cnt = static_cast<double>(count), mom = d.momentum;
+    // Per plane in float, across planes in double; the variance from centred squares.
+#pragma omp parallel for num_threads(threads_for(4.0 * 16 * x.numel())) schedule(static)
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      double sum = 0.0;
+      for (std::int64_t i = 0; i < n; ++i) sum += plane_sum(px + (i * c + ch) * hw, hw);
+      const double mean = sum / cnt;
+      double sq = 0.0;
+      for (std::int64_t i = 0; i < n; ++i)
+        sq += plane_centered_squares(px + (i * c + ch) * hw, hw, static_cast<float>(mean));
+      const double var = sq / cnt, invstd = 1.0 / std::sqrt(var + d.eps);
+      pm[ch] = static_cast<float>(mean);
+      pi[ch] = static_cast<float>(invstd);
+      const float scale = static_cast<float>(pg[ch] * invstd);
+      const float shift = static_cast<float>(pb[ch] - mean * pg[ch] * invstd);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float* xp = px + (i * c + ch) * hw;
+        float* yp = py + (i * c + ch) * hw;
+#pragma omp simd
+        for (std::int64_t j = 0; j < hw; ++j) yp[j] = xp[j] * scale + shift;
+      }
+      const double unbiased = count > 1 ? var * cnt / (cnt - 1) : var;
+      prm[ch] = static_cast<float>((1.0 - mom) * prm[ch] + mom * mean);
+      prv[ch] = static_cast<float>((1.0 - mom) * prv[ch] + mom * unbiased);
+    }
+    return;
+  }
   auto& op = plan(bn_key(op_tag::bn_train, dm, d.eps), 4.0 * 12 * x.numel(), [&](planned_op& p) {
     const dnnl::memory::desc md(dm, dt::f32, tag::nchw), cd({c}, dt::f32, tag::x);
     const auto pd =
@@ -101,6 +159,24 @@ void onednn_backend::batchnorm_forward_infer(const core::batchnorm_desc& d, cons
   check_channel(*this, running_mean, c, "batchnorm_forward_infer: running_mean");
   check_channel(*this, running_var, c, "batchnorm_forward_infer: running_var");
   if (x.numel() == 0) return;
+  const std::int64_t n = dm[0], hw = dm[2] * dm[3];
+  if (hw >= k_min_plane) {
+    const float *px = x.f32(), *pg = gamma.f32(), *pb = beta.f32(), *prm = running_mean.f32(), *prv = running_var.f32();
+    float* py = y.f32();
+#pragma omp parallel for num_threads(threads_for(4.0 * 8 * x.numel())) schedule(static)
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      const double invstd = 1.0 / std::sqrt(static_cast<double>(prv[ch]) + d.eps);
+      const float scale = static_cast<float>(pg[ch] * invstd);
+      const float shift = static_cast<float>(pb[ch] - prm[ch] * pg[ch] * invstd);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float* xp = px + (i * c + ch) * hw;
+        float* yp = py + (i * c + ch) * hw;
+#pragma omp simd
+        for (std::int64_t j = 0; j < hw; ++j) yp[j] = xp[j] * scale + shift;
+      }
+    }
+    return;
+  }
   auto& op = plan(bn_key(op_tag::bn_infer, dm, d.eps), 4.0 * 8 * x.numel(), [&](planned_op& p) {
     const dnnl::memory::desc md(dm, dt::f32, tag::nchw), cd({c}, dt::f32, tag::x);
     const auto pd = bn_forward_pd(dnnl::prop_kind::forward_inference, md, d.eps,
@@ -137,6 +213,43 @@ void onednn_backend::batchnorm_backward(const core::batchnorm_desc& d, const ten
   check_channel(*this, dbeta, c, "batchnorm_backward: dbeta");
   if (count == 0 || c == 0)
     return reference_backend::batchnorm_backward(d, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+  const std::int64_t n = dm[0], hw = dm[2] * dm[3];
+  if (hw >= k_min_plane) {
+    const float *px = x.f32(), *pdy = dy.f32(), *pg = gamma.f32(), *pm = save_mean.f32(), *pi = save_invstd.f32();
+    float *pdx = dx.f32(), *pdg = dgamma.f32(), *pdb = dbeta.f32();
+    const double cnt = static_cast<double>(count);
+#pragma omp parallel for num_threads(threads_for(4.0 * 16 * x.numel())) schedule(static)
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      const float mean = pm[ch], invstd = pi[ch];
+      // sum dy and sum dy * (x - mean), per plane in float, across planes in double.
+      double sum_dy = 0.0, sum_dy_xc = 0.0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float *xp = px + (i * c + ch) * hw, *gp = pdy + (i * c + ch) * hw;
+        float s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(+ : s1, s2)
+        for (std::int64_t j = 0; j < hw; ++j) {
+          s1 += gp[j];
+          s2 += gp[j] * (xp[j] - mean);
+        }
+        sum_dy += s1;
+        sum_dy_xc += s2;
+      }
+      const double sum_dy_xhat = sum_dy_xc * invstd;
+      // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), xhat = (x - mean) * invstd
+      const float a = static_cast<float>(pg[ch] * invstd);
+      const float mdy = static_cast<float>(sum_dy / cnt);
+      const float k = static_cast<float>(sum_dy_xhat / cnt * invstd);  // times (x - mean)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float *xp = px + (i * c + ch) * hw, *gp = pdy + (i * c + ch) * hw;
+        float* op = pdx + (i * c + ch) * hw;
+#pragma omp simd
+        for (std::int64_t j = 0; j < hw; ++j) op[j] = a * (gp[j] - mdy - (xp[j] - mean) * k);
+      }
+      pdg[ch] += static_cast<float>(sum_dy_xhat);
+      pdb[ch] += static_cast<float>(sum_dy);
+    }
+    return;
+  }
   auto& op = plan(bn_key(op_tag::bn_bwd, dm, d.eps), 4.0 * 16 * x.numel(), [&](planned_op& p) {
     const dnnl::memory::desc md(dm, dt::f32, tag::nchw), cd({c}, dt::f32, tag::x);
     const auto f = flags::use_scale | flags::use_shift;

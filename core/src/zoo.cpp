@@ -70,8 +70,8 @@ void inverted_residual(json& blocks, int in, int out, int stride, int t) {
 // 32x32 input ends at 4x4), with a width multiplier.
 json mobilenetv2(double width, int n_classes) {
   // (expansion t, channels c, repeats n, first stride s), as in the paper's Table 2.
-  const int settings[][4] = {{1, 16, 1, 1},  {6, 24, 2, 1},  {6, 32, 3, 2}, {6, 64, 4, 2},
-                             {6, 96, 3, 1},  {6, 160, 3, 2}, {6, 320, 1, 1}};
+  const int settings[][4] = {{1, 16, 1, 1}, {6, 24, 2, 1},  {6, 32, 3, 2}, {6, 64, 4, 2},
+                             {6, 96, 3, 1}, {6, 160, 3, 2}, {6, 320, 1, 1}};
   json blocks = json::array();
   int in = make_divisible(32 * width);
   blocks.insert(blocks.end(), {conv_bn(in, 3, 1, 1), simple("batchnorm2d"), simple("relu6")});

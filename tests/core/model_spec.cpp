@@ -187,8 +187,9 @@ TEST_CASE("mobilenetv2 has torchvision's parameter count, depthwise blocks and a
   }
   const auto half = core::zoo_model("mobilenetv2:0.5", core::shape{3, 32, 32}, 10);
   CHECK(half.n_params() < m.n_params() / 2);
-  CHECK(cleave::testing::error_of([] { core::zoo_model("mobilenetv2:x", core::shape{3, 32, 32}, 10); })
-            .find("width multiplier") != std::string::npos);
+  CHECK(cleave::testing::error_of([] {
+          core::zoo_model("mobilenetv2:x", core::shape{3, 32, 32}, 10);
+        }).find("width multiplier") != std::string::npos);
 }
 
 TEST_CASE("grouped convolutions and clamps are checked like every other field") {
