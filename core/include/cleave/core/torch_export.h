@@ -19,9 +19,9 @@
 //            resnet8's), global pool, 12 fc
 //   vgg11-bn N features.N for every conv, batch norm, relu and pool block (the same order as
 //            torch's nn.Sequential `features`), flatten, last block classifier
-// A zoo name whose spec differs from the zoo's (a .json spec file) keeps cleave's names: the
-// state_dict of an nn.Sequential of its blocks, a residual block holding nn.Sequential `body`
-// and `shortcut`.
+// A zoo name whose spec differs from the zoo's (a .json spec file), or a zoo model not in this
+// table, keeps cleave's names: the state_dict of an nn.Sequential of its blocks, a residual
+// block holding nn.Sequential `body` and `shortcut`.
 #pragma once
 
 #include <map>
