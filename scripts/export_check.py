@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Loads `cleave export` files into PyTorch modules of the zoo architectures (mlp, lenet5,
-resnet8), evaluates them on an IDX test split and compares with `cleave eval` on the same
+resnet8, resnet18, vgg11-bn), evaluates them on an IDX test split and compares with `cleave eval` on the same
 checkpoint. Exits 77 (skipped) where torch cannot be imported.
 
 Each model is trained for a few steps with `cleave train`, evaluated with `cleave eval`,
@@ -100,7 +100,55 @@ class ResNet8(nn.Module):
         return self.fc(x)
 
 
-ZOO = {"mlp": MLP, "lenet5": LeNet5, "resnet8": ResNet8}
+class ResNet18(nn.Module):
+    """He et al. ResNet-18 with the CIFAR stem (3x3 conv stride 1, no max pool), torchvision's names."""
+
+    def __init__(self, in_shape, classes):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_shape[0], 64, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        cin, stages = 64, []
+        for i, width in enumerate((64, 128, 256, 512)):
+            stride = 1 if i == 0 else 2
+            stages.append(nn.Sequential(BasicBlock(cin, width, stride), BasicBlock(width, width, 1)))
+            cin = width
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.fc = nn.Linear(512, classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+VGG11 = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
+
+
+class VGG11BN(nn.Module):
+    """VGG-11 with batch norm, CIFAR classifier (one linear layer). As cleave's zoo, a max pool
+    that would take a side below 1 is left out (the fifth on 28x28 inputs)."""
+
+    def __init__(self, in_shape, classes):
+        super().__init__()
+        c, h, w = in_shape
+        layers = []
+        for v in VGG11:
+            if v == "M":
+                if h >= 2 and w >= 2:
+                    layers.append(nn.MaxPool2d(2))
+                    h, w = h // 2, w // 2
+            else:
+                layers += [nn.Conv2d(c, v, 3, padding=1), nn.BatchNorm2d(v), nn.ReLU(inplace=True)]
+                c = v
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(c * h * w, classes)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+LARGE = {"resnet18", "vgg11-bn"}  # trained for at most 8 steps: the check is of names and values
+ZOO = {"mlp": MLP, "lenet5": LeNet5, "resnet8": ResNet8, "resnet18": ResNet18, "vgg11-bn": VGG11BN}
 
 
 # ---- safetensors, read by hand
@@ -221,8 +269,8 @@ def main():
     ap.add_argument("--cleave", required=True, help="the cleave binary")
     ap.add_argument("--data", help="'fashion-mnist' or a directory of IDX files (default: synthetic)")
     ap.add_argument("--work", default="export-check", help="directory for checkpoints and exports")
-    ap.add_argument("--models", default="mlp,lenet5,resnet8")
-    ap.add_argument("--steps", type=int, default=40, help="training steps per model")
+    ap.add_argument("--models", default="mlp,lenet5,resnet8,resnet18,vgg11-bn")
+    ap.add_argument("--steps", type=int, default=40, help="training steps per model (at most 8 for the large ones)")
     ap.add_argument("--backend", default="auto", help="cleave's backend for training and evaluation")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
@@ -236,8 +284,9 @@ def main():
     for name in a.models.split(","):
         ckpt = os.path.join(a.work, name + ".ckpt")
         out = os.path.join(a.work, name + ".safetensors")
+        steps = min(a.steps, 8) if name in LARGE else a.steps
         run([a.cleave, "train", "--model", name, "--data", data, "--backend", a.backend, "--epochs", "1",
-             "--max-steps", str(a.steps), "--batch", "32", "--lr", "0.02", "--checkpoint", ckpt])
+             "--max-steps", str(steps), "--batch", "32", "--lr", "0.02", "--checkpoint", ckpt])
         log = run([a.cleave, "eval", "--checkpoint", ckpt, "--data", data, "--backend", a.backend])
         m = re.search(r"test loss ([0-9.]+), test accuracy ([0-9.]+) \((\d+) images\)", log)
         if not m:

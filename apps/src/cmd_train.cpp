@@ -1,4 +1,4 @@
-// `cleave train`, `cleave eval`, `cleave backends`, `cleave models`: local work on one node.
+// `cleave train`, `cleave eval`, `cleave backends`: local work on one node.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -36,7 +36,8 @@ struct train_options {
 };
 
 void add_common(CLI::App* c, train_options& o) {
-  c->add_option("--model", o.model, "zoo model (mlp, lenet5, resnet8) or a .json spec file")->capture_default_str();
+  c->add_option("--model", o.model, "a zoo model (`cleave models` lists them) or a .json spec file")
+      ->capture_default_str();
   c->add_option("--data", o.data, "'fashion-mnist' or a directory of IDX or CIFAR binary files")->capture_default_str();
   c->add_option("--backend", o.backend, "reference, onednn, vulkan[:dev], cuda[:dev] or auto")->capture_default_str();
   c->add_option("--batch", o.batch, "batch size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
@@ -166,15 +167,6 @@ void register_train_commands(CLI::App& app) {
       std::printf("%-10s %-12s %s\n", b.name.c_str(),
                   b.available ? (b.real_gpu ? "available*" : "available") : "unavailable", b.detail.c_str());
     std::printf("auto -> %s\n", backend::resolve_auto().c_str());
-  });
-
-  auto* models = app.add_subcommand("models", "list the model zoo");
-  models->callback([] {
-    for (const auto& n : core::zoo_names()) {
-      const auto m = core::zoo_model(n, core::shape{1, 28, 28}, 10);
-      std::printf("%-8s %2d blocks %8lld parameters (on 1x28x28, 10 classes)\n", n.c_str(), m.n_blocks(),
-                  static_cast<long long>(m.n_params()));
-    }
   });
 }
 

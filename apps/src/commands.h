@@ -11,7 +11,8 @@ namespace cleave::apps {
 // usual CIFAR recipe crop:4,flip; or a list as core::parse_augment reads it.
 CLI::Option* add_augment_option(CLI::App* c, core::augment_config& a);
 
-void register_train_commands(CLI::App& app);     // train, eval, backends, models
+void register_train_commands(CLI::App& app);     // train, eval, backends
+void register_models_command(CLI::App& app);     // models (the zoo, one model's blocks)
 void register_export_command(CLI::App& app);     // export (safetensors)
 void register_certs_command(CLI::App& app);      // certs init / issue / renew / revoke
 void register_provision_command(CLI::App& app);  // provision (startup kits)

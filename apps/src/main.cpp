@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
     spdlog::set_pattern("%H:%M:%S.%e %^%-5l%$ %v");
   });
   cleave::apps::register_train_commands(app);
+  cleave::apps::register_models_command(app);
   cleave::apps::register_export_command(app);
   cleave::apps::register_node_commands(app);
   cleave::apps::register_certs_command(app);

@@ -19,10 +19,20 @@ std::optional<renames> zoo_renames(const model_spec& m) {
   if (zoo_model(m.name, m.input, m.n_classes).json != m.json) return std::nullopt;
   if (m.name == "mlp") return renames{{"1", "fc1"}, {"3", "fc2"}, {"5", "fc3"}};
   if (m.name == "lenet5") return renames{{"0", "conv1"}, {"3", "conv2"}, {"7", "fc1"}, {"9", "fc2"}, {"11", "fc3"}};
-  CLEAVE_ASSERT(m.name == "resnet8", "every zoo model has its torch names");
-  renames r{{"0", "conv1"}, {"1", "bn1"}, {"7", "fc"}};
-  for (int b = 3; b <= 5; ++b) {
-    const std::string from = std::to_string(b) + ".", to = "layer" + std::to_string(b - 2) + ".0.";
+  if (m.name == "vgg11-bn") {
+    // features.N is block N (the same Sequential order); the linear after flatten is classifier.
+    renames r{{std::to_string(m.n_blocks() - 1), "classifier"}};
+    for (int b = 0; b + 2 < m.n_blocks(); ++b) r[std::to_string(b)] = "features." + std::to_string(b);
+    return r;
+  }
+  // A zoo model without a torch layout here yet keeps cleave's names (see the header).
+  if (m.name != "resnet8" && m.name != "resnet18") return std::nullopt;
+  // Stem conv1, bn1 (blocks 0, 1), basic blocks from block 3 on, then the pool and fc.
+  const int per_stage = m.name == "resnet8" ? 1 : 2, n_basic = 4 * per_stage - (m.name == "resnet8" ? 1 : 0);
+  renames r{{"0", "conv1"}, {"1", "bn1"}, {std::to_string(3 + n_basic + 1), "fc"}};
+  for (int k = 0; k < n_basic; ++k) {
+    const std::string from = std::to_string(3 + k) + ".",
+                      to = "layer" + std::to_string(k / per_stage + 1) + "." + std::to_string(k % per_stage) + ".";
     r[from + "body.0"] = to + "conv1";
     r[from + "body.1"] = to + "bn1";
     r[from + "body.3"] = to + "conv2";

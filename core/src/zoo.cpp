@@ -88,6 +88,46 @@ json mobilenetv2(double width, int n_classes) {
   return blocks;
 }
 
+// He et al. 2016 ResNet-18 with the CIFAR stem (3x3 conv, stride 1, no max pool): four stages
+// of two basic blocks, each block one top-level block (the splitter's unit), as torchvision's
+// BasicBlock layout names them (export maps block 3 + 2*(stage-1) + j to layer<stage>.<j>).
+json resnet18(int n_classes) {
+  json blocks = {conv(64, 3, 1, 1, false), simple("batchnorm2d"), simple("relu")};
+  int in = 64;
+  for (const int width : {64, 128, 256, 512}) {
+    for (int j = 0; j < 2; ++j) {
+      blocks.push_back(basic_block(in, width, j == 0 && width != 64 ? 2 : 1));
+      in = width;
+    }
+  }
+  blocks.push_back(simple("global_avg_pool"));
+  blocks.push_back(linear(n_classes));
+  return blocks;
+}
+
+// VGG-11 with batch norm, CIFAR style: [64,M,128,M,256,256,M,512,512,M,512,512,M], every conv
+// 3x3 pad 1 + batch norm + ReLU, then flatten and one linear layer. A 2x2 max pool that would
+// take a side below 1 is left out: on 28x28 inputs the sides go 28, 14, 7, 3, 1 and the fifth
+// pool is dropped, so both 28x28 and 32x32 inputs reach the classifier as 512x1x1.
+json vgg11_bn(const shape& input, int n_classes) {
+  json blocks = json::array();
+  std::int64_t h = input[1], w = input[2];
+  for (const int c : {64, -1, 128, -1, 256, 256, -1, 512, 512, -1, 512, 512, -1}) {
+    if (c > 0) {
+      blocks.push_back(conv(c, 3, 1, 1, true));
+      blocks.push_back(simple("batchnorm2d"));
+      blocks.push_back(simple("relu"));
+    } else if (h >= 2 && w >= 2) {
+      blocks.push_back(maxpool(2));
+      h /= 2;
+      w /= 2;
+    }
+  }
+  blocks.push_back(simple("flatten"));
+  blocks.push_back(linear(n_classes));
+  return blocks;
+}
+
 json input_json(const shape& s) {
   json a = json::array();
   for (int i = 0; i < s.rank(); ++i) a.push_back(s[i]);
@@ -97,7 +137,7 @@ json input_json(const shape& s) {
 }  // namespace
 
 std::vector<std::string> zoo_names() {
-  return {"mlp", "lenet5", "resnet8", "mobilenetv2"};
+  return {"mlp", "lenet5", "resnet8", "resnet18", "mobilenetv2", "vgg11-bn"};
 }
 
 model_spec zoo_model(std::string_view name, const shape& input, int n_classes) {
@@ -125,10 +165,18 @@ model_spec zoo_model(std::string_view name, const shape& input, int n_classes) {
         throw error("model '" + std::string(name) + "': the width multiplier must be a number in [0.125, 4]");
     }
     blocks = mobilenetv2(width, n_classes);
+  } else if (name == "resnet18") {
+    blocks = resnet18(n_classes);
+  } else if (name == "vgg11-bn") {
+    if (input.rank() != 3) throw error("model 'vgg11-bn' needs image inputs (C,H,W), got " + input.str());
+    blocks = vgg11_bn(input, n_classes);
   } else {
     std::string known;
     for (const auto& n : zoo_names()) known += (known.empty() ? "" : ", ") + n;
-    throw error("unknown model '" + std::string(name) + "' (the zoo has: " + known + "; or give a .json spec file)");
+    std::string hint;
+    if (name == "vgg11_bn" || name == "vgg11bn" || name == "vgg11") hint = " (did you mean 'vgg11-bn'?)";
+    throw error("unknown model '" + std::string(name) + "'" + hint + " (the zoo has: " + known +
+                "; or give a .json spec file)");
   }
   const json spec = {
       {"name", std::string(name)}, {"input", input_json(input)}, {"classes", n_classes}, {"blocks", blocks}};

@@ -43,17 +43,28 @@ struct scratch_dir {
   }
 };
 
+bool is_large(const std::string& model) {
+  return model == "resnet18" || model == "vgg11-bn";
+}
+
+// onednn where this build has it: the reference backend takes seconds per step of resnet18.
+std::string fast_backend() {
+  for (const auto& b : backend::list_backends())
+    if (b.name == "onednn" && b.available) return b.name;
+  return "reference";
+}
+
 // A checkpoint of `model` (1x28x28 inputs, 10 classes) after two SGD steps on random data, so
 // that weights and batch-norm statistics are no longer their initial values.
 core::checkpoint trained_checkpoint(const std::string& model) {
   const auto m = core::zoo_model(model, core::shape{1, 28, 28}, 10);
-  auto be = backend::make_backend("reference");
+  auto be = backend::make_backend(is_large(model) ? fast_backend() : "reference");
   core::train_config c;
   c.seed = 7;
   core::trainer t(*be, m, c);
-  constexpr int n = 4;
-  std::vector<float> x(n * 784);
-  std::vector<std::int32_t> y(n);
+  const int n = is_large(model) ? 2 : 4;
+  std::vector<float> x(static_cast<std::size_t>(n) * 784);
+  std::vector<std::int32_t> y(static_cast<std::size_t>(n));
   core::rng r(11);
   for (int s = 0; s < 2; ++s) {
     for (auto& v : x) v = static_cast<float>(r.below(1000)) / 500.0f - 1.0f;
@@ -98,23 +109,46 @@ std::vector<expected_tensor> expected_state_dict(const std::string& model) {
     layer("fc1", "7", {120, 400}, true);
     layer("fc2", "9", {84, 120}, true);
     layer("fc3", "11", {10, 84}, true);
-  } else {
-    layer("conv1", "0", {16, 1, 3, 3}, false);
-    add_bn(e, "bn1", "1", 16);
-    const std::int64_t widths[] = {16, 16, 32, 64};
-    for (int k = 1; k <= 3; ++k) {
-      const std::string t = "layer" + std::to_string(k) + ".0", b = std::to_string(k + 2);
-      const std::int64_t in = widths[k - 1], out = widths[k];
-      layer(t + ".conv1", b + ".body.0", {out, in, 3, 3}, false);
-      add_bn(e, t + ".bn1", b + ".body.1", out);
-      layer(t + ".conv2", b + ".body.3", {out, out, 3, 3}, false);
-      add_bn(e, t + ".bn2", b + ".body.4", out);
-      if (in != out) {
-        layer(t + ".downsample.0", b + ".shortcut.0", {out, in, 1, 1}, false);
-        add_bn(e, t + ".downsample.1", b + ".shortcut.1", out);
+  } else if (model == "vgg11-bn") {
+    // On 28x28 the fifth max pool is left out: features end at block 27, flatten, classifier.
+    int block = 0;
+    std::int64_t in = 1;
+    for (const std::int64_t c : {64, 0, 128, 0, 256, 256, 0, 512, 512, 0, 512, 512}) {
+      if (c == 0) {
+        ++block;
+        continue;
       }
+      layer("features." + std::to_string(block), std::to_string(block), {c, in, 3, 3}, true);
+      add_bn(e, "features." + std::to_string(block + 1), std::to_string(block + 1), c);
+      block += 3;
+      in = c;
     }
-    layer("fc", "7", {10, 64}, true);
+    layer("classifier", std::to_string(block + 1), {10, 512}, true);
+  } else {
+    // resnet8: one basic block per stage, 16/32/64 wide; resnet18: two per stage, 64..512.
+    const bool r18 = model == "resnet18";
+    const int per_stage = r18 ? 2 : 1;
+    const std::vector<std::int64_t> widths =
+        r18 ? std::vector<std::int64_t>{64, 128, 256, 512} : std::vector<std::int64_t>{16, 32, 64};
+    layer("conv1", "0", {widths[0], 1, 3, 3}, false);
+    add_bn(e, "bn1", "1", widths[0]);
+    int block = 3;
+    std::int64_t in = widths[0];
+    for (std::size_t k = 0; k < widths.size(); ++k)
+      for (int j = 0; j < per_stage; ++j, ++block) {
+        const std::string t = "layer" + std::to_string(k + 1) + "." + std::to_string(j), b = std::to_string(block);
+        const std::int64_t out = widths[k];
+        layer(t + ".conv1", b + ".body.0", {out, in, 3, 3}, false);
+        add_bn(e, t + ".bn1", b + ".body.1", out);
+        layer(t + ".conv2", b + ".body.3", {out, out, 3, 3}, false);
+        add_bn(e, t + ".bn2", b + ".body.4", out);
+        if (in != out) {
+          layer(t + ".downsample.0", b + ".shortcut.0", {out, in, 1, 1}, false);
+          add_bn(e, t + ".downsample.1", b + ".shortcut.1", out);
+        }
+        in = out;
+      }
+    layer("fc", std::to_string(block + 1), {10, widths.back()}, true);
   }
   return e;
 }
@@ -123,7 +157,7 @@ std::vector<expected_tensor> expected_state_dict(const std::string& model) {
 
 TEST_CASE("a checkpoint of each zoo model exports as safetensors with PyTorch's names, shapes and values") {
   scratch_dir w("zoo");
-  for (const std::string model : {"mlp", "lenet5", "resnet8"}) {
+  for (const std::string model : {"mlp", "lenet5", "resnet8", "resnet18", "vgg11-bn"}) {
     CAPTURE(model);
     const auto ck = trained_checkpoint(model);
     const fs::path ckpt = w.dir / (model + ".ckpt"), out = w.dir / (model + ".safetensors");

@@ -52,8 +52,19 @@ struct spec_limits {
 model_spec parse_model_spec(std::string_view json_text, std::string_view source = "<text>");
 model_spec load_model_spec_file(const std::string& path);
 
-// Built-in models for a per-sample input shape and a class count: mlp, lenet5, resnet8,
-// mobilenetv2 (and "mobilenetv2:W" with width multiplier W).
+// Built-in models for a per-sample input shape and a class count (input channels come from the
+// shape; 1x28x28 Fashion-MNIST and 3x32x32 CIFAR both work):
+//   mlp       flatten, 256, 128, classes
+//   lenet5    LeCun et al. 1998 with ReLU and max pooling
+//   resnet8   CIFAR-style ResNet, 16/32/64 channels, one basic block per stage
+//   resnet18  He et al. 2016 ResNet-18 with the CIFAR stem (3x3 conv stride 1, no max pool),
+//             64/128/256/512 channels, two basic blocks per stage, each one block; 11,173,962
+//             parameters on 3x32x32 with 10 classes, as torchvision's layout of it
+//   vgg11-bn  VGG-11 with batch norm, CIFAR classifier (flatten, one linear 512 -> classes);
+//             a max pool that would take a side below 1 is left out (the fifth on 28x28)
+//   mobilenetv2  Sandler et al. 2018, CIFAR-style strides (1 in the stem and the second
+//             stage), depthwise 3x3 convs and ReLU6; "mobilenetv2:W" for width multiplier W;
+//             2,236,682 parameters on 3x32x32 with 10 classes, as torchvision's
 std::vector<std::string> zoo_names();
 model_spec zoo_model(std::string_view name, const shape& input, int n_classes);
 

@@ -15,9 +15,13 @@
 //   resnet8  0 conv1, 1 bn1, relu, 3 layer1.0, 4 layer2.0, 5 layer3.0, global pool, 7 fc;
 //            inside a residual block as torchvision's BasicBlock: body.0 conv1, body.1 bn1,
 //            body.3 conv2, body.4 bn2, shortcut.0 downsample.0, shortcut.1 downsample.1
-// A zoo name whose spec differs from the zoo's (a .json spec file) keeps cleave's names: the
-// state_dict of an nn.Sequential of its blocks, a residual block holding nn.Sequential `body`
-// and `shortcut`.
+//   resnet18 0 conv1, 1 bn1, relu, 3..10 layer1.0, layer1.1, layer2.0, ..., layer4.1 (inside as
+//            resnet8's), global pool, 12 fc
+//   vgg11-bn N features.N for every conv, batch norm, relu and pool block (the same order as
+//            torch's nn.Sequential `features`), flatten, last block classifier
+// A zoo name whose spec differs from the zoo's (a .json spec file), or a zoo model not in this
+// table, keeps cleave's names: the state_dict of an nn.Sequential of its blocks, a residual
+// block holding nn.Sequential `body` and `shortcut`.
 #pragma once
 
 #include <map>
