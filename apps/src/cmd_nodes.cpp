@@ -16,6 +16,7 @@
 #include "cleave/backend/registry.h"
 #include "cleave/device/agent.h"
 #include "cleave/edge/edge_node.h"
+#include "cleave/federation/local_federation.h"
 #include "cleave/server/server_node.h"
 #include "cleave/transport/certs.h"
 #include "cleave/transport/listener.h"
@@ -220,16 +221,7 @@ pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
 
 // The demo's CA and the certificates of its server, edge-1 and device-1..n (kept when present).
 void provision_demo(const fs::path& certs, int n_devices) {
-  if (!fs::exists(certs / std::string(transport::ca_cert_file))) transport::init_ca(certs);
-  auto issue = [&](const std::string& name, core::tier role) {
-    if (fs::exists(certs / (name + ".crt"))) return;
-    transport::issue_options io;
-    io.role = role;
-    transport::issue_certificate(certs, name, io);
-  };
-  issue("server", core::tier::server);
-  issue("edge-1", core::tier::edge);
-  for (int i = 1; i <= n_devices; ++i) issue("device-" + std::to_string(i), core::tier::device);
+  federation::provision_local(certs, n_devices, 1);
   spdlog::info("demo: certificates for the CA, server, edge-1 and device-1..{} in {}", n_devices, certs.string());
 }
 

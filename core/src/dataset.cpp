@@ -161,7 +161,11 @@ void dataset::gather(const std::int64_t* idx, std::int64_t n, float* x_out, std:
 }
 
 dataset dataset::subset(std::span<const std::int64_t> idx) const {
-  dataset d{name, item, n_classes, {}, {}, table};
+  dataset d;
+  d.name = name;
+  d.item = item;
+  d.n_classes = n_classes;
+  d.table = table;
   const auto per = static_cast<std::size_t>(item.numel());
   d.pixels.resize(idx.size() * per);
   d.y.resize(idx.size());

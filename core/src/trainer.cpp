@@ -45,11 +45,11 @@ void fit_schedule(train_config& c, std::int64_t n_samples) {
   c.opt.step_size = per_epoch;
 }
 
-std::int64_t trainer::train_epoch(const dataset& d, int epoch,
+std::int64_t trainer::train_epoch(const data_source& d, int epoch,
                                   const std::function<void(const progress_report&)>& progress) {
   const std::uint64_t order_seed = c_.order_seed ? c_.order_seed : c_.seed;
   const auto order = epoch_order(d.size(), order_seed, epoch);
-  const std::int64_t per = d.item.numel();
+  const std::int64_t per = d.sample_shape().numel();
   const std::int64_t steps = steps_per_epoch(d.size(), c_);
   std::vector<float> xb(static_cast<std::size_t>(c_.batch * per));
   std::vector<std::int32_t> yb(static_cast<std::size_t>(c_.batch));
@@ -59,7 +59,7 @@ std::int64_t trainer::train_epoch(const dataset& d, int epoch,
   for (std::int64_t s = 0; s < steps; ++s) {
     const std::int64_t first = s * c_.batch;
     const std::int64_t n = std::min<std::int64_t>(c_.batch, d.size() - first);
-    d.gather(order.data() + first, n, xb.data(), yb.data(), c_.augment, order_seed, epoch);
+    d.fetch_augmented(order.data() + first, n, xb.data(), yb.data(), c_.augment, order_seed, epoch);
     const float lr_now = learning_rate(c_.opt, opt_->steps_taken());
     tensor loss = step(xb.data(), yb.data(), n);
     b_->axpy(1.0f, loss, loss_sum);
@@ -92,9 +92,9 @@ std::int64_t count_correct(const std::vector<float>& logits, const std::int32_t*
   return correct;
 }
 
-eval_report trainer::evaluate(const dataset& d) {
+eval_report trainer::evaluate(const data_source& d) {
   const model_spec& m = stage_->model();
-  const std::int64_t per = d.item.numel(), k = m.n_classes;
+  const std::int64_t per = d.sample_shape().numel(), k = m.n_classes;
   eval_report r;
   std::vector<std::int64_t> idx(static_cast<std::size_t>(c_.eval_batch));
   std::vector<float> xb(static_cast<std::size_t>(c_.eval_batch * per)), logits;
@@ -104,7 +104,7 @@ eval_report trainer::evaluate(const dataset& d) {
   for (std::int64_t first = 0; first < d.size(); first += c_.eval_batch) {
     const std::int64_t n = std::min<std::int64_t>(c_.eval_batch, d.size() - first);
     for (std::int64_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(i)] = first + i;
-    d.gather(idx.data(), n, xb.data(), yb.data());
+    d.fetch(idx.data(), n, xb.data(), yb.data());
     const shape xs = m.input.batched(n);
     tensor xt = b_->empty(xs), yt = b_->empty({n}, dtype::i32);
     b_->upload(xt, xb.data());

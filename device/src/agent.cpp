@@ -14,8 +14,8 @@
 #include "cleave/core/dataset.h"
 #include "cleave/core/partition.h"
 #include "cleave/core/random.h"
-#include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/executors.h"
+#include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/transport/protocol.h"
 
@@ -81,7 +81,11 @@ class agent::impl {
   std::optional<runtime::link_schedule> schedule_;  // I/O thread
   std::unique_ptr<core::backend> be_;
   std::optional<runtime::segment_runner> runner_;
-  core::dataset shard_;  // this device's training samples, in shard order; read-only once loaded
+  // This device's training samples, in shard order; read-only once loaded. Its sample shape and
+  // class count are kept beside it.
+  std::shared_ptr<const core::data_source> shard_;
+  core::shape item_;
+  int n_classes_ = 0;
   std::uint64_t memory_budget_ = 0;
   std::mutex profile_mu_;
   std::vector<std::byte> latest_profile_;  // its frame, sent again after a reconnect
@@ -136,7 +140,7 @@ void agent::impl::on_connected(const runtime::session_ptr& s) {
   h.role = core::tier::device;
   h.node_id = c_.id;
   h.name = c_.name;
-  h.n_samples = static_cast<std::uint64_t>(shard_.size());
+  h.n_samples = static_cast<std::uint64_t>(shard_->size());
   post(transport::make_hello(h));
   schedule_->apply(*s);
   std::lock_guard lock(profile_mu_);
@@ -199,10 +203,10 @@ void agent::impl::on_plan(const wire::Plan& p) {
   const std::string json = p.model() ? p.model()->str() : "";
   if (json != model_.json) {
     auto m = core::parse_model_spec(json, "plan");
-    if (!(m.input == shard_.item) || m.n_classes < shard_.n_classes) {
+    if (!(m.input == item_) || m.n_classes < n_classes_) {
       auto e = std::make_exception_ptr(core::error("the server's model takes " + m.input.str() + " inputs and " +
                                                    std::to_string(m.n_classes) + " classes; this device's data has " +
-                                                   shard_.item.str() + " and " + std::to_string(shard_.n_classes)));
+                                                   item_.str() + " and " + std::to_string(n_classes_)));
       ex_.post_io([this, e] { ex_.fail(e, "joining"); });
       return;
     }
@@ -377,7 +381,7 @@ asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t ge
 
 void agent::impl::forward_step(std::uint64_t step) {
   const std::uint32_t mbs = micro_batch_size_, n_mb = n_micro_batches_;
-  const std::int64_t per = shard_.item.numel();
+  const std::int64_t per = item_.numel();
   std::vector<float> xb(static_cast<std::size_t>(mbs * n_mb * per));
   std::vector<std::int32_t> yb(static_cast<std::size_t>(mbs * n_mb));
   next_batch(mbs * n_mb, xb.data(), yb.data());
@@ -395,7 +399,7 @@ void agent::impl::forward_step(std::uint64_t step) {
 }
 
 void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
-  const std::int64_t size = shard_.size();
+  const std::int64_t size = shard_->size();
   for (std::int64_t i = 0; i < n; ++i, ++position_) {
     const std::int64_t epoch = position_ / size;
     if (epoch != order_epoch_) {  // a new pass over the shard: its own shuffled order
@@ -403,7 +407,7 @@ void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
       order_epoch_ = epoch;
     }
     const std::int64_t idx = order_[static_cast<std::size_t>(position_ % size)];
-    shard_.gather(&idx, 1, x + i * shard_.item.numel(), y + i, c_.augment, c_.order_seed, epoch);
+    shard_->fetch_augmented(&idx, 1, x + i * item_.numel(), y + i, c_.augment, c_.order_seed, epoch);
   }
 }
 
@@ -453,17 +457,26 @@ int agent::impl::run() {
     throw core::error("device id " + std::to_string(c_.id) + " does not match certificate '" + c_.name + "' (" +
                       (bound ? "it is for device " + std::to_string(*bound) : "it binds no id") + ")");
   be_ = backend::make_backend(c_.backend);
-  // Only this device's shard stays in memory; the test split is the server's.
-  core::load_options lo;
-  lo.test = false;
-  lo.pick_train = [this](const std::vector<std::int32_t>& labels, int n_classes) {
+  // Only this device's shard stays in memory; the test split is the server's. An app's own
+  // source is split by its labels exactly as a file's training split is.
+  auto pick = [this](const std::vector<std::int32_t>& labels, int n_classes) {
     return core::pick_shard(c_.partition, labels, n_classes, c_.n_shards, c_.shard, c_.partition_seed);
   };
-  shard_ = std::move(core::load_dataset(c_.data, lo).train);
+  if (c_.source) {
+    core::check_source(*c_.source);
+    shard_ = core::subset_of(c_.source, pick(c_.source->labels(), c_.source->class_count()));
+  } else {
+    core::load_options lo;
+    lo.test = false;
+    lo.pick_train = pick;
+    shard_ = std::make_shared<core::dataset>(std::move(core::load_dataset(c_.data, lo).train));
+  }
+  item_ = shard_->sample_shape();
+  n_classes_ = shard_->class_count();
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   runner_.emplace(*be_, core::tier::device, c_.id, c_.slowdown);
-  spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_.size(),
-               c_.data, c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());
+  spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_->size(),
+               shard_->describe(), c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());
   if (c_.augment.any()) spdlog::info("device {}: augmenting its batches ({})", c_.id, core::augment_str(c_.augment));
   auto lost = [this](const std::string& why) {
     spdlog::warn("device {}: link lost: {}", c_.id, why);

@@ -19,8 +19,8 @@
 #include "cleave/backend/registry.h"
 #include "cleave/core/checkpoint.h"
 #include "cleave/core/trainer.h"
-#include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/executors.h"
+#include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/split/aggregator.h"
 #include "cleave/split/profile_book.h"
@@ -166,7 +166,7 @@ class server_node::impl {
 
   std::unique_ptr<core::backend> be_;
   core::model_spec model_;
-  core::dataset_split data_;
+  std::shared_ptr<const core::data_source> test_;  // evaluates the global model
   std::optional<runtime::segment_runner> runner_;  // compute thread
   std::unique_ptr<core::trainer> eval_;            // compute thread
   int n_stepped_ = 0;                              // compute thread
@@ -178,7 +178,7 @@ class server_node::impl {
   std::uint32_t plan_epoch_ = 1;
   round_state round_;
   round_report last_;
-  std::optional<core::dataset> eval_subset_;  // --eval-samples of the test split
+  std::shared_ptr<const core::data_source> eval_subset_;  // --eval-samples of the test split
   std::ofstream run_log_;
   std::vector<nlohmann::json> history_;  // one row per round closed, for the dashboard's curves
   std::mutex board_mu_;

@@ -355,14 +355,31 @@ round_report server_node::impl::run() {
   schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
-  // The server only evaluates: of the training split it reads the statistics, keeps no sample.
-  core::load_options lo;
-  lo.pick_train = [](const std::vector<std::int32_t>&, int) { return std::vector<std::int64_t>{}; };
-  data_ = core::load_dataset(c_.data, lo);
-  model_ = core::resolve_model(c_.model, data_.train.item, data_.train.n_classes);
-  if (c_.eval_samples > 0 && c_.eval_samples < data_.test.size()) {
-    const auto order = core::epoch_order(data_.test.size(), c_.seed, 0);
-    eval_subset_.emplace(data_.test.subset(std::span(order).first(static_cast<std::size_t>(c_.eval_samples))));
+  core::shape item;
+  int n_classes = 0;
+  if (c_.test_source) {  // an app's own test samples
+    core::check_source(*c_.test_source);
+    test_ = c_.test_source;
+    item = test_->sample_shape();
+    n_classes = test_->class_count();
+  } else {
+    // The server only evaluates: of the training split it reads the statistics, keeps no sample.
+    core::load_options lo;
+    lo.pick_train = [](const std::vector<std::int32_t>&, int) { return std::vector<std::int64_t>{}; };
+    auto data = core::load_dataset(c_.data, lo);
+    item = data.train.item;
+    n_classes = data.train.n_classes;
+    test_ = std::make_shared<core::dataset>(std::move(data.test));
+  }
+  model_ = c_.model_spec ? *c_.model_spec : core::resolve_model(c_.model, item, n_classes);
+  if (c_.model_spec && (!(model_.input == item) || model_.n_classes != n_classes))
+    throw core::error("model '" + model_.name + "' takes " + model_.input.str() + " inputs and " +
+                      std::to_string(model_.n_classes) + " classes; the test data has " + item.str() + " and " +
+                      std::to_string(n_classes));
+  if (c_.eval_samples > 0 && c_.eval_samples < test_->size()) {
+    auto order = core::epoch_order(test_->size(), c_.seed, 0);
+    order.resize(static_cast<std::size_t>(c_.eval_samples));
+    eval_subset_ = core::subset_of(test_, std::move(order));
   }
   // Validate the configured cuts now, not when the first device joins.
   route_for_device(false);

@@ -167,7 +167,7 @@ asio::awaitable<void> server_node::impl::close_round() {
   };
   const bool last = round_.number == static_cast<std::uint64_t>(c_.rounds);
   const bool evaluate = last || round_.number % static_cast<std::uint64_t>(c_.eval_every) == 0;
-  const core::dataset* test = last || !eval_subset_ ? &data_.test : &*eval_subset_;
+  const core::data_source* test = last || !eval_subset_ ? test_.get() : eval_subset_.get();
   auto average = [this, routes, in, avg = round_.avg.get(), p = global_p_, b = global_b_, evaluate, test]() mutable {
     std::set<std::pair<int, int>> seen;
     const bool shared = c_.mode == training_mode::sequential;
@@ -237,7 +237,7 @@ void server_node::impl::report(const core::eval_report& ev, std::int64_t test_sa
   std::string test = "test not evaluated";
   if (rep.evaluated)
     test = fmt::format("test loss {:.4f} acc {:.4f}{}", rep.test_loss, rep.test_accuracy,
-                       rep.test_samples < data_.test.size() ? fmt::format(" ({} samples)", rep.test_samples) : "");
+                       rep.test_samples < test_->size() ? fmt::format(" ({} samples)", rep.test_samples) : "");
   spdlog::info(
       "round {}/{}: {}/{} devices, train loss {:.4f} acc {:.4f}, {}; compute device {:.1f} s, edge {:.1f} s, server "
       "{:.1f} s; {:.1f} MB moved; {:.1f} s{}",

@@ -1,5 +1,5 @@
-// Runs the cleave binary (CLEAVE_BINARY, defined by the test's CMake target) as a child process
-// and collects its exit status and its output (stdout and stderr together).
+// Runs the cleave binary (CLEAVE_BINARY, defined by the test's CMake target) or another program
+// as a child process and collects its exit status and its output (stdout and stderr together).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -16,7 +16,8 @@ struct outcome {
   std::string output;  // stdout and stderr
 };
 
-inline outcome run_cleave(const std::vector<std::string>& args) {
+// Runs `binary` with these arguments.
+inline outcome run_program(const std::string& binary, const std::vector<std::string>& args) {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
   const pid_t pid = ::fork();
@@ -26,10 +27,10 @@ inline outcome run_cleave(const std::vector<std::string>& args) {
     ::dup2(fds[1], STDERR_FILENO);
     ::close(fds[0]);
     ::close(fds[1]);
-    std::vector<char*> argv{const_cast<char*>(CLEAVE_BINARY)};
+    std::vector<char*> argv{const_cast<char*>(binary.c_str())};
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    ::execv(CLEAVE_BINARY, argv.data());
+    ::execv(binary.c_str(), argv.data());
     ::_exit(127);
   }
   ::close(fds[1]);
@@ -42,5 +43,11 @@ inline outcome run_cleave(const std::vector<std::string>& args) {
   o.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return o;
 }
+
+#ifdef CLEAVE_BINARY
+inline outcome run_cleave(const std::vector<std::string>& args) {
+  return run_program(CLEAVE_BINARY, args);
+}
+#endif
 
 }  // namespace cleave::testing

@@ -9,43 +9,16 @@
 #include <string_view>
 #include <vector>
 
+#include "cleave/core/augment.h"
+#include "cleave/core/data_source.h"
 #include "cleave/core/shape.h"
 
 namespace cleave::core {
 
-// Training-time augmentation of a drawn sample, in this order:
-// - crop: the image padded by `pad` pixels on every side and a window of its own size cut at a
-//   random offset in [0, 2 * pad] on each axis. The padding holds pixel value 0 (black) before
-//   normalisation, as torchvision's RandomCrop(size, padding) does on the image ahead of
-//   Normalize: a padded value is the normalised value of a 0 pixel in its channel, not 0.
-// - flip: mirrored left to right with probability 1/2.
-// The choices for a sample depend only on (seed, epoch, the sample's index in the data set it
-// is drawn from): the same on every machine and backend, whatever the batch or thread count.
-struct augment_config {
-  bool crop = false;
-  int pad = 4;  // crop padding in pixels, >= 1
-  bool flip = false;
-
-  bool any() const { return crop || flip; }
-};
-
-// "crop,flip" (the usual CIFAR recipe), "crop", "crop:PAD", "flip", combinations separated by
-// ',' in any order, or "none". Errors name the text.
-augment_config parse_augment(std::string_view text);
-// The text parse_augment reads back: "none", or e.g. "crop:4,flip".
-std::string augment_str(const augment_config& a);
-
-// What augmentation does to one sample: the crop window's offset into the padded image (0 when
-// there is no crop) and whether it is mirrored.
-struct augment_draw {
-  int dy = 0, dx = 0;  // in [0, 2 * pad] when cropping
-  bool flip = false;
-};
-augment_draw draw_augment(const augment_config& a, std::uint64_t seed, std::int64_t epoch, std::int64_t sample);
-
 // Samples are kept as the file stores them (u8 pixels, a quarter of float32) and normalised
 // when a batch is drawn: `gather` gives exactly the float values a whole float copy would hold.
-struct dataset {
+// A dataset is a data_source: whatever trains on an app's own source trains on a file's samples.
+struct dataset : data_source {
   std::string name;
   shape item;  // per sample: (C,H,W)
   int n_classes = 0;
@@ -54,7 +27,18 @@ struct dataset {
   // The float value of every pixel value in every channel: table[c * 256 + p].
   std::vector<float> table;
 
-  std::int64_t size() const { return static_cast<std::int64_t>(y.size()); }
+  std::int64_t size() const override { return static_cast<std::int64_t>(y.size()); }
+  shape sample_shape() const override { return item; }
+  int class_count() const override { return n_classes; }
+  std::vector<std::int32_t> labels() const override { return y; }
+  std::string describe() const override { return name; }
+  void fetch(const std::int64_t* idx, std::int64_t n, float* x_out, std::int32_t* y_out) const override {
+    gather(idx, n, x_out, y_out);
+  }
+  void fetch_augmented(const std::int64_t* idx, std::int64_t n, float* x_out, std::int32_t* y_out,
+                       const augment_config& a, std::uint64_t seed, std::int64_t epoch) const override {
+    gather(idx, n, x_out, y_out, a, seed, epoch);
+  }
   // Normalised samples idx[0, n) into x_out (n * item) and their labels into y_out (n).
   void gather(const std::int64_t* idx, std::int64_t n, float* x_out, std::int32_t* y_out) const;
   // As above, each sample augmented as `a` says with the draws of (seed, epoch, idx[i]). With

@@ -57,10 +57,13 @@ class trainer {
   // One optimizer step on a host batch: x (n, item...), y (n). Returns the loss tensor (1)
   // without waiting for it.
   tensor step(const float* x, const std::int32_t* y, std::int64_t n);
-  // One epoch in the seeded order for `epoch`; calls `progress` every report_every steps and
-  // at the end. Returns the number of images trained on.
-  std::int64_t train_epoch(const dataset& d, int epoch, const std::function<void(const progress_report&)>& progress);
-  eval_report evaluate(const dataset& d);
+  // One epoch in the seeded order for `epoch` over any source (a loaded core::dataset or an
+  // app's own); calls `progress` every report_every steps and at the end. Returns the number of
+  // images trained on.
+  std::int64_t train_epoch(const data_source& d, int epoch,
+                           const std::function<void(const progress_report&)>& progress);
+  // The whole source in its order, in batches of eval_batch, never augmented.
+  eval_report evaluate(const data_source& d);
 
  private:
   backend* b_;

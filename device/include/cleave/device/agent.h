@@ -29,7 +29,11 @@ struct agent_config {
   // server or an edge when upstream_name pins one. Never a device.
   std::optional<core::tier> upstream_role;
   std::string backend = "auto";
+  // The training data: a data set by name or directory (core::load_dataset), unless `source` is
+  // set, an app's own samples (a sensor, a camera); the shard below is picked from its labels
+  // the same way either way.
   std::string data = "fashion-mnist";
+  std::shared_ptr<const core::data_source> source;
   // Which part of the training set this device holds: shard `shard` of `n_shards` under
   // `partition` ("iid", "dirichlet:ALPHA", "classes:K" or "all"), drawn with `partition_seed`.
   int n_shards = 1;

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "cleave/core/data_source.h"
+#include "cleave/core/model.h"
 #include "cleave/core/optimizer.h"
 #include "cleave/runtime/sessions.h"
 #include "cleave/split/aggregator.h"
@@ -54,7 +56,11 @@ struct server_config {
   std::vector<std::string> allowed;  // certificate names allowed to connect ("" = any the CA signed)
   std::string backend = "auto";
   std::string model = "lenet5";
-  std::string data = "fashion-mnist";  // the test split evaluates the global model
+  // A model built in code (core::model_builder) instead of `model` (a zoo name or a spec file).
+  std::optional<core::model_spec> model_spec;
+  std::string data = "fashion-mnist";  // the test split evaluates the global model...
+  // ...unless an app gives its own test samples here (a data_source of the devices' shape).
+  std::shared_ptr<const core::data_source> test_source;
   training_mode mode = training_mode::splitfed;
   bool u_shape = false;
   std::string cuts;       // "" = default cuts; else e.g. "3" (2-tier), "3,6" (3-tier)
