@@ -28,10 +28,17 @@ std::string layer_calls<self>::blocks_json() const {
 }
 
 template <class self>
-std::string layer_calls<self>::conv2d_json(int out_channels, size2 kernel, int stride, int padding, bool bias) {
-  return json{{"type", "conv2d"}, {"out_channels", out_channels}, {"kernel", pair_json(kernel)},
-              {"stride", stride}, {"padding", padding},           {"bias", bias}}
-      .dump();
+std::string layer_calls<self>::conv2d_json(int out_channels, size2 kernel, int stride, int padding, bool bias,
+                                           int groups) {
+  json j{{"type", "conv2d"}, {"out_channels", out_channels}, {"kernel", pair_json(kernel)},
+         {"stride", stride}, {"padding", padding},           {"bias", bias}};
+  if (groups != 1) j["groups"] = groups;
+  return j.dump();
+}
+
+template <class self>
+std::string layer_calls<self>::clamp_json(double min, double max) {
+  return json{{"type", "clamp"}, {"min", min}, {"max", max}}.dump();
 }
 
 template <class self>

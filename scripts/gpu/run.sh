@@ -11,9 +11,11 @@
 #   4. trains LeNet-5 and ResNet-8 for one Fashion-MNIST epoch on cuda, onednn and PyTorch
 #      (bench/lenet/bench_train, bench/cuda/torch_train.py) and prints images/s and accuracy;
 #      LeNet-5 also on vulkan against onednn with the same seed (cosine decay, as in
-#      bench/vulkan/accuracy.sh).
+#      bench/vulkan/accuracy.sh);
+#   5. times training steps of resnet18, mobilenetv2 and vgg11-bn on cuda, vulkan and onednn
+#      (bench/models/bench_models, one JSON line each).
 # Logs go to $OUT (default .gpu-out): env.txt, configure.log, build.log, ctest.log,
-# ctest-junit.xml, bench.log, train.log, train.jsonl, summary.txt.
+# ctest-junit.xml, bench.log, train.log, train.jsonl, models.jsonl, summary.txt.
 # Usage: scripts/gpu/run.sh [--jobs N] [--skip-build] [--tests-only] [--bench-only]
 set -uo pipefail
 
@@ -240,6 +242,21 @@ for model in ("lenet5", "resnet8"):
 PY
   else
     note "training step skipped: $trainer not built or $data missing"
+  fi
+
+  # ---- 7. the larger zoo models (grouped/depthwise convs, ReLU6): training steps per backend -----
+  models_bench="$build/bench/models/bench_models"
+  if nvidia-smi -L >/dev/null 2>&1 && [ -x "$models_bench" ] && [ -d "$data" ]; then
+    for model in resnet18 mobilenetv2 vgg11-bn; do
+      for b in cuda vulkan onednn; do
+        steps=100
+        [ "$b" = onednn ] && steps=10
+        OMP_NUM_THREADS=${OMP_NUM_THREADS:-$jobs} "$models_bench" --backend "$b" --model "$model" --data "$data" \
+          --steps "$steps" --warmup 3 2>/dev/null || echo "{\"model\": \"$model\", \"backend\": \"$b\", \"failed\": true}"
+      done
+    done >"$OUT/models.jsonl" 2>&1
+    tee -a "$summary" <"$OUT/models.jsonl"
+    note "zoo model steps done ($(elapsed))"
   fi
 fi
 

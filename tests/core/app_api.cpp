@@ -137,6 +137,32 @@ TEST_CASE("the builder writes the zoo's resnet8 block for block") {
   check_same(b.build(), core::zoo_model("resnet8", {3, 32, 32}, 10));
 }
 
+TEST_CASE("the builder writes the zoo's mobilenetv2 (depthwise convs, relu6) block for block") {
+  // Width 0.25: widths 8, 8, 8, 8, 16, 24, 40, 80 (never below 8), the last conv 1280.
+  core::model_builder b("mobilenetv2:0.25", {3, 32, 32}, 10);
+  b.conv2d(8, 3, 1, 1, false).batchnorm2d().relu6();
+  const int settings[][4] = {{1, 16, 1, 1}, {6, 24, 2, 1},  {6, 32, 3, 2}, {6, 64, 4, 2},
+                             {6, 96, 3, 1}, {6, 160, 3, 2}, {6, 320, 1, 1}};
+  const int widths[] = {8, 8, 8, 16, 24, 40, 80};
+  int in = 8;
+  for (int s = 0; s < 7; ++s)
+    for (int i = 0; i < settings[s][2]; ++i) {
+      const int out = widths[s], stride = i == 0 ? settings[s][3] : 1, hidden = in * settings[s][0];
+      core::layer_chain body;
+      if (settings[s][0] != 1) body.conv2d(hidden, 1, 1, 0, false).batchnorm2d().relu6();
+      body.conv2d(hidden, 3, stride, 1, false, hidden).batchnorm2d().relu6().conv2d(out, 1, 1, 0, false).batchnorm2d();
+      if (stride == 1 && in == out) {
+        b.residual(body, false);
+      } else {
+        // Layers of a block that adds nothing back are blocks of their own.
+        b.append(body);
+      }
+      in = out;
+    }
+  b.conv2d(1280, 1, 1, 0, false).batchnorm2d().relu6().global_avg_pool().linear(10);
+  check_same(b.build(), core::zoo_model("mobilenetv2:0.25", {3, 32, 32}, 10));
+}
+
 TEST_CASE("a bad setting in the builder is refused with the message the same JSON gets") {
   core::model_builder b("bad", {1, 8, 8}, 4);
   b.conv2d(4, 9).flatten().linear(4);  // a 9x9 kernel over 8x8

@@ -24,9 +24,10 @@ struct size2 {
 template <class self>
 class layer_calls {
  public:
-  // (C,H,W) -> (out_channels, H', W'); stride and padding the same on both axes.
-  self& conv2d(int out_channels, size2 kernel, int stride = 1, int padding = 0, bool bias = true) {
-    return add(conv2d_json(out_channels, kernel, stride, padding, bias));
+  // (C,H,W) -> (out_channels, H', W'); stride and padding the same on both axes; groups divides
+  // C and out_channels (both equal to groups: depthwise).
+  self& conv2d(int out_channels, size2 kernel, int stride = 1, int padding = 0, bool bias = true, int groups = 1) {
+    return add(conv2d_json(out_channels, kernel, stride, padding, bias, groups));
   }
   self& linear(int out_features, bool bias = true) { return add(linear_json(out_features, bias)); }
   self& batchnorm2d(double eps = 1e-5, double momentum = 0.1) { return add(batchnorm2d_json(eps, momentum)); }
@@ -37,6 +38,8 @@ class layer_calls {
     return add(pool_json("avgpool2d", kernel, stride, padding));
   }
   self& relu() { return add(R"({"type":"relu"})"); }
+  self& relu6() { return add(R"({"type":"relu6"})"); }
+  self& clamp(double min, double max) { return add(clamp_json(min, max)); }
   self& flatten() { return add(R"({"type":"flatten"})"); }
   self& global_avg_pool() { return add(R"({"type":"global_avg_pool"})"); }
   self& dropout(double p = 0.5) { return add(dropout_json(p)); }
@@ -48,6 +51,13 @@ class layer_calls {
   template <class body_t>
   self& residual(const layer_calls<body_t>& body, bool relu = true) {
     return add(residual_json(body.blocks_, nullptr, relu));
+  }
+
+  // The blocks of `chain`, each a block of its own here.
+  template <class chain_t>
+  self& append(const layer_calls<chain_t>& chain) {
+    for (const auto& b : chain.blocks_) add(b);
+    return static_cast<self&>(*this);
   }
 
   int n_blocks() const { return static_cast<int>(blocks_.size()); }
@@ -64,7 +74,8 @@ class layer_calls {
     blocks_.push_back(std::move(block));
     return static_cast<self&>(*this);
   }
-  static std::string conv2d_json(int out_channels, size2 kernel, int stride, int padding, bool bias);
+  static std::string conv2d_json(int out_channels, size2 kernel, int stride, int padding, bool bias, int groups);
+  static std::string clamp_json(double min, double max);
   static std::string linear_json(int out_features, bool bias);
   static std::string batchnorm2d_json(double eps, double momentum);
   static std::string pool_json(const char* type, size2 kernel, std::optional<size2> stride, size2 padding);
