@@ -50,8 +50,7 @@ cudaError_t clamp_forward(const float* x, float* y, i64 n, float lo, float hi, c
   });
 }
 
-cudaError_t clamp_backward(const float* y, const float* dy, float* dx, i64 n, float lo, float hi,
-                           cudaStream_t stream) {
+cudaError_t clamp_backward(const float* y, const float* dy, float* dx, i64 n, float lo, float hi, cudaStream_t stream) {
   return for_each(n, stream, [=] __device__(i64 i) { dx[i] = y[i] > lo && y[i] < hi ? dy[i] : 0.0f; });
 }
 
