@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "../common/sample_app.h"
 #include "accelerometer.h"
 #include "cleave/core/error.h"
 #include "cleave/core/model_builder.h"
@@ -49,8 +50,8 @@ core::model_spec har_model(int window_len) {
 }
 
 int run(const options& o) {
-  const fs::path work =
-      o.work.empty() ? fs::temp_directory_path() / ("cleave-activity-" + std::to_string(::getpid())) : fs::path(o.work);
+  const apps::work_dir wd(o.work, "cleave-activity-");
+  const fs::path& work = wd.path();
   const fs::path certs = work / "certs";
   federation::provision_local(certs, o.users);
 
@@ -93,19 +94,12 @@ int run(const options& o) {
     fc.devices.push_back(std::move(a));
   }
   const auto result = federation::run_local(std::move(fc));
-  if (o.work.empty()) fs::remove_all(work);
-  if (result.rounds.empty()) {
-    std::fprintf(stderr, "no round finished\n");
-    return 1;
-  }
-  const auto& last = result.rounds.back();
+  const server::round_report* lr = apps::last_round(result);
+  if (!lr) return 1;
+  const server::round_report& last = *lr;
   std::printf("final test accuracy %.4f over %lld windows of %d held-out users (chance %.4f)\n", last.test_accuracy,
               static_cast<long long>(last.test_samples), o.test_users, 1.0 / activity::n_activities);
-  if (last.test_accuracy < o.min_accuracy) {
-    std::fprintf(stderr, "test accuracy %.4f is below --min-accuracy %.4f\n", last.test_accuracy, o.min_accuracy);
-    return 1;
-  }
-  return 0;
+  return apps::check_accuracy(last.test_accuracy, o.min_accuracy);
 }
 
 }  // namespace
@@ -131,11 +125,5 @@ int main(int argc, char** argv) {
   app.add_option("--min-accuracy", o.min_accuracy, "exit 1 when the final test accuracy is below this");
   app.add_option("--log-level", o.log_level)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  spdlog::set_level(spdlog::level::from_str(o.log_level));
-  try {
-    return run(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
+  return apps::run_guarded(o.log_level, [&] { return run(o); });
 }

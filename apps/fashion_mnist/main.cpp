@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "../common/sample_app.h"
 #include "cleave/core/dataset.h"
 #include "cleave/federation/local_federation.h"
 
@@ -36,8 +37,8 @@ struct options {
 };
 
 int run(const options& o) {
-  const fs::path work =
-      o.work.empty() ? fs::temp_directory_path() / ("cleave-fmnist-" + std::to_string(::getpid())) : fs::path(o.work);
+  const apps::work_dir wd(o.work, "cleave-fmnist-");
+  const fs::path& work = wd.path();
   federation::provision_local(work / "certs", o.devices);
   federation::local_config fc;
   fc.certs = work / "certs";
@@ -53,12 +54,7 @@ int run(const options& o) {
   sc.seed = o.seed;
   sc.backend = o.backend;
   sc.opt.lr = o.lr;
-  sc.on_round = [](const server::round_report& r) {
-    std::printf("round %llu: %d devices, train loss %.4f, test loss %.4f acc %.4f, %.1f MB moved\n",
-                static_cast<unsigned long long>(r.round), r.n_devices, r.train_loss, r.test_loss, r.test_accuracy,
-                static_cast<double>(r.bytes_moved) / 1e6);
-    std::fflush(stdout);
-  };
+  sc.on_round = apps::print_round;
   // The training split loaded once and shared: each agent picks its shard from its labels.
   core::load_options lo;
   lo.test = false;
@@ -78,19 +74,12 @@ int run(const options& o) {
     fc.devices.push_back(std::move(a));
   }
   const auto result = federation::run_local(std::move(fc));
-  if (o.work.empty()) fs::remove_all(work);
-  if (result.rounds.empty()) {
-    std::fprintf(stderr, "no round finished\n");
-    return 1;
-  }
-  const auto& last = result.rounds.back();
+  const server::round_report* lr = apps::last_round(result);
+  if (!lr) return 1;
+  const server::round_report& last = *lr;
   std::printf("final test accuracy %.4f over %lld test images\n", last.test_accuracy,
               static_cast<long long>(last.test_samples));
-  if (last.test_accuracy < o.min_accuracy) {
-    std::fprintf(stderr, "test accuracy %.4f is below --min-accuracy %.4f\n", last.test_accuracy, o.min_accuracy);
-    return 1;
-  }
-  return 0;
+  return apps::check_accuracy(last.test_accuracy, o.min_accuracy);
 }
 
 }  // namespace
@@ -114,11 +103,5 @@ int main(int argc, char** argv) {
   app.add_option("--min-accuracy", o.min_accuracy, "exit 1 when the final test accuracy is below this");
   app.add_option("--log-level", o.log_level)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  spdlog::set_level(spdlog::level::from_str(o.log_level));
-  try {
-    return run(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
+  return apps::run_guarded(o.log_level, [&] { return run(o); });
 }

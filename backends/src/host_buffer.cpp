@@ -100,14 +100,4 @@ void host_cache_release() {
   the_cache().release();
 }
 
-std::size_t host_cache_limit() {
-  return the_cache().limit;
-}
-
-std::size_t host_cache_bytes() {
-  cache& c = the_cache();
-  std::lock_guard<std::mutex> lk(c.mu);
-  return c.cached;
-}
-
 }  // namespace cleave::backend::detail
