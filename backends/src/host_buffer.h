@@ -5,8 +5,9 @@
 // back to the kernel between steps is faulted in again page by page on first touch, which on
 // virtual machines costs more than the convolutions (about 3 ms per MB measured on a 2-core VM).
 // Freed blocks of 256 KiB and more are kept, by size class, and handed out again, so a
-// steady-state step touches no new pages. The cache holds at most CLEAVE_HOST_CACHE_MB, default 2048; 0 turns it off);
-// its blocks never exceed the peak of live memory by more than the size rounding (at most 1/8 of a block).
+// steady-state step touches no new pages. The cache holds at most CLEAVE_HOST_CACHE_MB MiB
+// (default 2048; 0 turns it off). Its blocks exceed the peak of live memory by no more than
+// the size rounding (at most 1/8 of a block).
 #pragma once
 
 #include <cstddef>
