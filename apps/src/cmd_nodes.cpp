@@ -66,6 +66,8 @@ std::uint64_t parse_bytes(const std::string& s, const char* option) {
   return static_cast<std::uint64_t>(v * k);
 }
 
+}  // namespace
+
 // "vulkan,onednn" -> backend specs, each one built into this binary and usable here; names
 // the option and the entry in errors.
 std::vector<std::string> parse_backend_list(const std::string& s, const char* option) {
@@ -97,6 +99,8 @@ split::aggregate_rule parse_aggregate_option(const std::string& s) {
   }
 }
 
+namespace {
+
 // --idle-timeout SECONDS -> the node's link settings (names the option in errors).
 void set_idle_timeout(runtime::link_settings& l, double seconds) {
   if (!(seconds >= 0.5 && seconds <= 3600)) throw core::error("--idle-timeout: expected 0.5 to 3600 seconds");
@@ -125,22 +129,6 @@ struct agent_options {
   std::string memory_budget;
   std::string connect = "127.0.0.1:7000", shard = "0/1";
   std::string upstream_role;
-};
-
-struct demo_options {
-  std::string work;
-  int devices = 4, rounds = 8, local_steps = 150;
-  std::string partition = "dirichlet:0.5", backend = "auto", mode = "splitfed", model = "lenet5";
-  std::string lr_schedule = "constant", aggregate = "mean";
-  std::string data = "fashion-mnist";
-  bool u_shape = false, keep = false, no_adapt = false;
-  std::string schedule, device_backends;
-  std::string dashboard, metrics;  // the server's
-  int slow = 0;
-  double slowdown = 1.0;
-  float lr = 0.05f;
-  std::uint64_t seed = 1;
-  core::augment_config augment;
 };
 
 void run_server(server_options& o) {
@@ -195,170 +183,6 @@ void run_agent(agent_options& o) {
   device::agent node(o.c);
   node.stop_on_signals();
   node.run();
-}
-
-pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
-  const pid_t pid = ::fork();
-  if (pid < 0) throw core::error(std::string("fork failed: ") + std::strerror(errno));
-  if (pid == 0) {
-    if (!log.empty()) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, STDOUT_FILENO);
-        ::dup2(fd, STDERR_FILENO);
-        ::close(fd);
-      }
-    }
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv("/proc/self/exe", argv.data());
-    std::fprintf(stderr, "exec failed: %s\n", std::strerror(errno));
-    ::_exit(127);
-  }
-  return pid;
-}
-
-// The demo's CA and the certificates of its server, edge-1 and device-1..n (kept when present).
-void provision_demo(const fs::path& certs, int n_devices) {
-  federation::provision_local(certs, n_devices, 1);
-  spdlog::info("demo: certificates for the CA, server, edge-1 and device-1..{} in {}", n_devices, certs.string());
-}
-
-// Waits for the server, then gives the other nodes a moment to end (the server tells them
-// training is over) before stopping them; returns the server's wait status.
-int wait_for_demo(pid_t server, const std::vector<pid_t>& others) {
-  static std::vector<pid_t>* children = nullptr;
-  static std::vector<pid_t> all;
-  all = others;
-  all.push_back(server);
-  children = &all;
-  auto forward = [](int sig) {
-    for (pid_t p : *children) ::kill(p, sig);
-  };
-  std::signal(SIGINT, forward);
-  std::signal(SIGTERM, forward);
-  int status = 0;
-  while (::waitpid(server, &status, 0) < 0 && errno == EINTR) {
-  }
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (pid_t p : others) {
-    int st = 0;
-    while (::waitpid(p, &st, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > until) {
-        ::kill(p, SIGKILL);
-        ::waitpid(p, &st, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
-  return status;
-}
-
-// The command line of the demo's server.
-std::vector<std::string> demo_server_args(const demo_options& o, const fs::path& certs, const std::string& listen,
-                                          const fs::path& work, const std::string& level) {
-  std::vector<std::string> sargs{"cleave",        "--log-level",
-                                 level,           "server",
-                                 "--certs",       certs.string(),
-                                 "--listen",      listen,
-                                 "--model",       o.model,
-                                 "--data",        o.data,
-                                 "--backend",     o.backend,
-                                 "--mode",        o.mode,
-                                 "--rounds",      std::to_string(o.rounds),
-                                 "--local-steps", std::to_string(o.local_steps),
-                                 "--min-devices", std::to_string(o.devices),
-                                 "--lr",          std::to_string(o.lr),
-                                 "--lr-schedule", o.lr_schedule,
-                                 "--aggregate",   o.aggregate,
-                                 "--seed",        std::to_string(o.seed),
-                                 "--checkpoint",  (work / "global.ckpt").string(),
-                                 "--fresh",       "--force"};  // every demo is a run of its own
-  if (o.u_shape) sargs.push_back("--u-shape");
-  if (o.no_adapt) sargs.push_back("--no-adapt");
-  if (!o.dashboard.empty()) sargs.insert(sargs.end(), {"--dashboard", o.dashboard});
-  if (!o.metrics.empty()) sargs.insert(sargs.end(), {"--metrics", o.metrics});
-  if (!o.schedule.empty()) {
-    sargs.push_back("--schedule");
-    sargs.push_back(o.schedule);
-  }
-  return sargs;
-}
-
-void run_demo(const demo_options& o) {
-  const auto device_specs = parse_backend_list(o.device_backends, "--device-backends");
-  core::parse_schedule_kind(o.lr_schedule);  // named now, not in the server's log
-  parse_aggregate_option(o.aggregate);
-  const fs::path work =
-      o.work.empty() ? fs::temp_directory_path() / ("cleave-demo-" + std::to_string(::getpid())) : fs::path(o.work);
-  fs::create_directories(work);
-  const fs::path certs = work / "certs";
-  spdlog::info("demo: 1 server, 1 edge, {} devices on loopback; work directory {}", o.devices, work.string());
-  provision_demo(certs, o.devices);
-
-  // All nodes share this machine's cores: give each oneDNN node its share of threads (OpenMP
-  // teams of competing processes stall each other) and let idle OpenMP threads sleep.
-  auto node_backend = [&](const std::string& b) {
-    if (b == "onednn" || (b == "auto" && backend::resolve_auto() == "onednn")) {
-      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-      return "onednn:" + std::to_string(std::max(1u, cores / static_cast<unsigned>(o.devices + 2)));
-    }
-    return b;
-  };
-  const std::string backend = node_backend(o.backend);
-  // Device i runs the ((i - 1) mod n)-th entry of --device-backends (default: --backend).
-  std::vector<std::string> device_backends;
-  for (const auto& b : device_specs) device_backends.push_back(node_backend(b));
-  if (device_backends.empty()) device_backends.push_back(backend);
-  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-  const auto server_port = transport::free_loopback_port(), edge_port = transport::free_loopback_port();
-  const std::string sp = "127.0.0.1:" + std::to_string(server_port);
-  const std::string ep = "127.0.0.1:" + std::to_string(edge_port);
-  const std::string level = spdlog::level::to_string_view(spdlog::get_level()).data();
-  const auto sargs = demo_server_args(o, certs, sp, work, level);
-  // The server's log (one line per round) goes to this terminal; the others to files.
-  const pid_t server = spawn(sargs, {});
-  std::vector<pid_t> others;
-  std::vector<std::string> eargs{"cleave", "--log-level", level, "edge",     "--certs", certs.string(), "--name",
-                                 "edge-1", "--listen",    ep,    "--server", sp,        "--backend",    backend};
-  if (!o.schedule.empty()) eargs.insert(eargs.end(), {"--schedule", o.schedule});
-  others.push_back(spawn(eargs, work / "edge-1.log"));
-  for (int i = 1; i <= o.devices; ++i) {
-    std::vector<std::string> extra;
-    if (!o.schedule.empty()) extra = {"--schedule", o.schedule};
-    if (i <= o.slow) extra.insert(extra.end(), {"--slowdown", std::to_string(o.slowdown)});
-    if (o.augment.any()) extra.insert(extra.end(), {"--augment", core::augment_str(o.augment)});
-    std::vector<std::string> aargs{"cleave",
-                                   "--log-level",
-                                   level,
-                                   "agent",
-                                   "--certs",
-                                   certs.string(),
-                                   "--id",
-                                   std::to_string(i),
-                                   "--connect",
-                                   ep,
-                                   "--upstream-name",
-                                   "edge-1",
-                                   "--data",
-                                   o.data,
-                                   "--shard",
-                                   std::to_string(i - 1) + "/" + std::to_string(o.devices),
-                                   "--partition",
-                                   o.partition,
-                                   "--backend",
-                                   device_backends[static_cast<std::size_t>(i - 1) % device_backends.size()]};
-    aargs.insert(aargs.end(), extra.begin(), extra.end());
-    others.push_back(spawn(aargs, work / ("device-" + std::to_string(i) + ".log")));
-  }
-  spdlog::info("demo: started server (pid {}), edge-1 and {} device agents; their logs: {}/*.log", server, o.devices,
-               work.string());
-  const int status = wait_for_demo(server, others);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    throw core::error("the server failed (see above; the other nodes' logs are in " + work.string() + ")");
-  spdlog::info("demo: done; global model in {}, logs in {}", (work / "global.ckpt").string(), work.string());
 }
 
 }  // namespace
@@ -520,46 +344,13 @@ void add_agent_command(CLI::App& app) {
   a->callback([] { run_agent(ao); });
 }
 
-void add_demo_command(CLI::App& app) {
-  static demo_options dm;
-  auto* d = app.add_subcommand("demo", "a federation on loopback: 1 server, 1 edge, N devices as processes");
-  d->add_option("--work", dm.work, "work directory (default: a new one under /tmp)");
-  d->add_option("--devices", dm.devices, "devices")->capture_default_str()->check(CLI::Range(1, 64));
-  d->add_option("--rounds", dm.rounds, "rounds")->capture_default_str()->check(CLI::Range(1, 1000));
-  d->add_option("--local-steps", dm.local_steps, "steps per device per round")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000000));
-  d->add_option("--partition", dm.partition, "how the training set is split across devices")->capture_default_str();
-  d->add_option("--backend", dm.backend, "backend of every node")->capture_default_str();
-  d->add_option("--device-backends", dm.device_backends,
-                "backends of the devices, comma-separated, repeated over devices 1..N (default: --backend)");
-  d->add_option("--mode", dm.mode, "splitfed or sequential")->capture_default_str();
-  d->add_option("--model", dm.model, "zoo model or .json spec")->capture_default_str();
-  d->add_option("--data", dm.data, "data set")->capture_default_str();
-  d->add_option("--lr", dm.lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  d->add_option("--lr-schedule", dm.lr_schedule, "learning rate by round: constant, step or cosine")
-      ->capture_default_str();
-  d->add_option("--aggregate", dm.aggregate, "mean, median, trimmed-mean:F or clip:C (see cleave server --help)")
-      ->capture_default_str();
-  d->add_option("--seed", dm.seed, "seed")->capture_default_str();
-  d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");
-  d->add_flag("--no-adapt", dm.no_adapt, "keep the initial cuts");
-  d->add_option("--schedule", dm.schedule, "emulated heterogeneity by round, given to every node (text or file)");
-  d->add_option("--slow", dm.slow, "devices 1..N run --slowdown times slower")->check(CLI::Range(0, 64));
-  d->add_option("--slowdown", dm.slowdown, "slowdown of the --slow devices")->check(CLI::Range(1.0, 1000.0));
-  d->add_option("--dashboard", dm.dashboard, "the server's live dashboard on http://ADDR/ (PORT: loopback)");
-  d->add_option("--metrics", dm.metrics, "the server's Prometheus metrics on http://ADDR/metrics (PORT: loopback)");
-  add_augment_option(d, dm.augment);  // given to the device agents
-  d->callback([] { run_demo(dm); });
-}
-
 }  // namespace
 
 void register_node_commands(CLI::App& app) {
   add_server_command(app);
   add_edge_command(app);
   add_agent_command(app);
-  add_demo_command(app);
+  register_demo_command(app);
 }
 
 }  // namespace cleave::apps

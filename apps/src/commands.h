@@ -3,7 +3,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+#include <vector>
+
 #include "cleave/core/dataset.h"
+#include "cleave/split/aggregator.h"
 
 namespace cleave::apps {
 
@@ -17,5 +21,12 @@ void register_export_command(CLI::App& app);     // export (safetensors)
 void register_certs_command(CLI::App& app);      // certs init / issue / renew / revoke
 void register_provision_command(CLI::App& app);  // provision (startup kits)
 void register_node_commands(CLI::App& app);      // server, edge, agent, demo
+void register_demo_command(CLI::App& app);       // demo (cmd_demo.cpp)
+
+// Shared by the node commands and the demo (cmd_nodes.cpp). "vulkan,onednn" -> backend specs,
+// each built into this binary and usable here; --aggregate RULE -> the typed rule. Both name
+// the option in errors.
+std::vector<std::string> parse_backend_list(const std::string& s, const char* option);
+split::aggregate_rule parse_aggregate_option(const std::string& s);
 
 }  // namespace cleave::apps

@@ -19,35 +19,39 @@ inline float scaled(std::uint8_t p) {
   return static_cast<float>(p) * (1.0f / 255.0f);
 }
 
-// Sums of the scaled pixel values per channel, in sample then pixel order.
+// The training split's pixel values counted per channel; the mean and variance of the scaled
+// values follow from the counts exactly (a count per value instead of a sum per pixel: a few
+// times faster, and no rounding in the accumulation).
 struct channel_stats {
-  std::vector<double> sum, sq;
+  std::vector<std::uint64_t> count;  // count[ch * 256 + p]
+  std::size_t channels;
   std::uint64_t n_per_channel = 0;
 
-  explicit channel_stats(std::size_t c) : sum(c), sq(c) {}
+  explicit channel_stats(std::size_t c) : count(c * 256), channels(c) {}
   // samples (n,C,H*W)
   void add(const std::uint8_t* samples, std::uint64_t n, std::uint64_t hw) {
-    const std::size_t c = sum.size();
     for (std::uint64_t s = 0; s < n; ++s)
-      for (std::size_t ch = 0; ch < c; ++ch) {
-        const std::uint8_t* p = samples + (s * c + ch) * hw;
-        double& su = sum[ch];
-        double& q = sq[ch];
-        for (std::uint64_t j = 0; j < hw; ++j) {
-          const double v = scaled(p[j]);
-          su += v;
-          q += v * v;
-        }
+      for (std::size_t ch = 0; ch < channels; ++ch) {
+        const std::uint8_t* p = samples + (s * channels + ch) * hw;
+        std::uint64_t* h = count.data() + ch * 256;
+        for (std::uint64_t j = 0; j < hw; ++j) ++h[p[j]];
       }
     n_per_channel += n * hw;
   }
+  std::size_t size() const { return channels; }
   // table[c * 256 + p] = (p / 255 - mean_c) / stdev_c
   std::vector<float> table() const {
-    std::vector<float> t(sum.size() * 256);
-    const auto count = static_cast<double>(n_per_channel);
-    for (std::size_t ch = 0; ch < sum.size(); ++ch) {
-      const double mean = sum[ch] / count;
-      const double stdev = std::sqrt(std::max(1e-12, sq[ch] / count - mean * mean));
+    std::vector<float> t(channels * 256);
+    const auto total = static_cast<double>(n_per_channel);
+    for (std::size_t ch = 0; ch < channels; ++ch) {
+      double sum = 0, sq = 0;
+      for (int p = 0; p < 256; ++p) {
+        const double v = scaled(static_cast<std::uint8_t>(p)), k = static_cast<double>(count[ch * 256 + p]);
+        sum += k * v;
+        sq += k * v * v;
+      }
+      const double mean = sum / total;
+      const double stdev = std::sqrt(std::max(1e-12, sq / total - mean * mean));
       for (int p = 0; p < 256; ++p)
         t[ch * 256 + static_cast<std::size_t>(p)] =
             static_cast<float>((static_cast<double>(scaled(static_cast<std::uint8_t>(p))) - mean) / stdev);
@@ -87,7 +91,7 @@ std::vector<std::uint8_t> stream_train(Source& source, const std::vector<std::in
   for (std::uint64_t first = 0; first < n; first += chunk) {
     const std::uint64_t count = std::min(chunk, n - first);
     source.read_nchw(count, buf.data());
-    stats.add(buf.data(), count, per / stats.sum.size());
+    stats.add(buf.data(), count, per / stats.size());
     for (; next != wanted.end() && static_cast<std::uint64_t>(next->first) < first + count; ++next)
       std::memcpy(out.data() + static_cast<std::uint64_t>(next->second) * per,
                   buf.data() + (static_cast<std::uint64_t>(next->first) - first) * per, per);

@@ -475,6 +475,7 @@ int agent::impl::run() {
   n_classes_ = shard_->class_count();
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   runner_.emplace(*be_, core::tier::device, c_.id, c_.slowdown);
+  if (c_.shared_board) runner_->share_board(c_.shared_board);
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_->size(),
                shard_->describe(), c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());
   if (c_.augment.any()) spdlog::info("device {}: augmenting its batches ({})", c_.id, core::augment_str(c_.augment));

@@ -33,10 +33,17 @@ bool segment_runner::set_model(const std::string& json, const transport::trainin
 }
 
 double segment_runner::timed(const std::function<void()>& f) {
+  if (shared_) shared_->acquire();  // timed once it holds a core
   const auto t0 = clock::now();
-  f();
-  b_->synchronize();
+  try {
+    f();
+    b_->synchronize();
+  } catch (...) {
+    if (shared_) shared_->release();
+    throw;
+  }
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+  if (shared_) shared_->release();
   // An emulated board this many times slower: wait for the extra time it would have taken.
   if (slowdown_ > 1.0) std::this_thread::sleep_for(std::chrono::duration<double>(secs * (slowdown_ - 1.0)));
   compute_s_ += secs * slowdown_;
@@ -257,12 +264,25 @@ void segment_runner::restore_optimizer(std::uint32_t device, const split::route&
   }
 }
 
+std::vector<split::block_profile> shared_board::profile(
+    const std::string& key, const std::function<std::vector<split::block_profile>()>& measure) {
+  std::lock_guard lock(mu_);  // the others wait for the first measurement rather than disturb it
+  auto it = done_.find(key);
+  if (it == done_.end()) it = done_.emplace(key, measure()).first;
+  return it->second;
+}
+
 void segment_runner::profile(std::uint32_t batch, const transport::training_settings& t) {
   const auto t0 = clock::now();
   split::profile_options po;
   po.batch = static_cast<int>(std::max(1u, batch));
   po.seed = t.seed;
-  auto base = split::profile_blocks(*b_, model_, t.opt, po);
+  auto measure = [&] { return split::profile_blocks(*b_, model_, t.opt, po); };
+  auto base =
+      shared_
+          ? shared_->profile(
+                b_->name() + "|" + std::to_string(po.batch) + "|" + core::to_json(t.opt) + "|" + model_json_, measure)
+          : measure();
   double total = 0;
   for (auto& blk : base) {
     blk.forward_seconds *= slowdown_;

@@ -2,6 +2,8 @@
 // one JSON object per round).
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+
 #include "server_impl.h"
 
 namespace cleave::server {
@@ -96,6 +98,9 @@ void server_node::impl::observe_round(const round_report& rep) {
       {"resplits", rep.n_resplits},
       {"planner_seconds", rep.planner_seconds},
       {"refusals", m.value("cleave_refusals_total", {{"reason", "upload"}})},
+      {"started_at",
+       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() - rep.seconds},
+      {"resident_bytes", metrics::resident_bytes()},
       {"routes", devices}};
   run_log_ << j.dump() << '\n';
   run_log_.flush();

@@ -135,15 +135,17 @@ void server_node::impl::device_gone(std::uint32_t id, const std::string& reason)
   it->second.connected = false;
   it->second.rs.next.reset();
   const bool in_round = round_.members.erase(id) > 0;
-  spdlog::warn("server: device {} left{}: {}", id, in_round ? " during round " + std::to_string(round_.number) : "",
-               reason);
+  // Once the run is over, nodes leaving is the shutdown itself.
+  spdlog::log(ex_.stopping() ? spdlog::level::debug : spdlog::level::warn, "server: device {} left{}: {}", id,
+              in_round && !ex_.stopping() ? " during round " + std::to_string(round_.number) : "", reason);
   ex_.post_compute([this, id] { runner_->discard(id); });
   maybe_replan("device " + std::to_string(id) + " left");
   wake_.notify();
 }
 
 void server_node::impl::on_closed(const runtime::session_ptr& s, const std::string& why) {
-  spdlog::warn("server: channel to {} closed: {}", s->identity, why);
+  spdlog::log(ex_.stopping() ? spdlog::level::debug : spdlog::level::warn, "server: channel to {} closed: {}",
+              s->identity, why);
   round_.held.erase(s);
   // Only the devices attached through this very session: a superseded one changes nothing.
   std::vector<std::uint32_t> gone;

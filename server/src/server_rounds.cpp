@@ -208,6 +208,22 @@ asio::awaitable<void> server_node::impl::close_round() {
   round_.at = phase::idle;
 }
 
+namespace {
+
+// "1-4,7,9-12" of sorted ids.
+std::string id_ranges(const std::vector<std::uint32_t>& ids) {
+  std::string out;
+  for (std::size_t i = 0; i < ids.size();) {
+    std::size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(ids[i]) + (j > i ? "-" + std::to_string(ids[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
 void server_node::impl::report(const core::eval_report& ev, std::int64_t test_samples) {
   round_report rep;
   rep.round = round_.number;
@@ -249,7 +265,11 @@ void server_node::impl::report(const core::eval_report& ev, std::int64_t test_sa
                  rep.step_seconds * 1e3, rep.predicted_step_seconds * 1e3,
                  (rep.predicted_step_seconds / rep.step_seconds - 1.0) * 100.0, rep.n_resplits,
                  rep.n_resplits == 1 ? "" : "s");
-  for (const auto& [id, route] : rep.routes) spdlog::info("round {}: device {}: {}", rep.round, id, route);
+  // One line per route, naming its devices (runs of ids as ranges).
+  std::map<std::string, std::vector<std::uint32_t>> by_route;
+  for (const auto& [id, route] : rep.routes) by_route[route].push_back(id);
+  for (const auto& [route, ids] : by_route)
+    spdlog::info("round {}: device{} {}: {}", rep.round, ids.size() == 1 ? "" : "s", id_ranges(ids), route);
   observe_round(rep);
   if (c_.on_round) c_.on_round(rep);
 }

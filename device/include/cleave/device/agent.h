@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cleave/core/dataset.h"
+#include "cleave/runtime/segment_runner.h"
 #include "cleave/runtime/sessions.h"
 
 namespace cleave::device {
@@ -55,6 +56,9 @@ struct agent_config {
   std::string metrics;              // "PORT" or "HOST:PORT" serving /metrics (Prometheus); "" = none
   std::uint64_t memory_budget = 0;  // bytes its blocks may use (0: from the machine)
   int profile_every = 20;           // steps between the profiles sent upstream
+  // Devices of one process standing for one kind of board (virtual devices) share their block
+  // profiles and the cores (see runtime::shared_board). Unset: a board of its own.
+  std::shared_ptr<runtime::shared_board> shared_board;
   // Sees every frame this device sends (tests of what leaves the device).
   std::function<void(std::span<const std::byte> frame)> on_send;
   // Sees every round this device finished (with its mean loss, NaN where none came back) and

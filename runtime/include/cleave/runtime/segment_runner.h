@@ -4,11 +4,14 @@
 // in. Used on the node's compute thread only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <semaphore>
 #include <set>
 #include <span>
 #include <string>
@@ -33,6 +36,25 @@ struct step_result {
   bool stepped = false;  // a segment finished a whole step here (its optimizer stepped)
 };
 
+// What the nodes of one process that stand for one kind of board (virtual devices) share: their
+// block profiles (the first to profile a model at a batch size measures it, the others take its
+// figures, each with its own slowdown) and the cores: at most `slots` of them compute at once, so
+// that hundreds of device threads do not starve the I/O threads (theirs, and those of a server on
+// the same machine) of the CPU.
+class shared_board {
+ public:
+  explicit shared_board(int slots) : slots_(std::max(1, slots)) {}
+  std::vector<split::block_profile> profile(const std::string& key,
+                                            const std::function<std::vector<split::block_profile>()>& measure);
+  void acquire() { slots_.acquire(); }
+  void release() { slots_.release(); }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::vector<split::block_profile>> done_;
+  std::counting_semaphore<1 << 16> slots_;
+};
+
 class segment_runner {
  public:
   segment_runner(core::backend& b, core::tier here, std::uint32_t node_id, double slowdown = 1.0);
@@ -45,6 +67,7 @@ class segment_runner {
   split::segment_host& host() { return *host_; }
   core::backend& backend() { return *b_; }
   void set_slowdown(double s) { slowdown_ = s; }
+  void share_board(std::shared_ptr<shared_board> b) { shared_ = std::move(b); }
 
   // A step message (Activations or Gradients) of `device` under route r (plan epoch `epoch`)
   // that came from tier `from` into a segment on this tier. `labels` (B) i32: a U-shaped top
@@ -117,6 +140,7 @@ class segment_runner {
   core::tier here_;
   std::uint32_t node_id_;
   double slowdown_;
+  std::shared_ptr<shared_board> shared_;
   std::string model_json_;
   core::model_spec model_;
   transport::training_settings training_;

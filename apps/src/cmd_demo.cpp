@@ -1,0 +1,488 @@
+// `cleave demo`: a federation on loopback, a server, E edges and N devices, either each node a
+// process of its own or the devices as virtual devices (threads of this process sharing one
+// read-only data set, their block profiles and the cores, each with its own TLS channel). It ends with the
+// figures of the run: join time, round time, and the memory of each kind of node.
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "cleave/backend/registry.h"
+#include "cleave/device/agent.h"
+#include "cleave/federation/local_federation.h"
+#include "cleave/metrics/registry.h"
+#include "cleave/transport/listener.h"
+#include "commands.h"
+
+namespace cleave::apps {
+
+namespace {
+
+namespace fs = std::filesystem;
+using clock = std::chrono::steady_clock;
+
+struct demo_options {
+  std::string work;
+  int devices = 4, edges = 1, rounds = 8, local_steps = 150;
+  bool virtual_devices = false;
+  std::string partition = "dirichlet:0.5", backend = "auto", mode = "splitfed", model = "lenet5";
+  std::string lr_schedule = "constant", aggregate = "mean";
+  std::string data = "fashion-mnist";
+  bool u_shape = false, keep = false, no_adapt = false;
+  std::string schedule, device_backends;
+  std::string dashboard, metrics;  // the server's
+  int slow = 0;
+  double slowdown = 1.0;
+  float lr = 0.05f;
+  std::uint64_t seed = 1;
+  core::augment_config augment;
+};
+
+pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
+  const pid_t pid = ::fork();
+  if (pid < 0) throw core::error(std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    if (!log.empty()) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, STDOUT_FILENO);
+        ::dup2(fd, STDERR_FILENO);
+        ::close(fd);
+      }
+    }
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    std::fprintf(stderr, "exec failed: %s\n", std::strerror(errno));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// The data every node reads. A gzipped IDX set is unpacked once into the work directory, so
+// that each of many nodes streams plain files instead of inflating the whole training split.
+std::string demo_data(const std::string& data, const fs::path& work) {
+  const fs::path dir = data == "fashion-mnist" ? fs::path(core::fashion_mnist_dir) : fs::path(data);
+  const char* names[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                         "t10k-labels-idx1-ubyte"};
+  std::error_code ec;
+  for (const char* n : names)
+    if (!fs::exists(dir / (std::string(n) + ".gz"), ec)) return data;  // another layout: as it is
+  const fs::path out = work / "data";
+  fs::create_directories(out);
+  for (const char* n : names) {
+    const fs::path to = out / n;
+    if (fs::exists(to, ec)) continue;
+    const std::string from = (dir / (std::string(n) + ".gz")).string();
+    gzFile in = gzopen(from.c_str(), "rb");
+    if (!in) throw core::error("data file '" + from + "': cannot open");
+    std::ofstream f(to.string() + ".part", std::ios::binary);
+    std::vector<char> buf(1 << 20);
+    int got = 0;
+    while ((got = gzread(in, buf.data(), static_cast<unsigned>(buf.size()))) > 0) f.write(buf.data(), got);
+    gzclose(in);
+    if (got < 0 || !f.flush()) throw core::error("data file '" + from + "': cannot unpack it into " + out.string());
+    f.close();
+    fs::rename(to.string() + ".part", to);
+  }
+  return out.string();
+}
+
+// All nodes share this machine's cores: each oneDNN node gets its share of threads (OpenMP
+// teams of competing processes stall each other).
+std::string node_backend(const std::string& b, int n_nodes) {
+  if (b == "onednn" || (b == "auto" && backend::resolve_auto() == "onednn")) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    return "onednn:" + std::to_string(std::max(1u, cores / static_cast<unsigned>(n_nodes)));
+  }
+  return b;
+}
+
+struct demo_plan {
+  fs::path work, certs;
+  std::string data, level, server_addr;
+  std::vector<std::string> edge_addrs;  // edge-1 .. edge-E
+  std::string backend;                  // of the server and the edges
+  std::vector<std::string> device_backends;
+};
+
+std::vector<std::string> server_args(const demo_options& o, const demo_plan& p) {
+  std::vector<std::string> a{"cleave",        "--log-level",
+                             p.level,         "server",
+                             "--certs",       p.certs.string(),
+                             "--listen",      p.server_addr,
+                             "--model",       o.model,
+                             "--data",        p.data,
+                             "--backend",     p.backend,
+                             "--mode",        o.mode,
+                             "--rounds",      std::to_string(o.rounds),
+                             "--local-steps", std::to_string(o.local_steps),
+                             "--min-devices", std::to_string(o.devices),
+                             "--lr",          std::to_string(o.lr),
+                             "--lr-schedule", o.lr_schedule,
+                             "--aggregate",   o.aggregate,
+                             "--seed",        std::to_string(o.seed),
+                             "--checkpoint",  (p.work / "global.ckpt").string(),
+                             "--run-log",     (p.work / "rounds.jsonl").string(),
+                             "--fresh",       "--force"};  // every demo is a run of its own
+  if (o.u_shape) a.push_back("--u-shape");
+  if (o.no_adapt) a.push_back("--no-adapt");
+  if (!o.dashboard.empty()) a.insert(a.end(), {"--dashboard", o.dashboard});
+  if (!o.metrics.empty()) a.insert(a.end(), {"--metrics", o.metrics});
+  if (!o.schedule.empty()) a.insert(a.end(), {"--schedule", o.schedule});
+  return a;
+}
+
+std::vector<std::string> edge_args(const demo_options& o, const demo_plan& p, int e) {
+  const std::string name = "edge-" + std::to_string(e);
+  std::vector<std::string> a{
+      "cleave",         "--log-level", p.level,     "edge",     "--certs",
+      p.certs.string(), "--name",      name,        "--listen", p.edge_addrs[static_cast<std::size_t>(e - 1)],
+      "--server",       p.server_addr, "--backend", p.backend};
+  if (!o.schedule.empty()) a.insert(a.end(), {"--schedule", o.schedule});
+  return a;
+}
+
+// Device i's upstream: edge ((i - 1) mod E) + 1, or the server without edges.
+std::pair<std::string, std::string> upstream_of(const demo_plan& p, int i) {
+  if (p.edge_addrs.empty()) return {p.server_addr, "server"};
+  const std::size_t e = static_cast<std::size_t>(i - 1) % p.edge_addrs.size();
+  return {p.edge_addrs[e], "edge-" + std::to_string(e + 1)};
+}
+
+const std::string& device_backend(const demo_plan& p, int i) {
+  return p.device_backends[static_cast<std::size_t>(i - 1) % p.device_backends.size()];
+}
+
+std::vector<std::string> agent_args(const demo_options& o, const demo_plan& p, int i) {
+  const auto [addr, name] = upstream_of(p, i);
+  std::vector<std::string> a{"cleave",
+                             "--log-level",
+                             p.level,
+                             "agent",
+                             "--certs",
+                             p.certs.string(),
+                             "--id",
+                             std::to_string(i),
+                             "--connect",
+                             addr,
+                             "--upstream-name",
+                             name,
+                             "--data",
+                             p.data,
+                             "--shard",
+                             std::to_string(i - 1) + "/" + std::to_string(o.devices),
+                             "--partition",
+                             o.partition,
+                             "--backend",
+                             device_backend(p, i)};
+  if (!o.schedule.empty()) a.insert(a.end(), {"--schedule", o.schedule});
+  if (i <= o.slow) a.insert(a.end(), {"--slowdown", std::to_string(o.slowdown)});
+  if (o.augment.any()) a.insert(a.end(), {"--augment", core::augment_str(o.augment)});
+  return a;
+}
+
+// The same device as a virtual one: a device::agent on a thread of this process.
+device::agent_config virtual_agent(const demo_options& o, const demo_plan& p, int i,
+                                   std::shared_ptr<const core::data_source> data,
+                                   std::shared_ptr<runtime::shared_board> board) {
+  device::agent_config c;
+  const auto [addr, name] = upstream_of(p, i);
+  const auto colon = addr.rfind(':');
+  c.certs = p.certs;
+  c.id = static_cast<std::uint32_t>(i);
+  c.name = "device-" + std::to_string(i);
+  c.upstream_host = addr.substr(0, colon);
+  c.upstream_port = static_cast<std::uint16_t>(std::stoi(addr.substr(colon + 1)));
+  c.upstream_name = name;
+  c.backend = device_backend(p, i);
+  c.source = std::move(data);
+  c.n_shards = o.devices;
+  c.shard = i - 1;
+  c.partition = o.partition;
+  c.augment = o.augment;
+  c.schedule = o.schedule;
+  if (i <= o.slow) c.slowdown = o.slowdown;
+  c.shared_board = std::move(board);
+  return c;
+}
+
+// The virtual devices, started a few at a time (the server takes only so many handshakes from
+// one address at once), each on its own thread.
+class virtual_devices {
+ public:
+  virtual_devices(const demo_options& o, const demo_plan& p) {
+    core::load_options lo;
+    lo.test = false;
+    auto data = std::make_shared<core::dataset>(std::move(core::load_dataset(p.data, lo).train));
+    auto board =
+        std::make_shared<runtime::shared_board>(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    for (int i = 1; i <= o.devices; ++i)
+      agents_.push_back(std::make_unique<device::agent>(virtual_agent(o, p, i, data, board)));
+    threads_.reserve(agents_.size());
+    for (std::size_t i = 0; i < agents_.size(); ++i) {
+      threads_.emplace_back([this, i] {
+        try {
+          agents_[i]->run();
+        } catch (const std::exception& e) {
+          spdlog::error("device {}: {}", i + 1, e.what());
+        }
+      });
+      if (i % 8 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ~virtual_devices() { stop(); }
+  // After the server has ended the run: the devices end by themselves; any left are stopped.
+  void stop() {
+    for (auto& a : agents_) a->stop();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+ private:
+  std::vector<std::unique_ptr<device::agent>> agents_;
+  std::vector<std::thread> threads_;
+};
+
+// Waits until a node listens on addr ("127.0.0.1:PORT"): the devices start once the server and
+// the edges are up, so that their start-up (and the server's block profile) is not measured
+// under the load of hundreds of starting processes. False when the process ended first.
+bool wait_listening(pid_t pid, const std::string& addr) {
+  const auto port = static_cast<std::uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1)));
+  const auto until = clock::now() + std::chrono::seconds(120);
+  while (clock::now() < until) {
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid)
+      return false;  // left for wait_for_demo to reap
+    // A listening socket on the port (/proc/net/tcp: local address, state 0A): no connection
+    // made, so nothing for the node to log as a refused handshake.
+    std::ifstream tcp("/proc/net/tcp");
+    const std::string want = fmt::format(":{:04X}", port);
+    bool up = false;
+    for (std::string line; !up && std::getline(tcp, line);) {
+      std::istringstream f(line);
+      std::string sl, local, remote, state;
+      f >> sl >> local >> remote >> state;
+      up = local.size() > want.size() && local.ends_with(want) && state == "0A";
+    }
+    if (up) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;  // the devices' own retries take over
+}
+
+struct node_usage {
+  std::vector<long> device_kib, edge_kib;  // peak RSS of each process
+  long server_kib = 0;
+};
+
+// Waits for the server, then gives the other nodes a moment to end (the server tells them
+// training is over) before stopping them; returns the server's wait status.
+int wait_for_demo(pid_t server, const std::vector<pid_t>& edges, const std::vector<pid_t>& devices, node_usage& u) {
+  static std::vector<pid_t> all;
+  all = edges;
+  all.insert(all.end(), devices.begin(), devices.end());
+  all.push_back(server);
+  auto forward = [](int sig) {
+    for (pid_t p : all) ::kill(p, sig);
+  };
+  std::signal(SIGINT, forward);
+  std::signal(SIGTERM, forward);
+  int status = 0;
+  rusage ru{};
+  while (::wait4(server, &status, 0, &ru) < 0 && errno == EINTR) {
+  }
+  u.server_kib = ru.ru_maxrss;
+  const auto until = clock::now() + std::chrono::seconds(10);
+  auto reap = [&](const std::vector<pid_t>& pids, std::vector<long>& kib) {
+    for (pid_t p : pids) {
+      int st = 0;
+      rusage r{};
+      while (::wait4(p, &st, WNOHANG, &r) == 0) {
+        if (clock::now() > until) {
+          ::kill(p, SIGKILL);
+          ::wait4(p, &st, 0, &r);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      kib.push_back(r.ru_maxrss);
+    }
+  };
+  reap(devices, u.device_kib);
+  reap(edges, u.edge_kib);
+  return status;
+}
+
+std::string mib(double kib) {
+  return fmt::format("{:.0f} MiB", kib / 1024.0);
+}
+
+std::string mean_max(const std::vector<long>& kib) {
+  if (kib.empty()) return "-";
+  double sum = 0;
+  for (long k : kib) sum += static_cast<double>(k);
+  return fmt::format("{} mean, {} max", mib(sum / static_cast<double>(kib.size())),
+                     mib(static_cast<double>(*std::max_element(kib.begin(), kib.end()))));
+}
+
+// What the run took: from the server's run log, the processes' peak memory and this process's.
+void summarise(const demo_options& o, const demo_plan& p, double started_at, const node_usage& u) {
+  std::ifstream in(p.work / "rounds.jsonl");
+  std::vector<nlohmann::json> rounds;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) rounds.push_back(nlohmann::json::parse(line, nullptr, false));
+  std::erase_if(rounds, [](const nlohmann::json& j) { return !j.is_object() || !j.contains("started_at"); });
+  if (rounds.empty()) return;
+  const double join = rounds.front()["started_at"].get<double>() - started_at;
+  double secs = 0;
+  for (const auto& r : rounds) secs += r["seconds"].get<double>();
+  spdlog::info("demo: {} {}devices, {}: joined in {:.1f} s; {} rounds, {:.2f} s per round", o.devices,
+               o.virtual_devices ? "virtual " : "",
+               p.edge_addrs.empty()
+                   ? std::string("no edges")
+                   : fmt::format("{} edge{}", p.edge_addrs.size(), p.edge_addrs.size() == 1 ? "" : "s"),
+               join, rounds.size(), secs / static_cast<double>(rounds.size()));
+  // The server's resident set at the end of each round, from round 3 on (after the first
+  // rounds have sized its buffers).
+  const std::size_t from = std::min<std::size_t>(2, rounds.size() - 1);
+  double lo = 1e300, hi = 0;
+  for (std::size_t r = from; r < rounds.size(); ++r) {
+    const double b = rounds[r]["resident_bytes"].get<double>();
+    lo = std::min(lo, b);
+    hi = std::max(hi, b);
+  }
+  spdlog::info("demo: server resident {:.0f}-{:.0f} MiB over rounds {}-{} ({:+.1f}%), peak {}", lo / 1048576.0,
+               hi / 1048576.0, from + 1, rounds.size(), (hi / lo - 1.0) * 100.0,
+               mib(static_cast<double>(u.server_kib)));
+  if (o.virtual_devices)
+    spdlog::info("demo: devices: this process peaked at {} for {} devices ({:.1f} MiB each)",
+                 mib(static_cast<double>(metrics::peak_resident_bytes()) / 1024.0), o.devices,
+                 static_cast<double>(metrics::peak_resident_bytes()) / 1048576.0 / o.devices);
+  else
+    spdlog::info("demo: device processes peaked at {}", mean_max(u.device_kib));
+  if (!u.edge_kib.empty()) spdlog::info("demo: edge processes peaked at {}", mean_max(u.edge_kib));
+}
+
+demo_plan plan_demo(const demo_options& o) {
+  demo_plan p;
+  p.work =
+      o.work.empty() ? fs::temp_directory_path() / ("cleave-demo-" + std::to_string(::getpid())) : fs::path(o.work);
+  fs::create_directories(p.work);
+  p.certs = p.work / "certs";
+  p.data = demo_data(o.data, p.work);
+  p.level = spdlog::level::to_string_view(spdlog::get_level()).data();
+  p.server_addr = "127.0.0.1:" + std::to_string(transport::free_loopback_port());
+  for (int e = 1; e <= o.edges; ++e)
+    p.edge_addrs.push_back("127.0.0.1:" + std::to_string(transport::free_loopback_port()));
+  // Virtual devices share this process's cores as threads: one each, as processes get.
+  const int n_nodes = o.devices + o.edges + 1;
+  p.backend = node_backend(o.backend, n_nodes);
+  for (const auto& b : parse_backend_list(o.device_backends, "--device-backends"))
+    p.device_backends.push_back(node_backend(b, n_nodes));
+  if (p.device_backends.empty()) p.device_backends.push_back(p.backend);
+  return p;
+}
+
+void run_demo(const demo_options& o) {
+  core::parse_schedule_kind(o.lr_schedule);  // named now, not in the server's log
+  parse_aggregate_option(o.aggregate);
+  if (o.slow > o.devices) throw core::error("--slow " + std::to_string(o.slow) + ": more than --devices");
+  const demo_plan p = plan_demo(o);
+  spdlog::info("demo: 1 server, {} edge{}, {} {}devices on loopback; work directory {}", o.edges,
+               o.edges == 1 ? "" : "s", o.devices, o.virtual_devices ? "virtual " : "", p.work.string());
+  federation::provision_local(p.certs, o.devices, o.edges);
+  spdlog::info("demo: certificates for the CA, server, {}device-1..{} in {}",
+               o.edges ? fmt::format("edge-1..{}, ", o.edges) : std::string(), o.devices, p.certs.string());
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);  // idle OpenMP threads sleep
+  const double started_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  // The server's log (one line per round) goes to this terminal; the others to files.
+  const pid_t server = spawn(server_args(o, p), {});
+  std::vector<pid_t> edges, devices;
+  bool up = wait_listening(server, p.server_addr);
+  for (int e = 1; e <= o.edges; ++e)
+    edges.push_back(spawn(edge_args(o, p, e), p.work / ("edge-" + std::to_string(e) + ".log")));
+  for (int e = 1; up && e <= o.edges; ++e)
+    up = wait_listening(edges[static_cast<std::size_t>(e - 1)], p.edge_addrs[static_cast<std::size_t>(e - 1)]);
+  std::unique_ptr<virtual_devices> virt;
+  auto terminal = spdlog::default_logger();
+  if (!up) {
+    // A node ended before it listened: its error is above (the server's) or in its log.
+  } else if (o.virtual_devices) {
+    // The devices' lines go to one file; this process's own to the terminal.
+    auto file = spdlog::basic_logger_mt("devices", (p.work / "devices.log").string(), true);
+    file->set_level(spdlog::get_level());
+    spdlog::set_default_logger(file);
+    virt = std::make_unique<virtual_devices>(o, p);
+  } else {
+    for (int i = 1; i <= o.devices; ++i)
+      devices.push_back(spawn(agent_args(o, p, i), p.work / ("device-" + std::to_string(i) + ".log")));
+  }
+  terminal->info("demo: started server (pid {}), {} edge{} and {} devices; their logs: {}/*.log", server, o.edges,
+                 o.edges == 1 ? "" : "s", o.devices, p.work.string());
+  node_usage u;
+  const int status = wait_for_demo(server, edges, devices, u);
+  if (virt) virt->stop();
+  spdlog::set_default_logger(terminal);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw core::error("the server failed (see above; the other nodes' logs are in " + p.work.string() + ")");
+  summarise(o, p, started_at, u);
+  spdlog::info("demo: done; global model in {}, logs in {}", (p.work / "global.ckpt").string(), p.work.string());
+}
+
+}  // namespace
+
+void register_demo_command(CLI::App& app) {
+  static demo_options dm;
+  auto* d = app.add_subcommand("demo", "a federation on loopback: a server, edges and N devices");
+  d->add_option("--work", dm.work, "work directory (default: a new one under /tmp)");
+  d->add_option("--devices", dm.devices, "devices")->capture_default_str()->check(CLI::Range(1, 4096));
+  d->add_option("--edges", dm.edges, "edges the devices connect through, in turn (0: straight to the server)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  d->add_flag("--virtual", dm.virtual_devices,
+              "run the devices as threads of this process (one data set, one block profile, a TLS channel each)");
+  d->add_option("--rounds", dm.rounds, "rounds")->capture_default_str()->check(CLI::Range(1, 1000));
+  d->add_option("--local-steps", dm.local_steps, "steps per device per round")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  d->add_option("--partition", dm.partition, "how the training set is split across devices")->capture_default_str();
+  d->add_option("--backend", dm.backend, "backend of every node")->capture_default_str();
+  d->add_option("--device-backends", dm.device_backends,
+                "backends of the devices, comma-separated, repeated over devices 1..N (default: --backend)");
+  d->add_option("--mode", dm.mode, "splitfed or sequential")->capture_default_str();
+  d->add_option("--model", dm.model, "zoo model or .json spec")->capture_default_str();
+  d->add_option("--data", dm.data, "data set")->capture_default_str();
+  d->add_option("--lr", dm.lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
+  d->add_option("--lr-schedule", dm.lr_schedule, "learning rate by round: constant, step or cosine")
+      ->capture_default_str();
+  d->add_option("--aggregate", dm.aggregate, "mean, median, trimmed-mean:F or clip:C (see cleave server --help)")
+      ->capture_default_str();
+  d->add_option("--seed", dm.seed, "seed")->capture_default_str();
+  d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");
+  d->add_flag("--no-adapt", dm.no_adapt, "keep the initial cuts");
+  d->add_option("--schedule", dm.schedule, "emulated heterogeneity by round, given to every node (text or file)");
+  d->add_option("--slow", dm.slow, "devices 1..N run --slowdown times slower")->check(CLI::Range(0, 4096));
+  d->add_option("--slowdown", dm.slowdown, "slowdown of the --slow devices")->check(CLI::Range(1.0, 1000.0));
+  d->add_option("--dashboard", dm.dashboard, "the server's live dashboard on http://ADDR/ (PORT: loopback)");
+  d->add_option("--metrics", dm.metrics, "the server's Prometheus metrics on http://ADDR/metrics (PORT: loopback)");
+  add_augment_option(d, dm.augment);  // given to the device agents
+  d->callback([] { run_demo(dm); });
+}
+
+}  // namespace cleave::apps
