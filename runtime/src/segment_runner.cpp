@@ -265,10 +265,11 @@ void segment_runner::restore_optimizer(std::uint32_t device, const split::route&
 }
 
 std::vector<split::block_profile> shared_board::profile(
-    const std::string& key, const std::function<std::vector<split::block_profile>()>& measure) {
+    const std::string& key, const std::function<std::vector<split::block_profile>()>& measure, bool& measured) {
   std::lock_guard lock(mu_);  // the others wait for the first measurement rather than disturb it
   auto it = done_.find(key);
-  if (it == done_.end()) it = done_.emplace(key, measure()).first;
+  measured = it == done_.end();
+  if (measured) it = done_.emplace(key, measure()).first;
   return it->second;
 }
 
@@ -277,12 +278,12 @@ void segment_runner::profile(std::uint32_t batch, const transport::training_sett
   split::profile_options po;
   po.batch = static_cast<int>(std::max(1u, batch));
   po.seed = t.seed;
+  bool measured = true;
   auto measure = [&] { return split::profile_blocks(*b_, model_, t.opt, po); };
-  auto base =
-      shared_
-          ? shared_->profile(
-                b_->name() + "|" + std::to_string(po.batch) + "|" + core::to_json(t.opt) + "|" + model_json_, measure)
-          : measure();
+  auto base = shared_ ? shared_->profile(b_->name() + "|" + std::to_string(po.batch) + "|" + core::to_json(t.opt) +
+                                             "|" + model_json_,
+                                         measure, measured)
+                      : measure();
   double total = 0;
   for (auto& blk : base) {
     blk.forward_seconds *= slowdown_;
@@ -292,9 +293,13 @@ void segment_runner::profile(std::uint32_t batch, const transport::training_sett
   live_ = split::live_profile(std::move(base));
   profile_batch_ = static_cast<std::uint32_t>(po.batch);
   n_observed_ = n_observed_mark_ = 0;
-  spdlog::info("{} {}: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", core::tier_name(here_),
-               node_id_, model_.n_blocks(), b_->name(), std::chrono::duration<double>(clock::now() - t0).count(),
-               total * 1e3, po.batch);
+  if (measured)
+    spdlog::info("{} {}: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", core::tier_name(here_),
+                 node_id_, model_.n_blocks(), b_->name(), std::chrono::duration<double>(clock::now() - t0).count(),
+                 total * 1e3, po.batch);
+  else
+    spdlog::info("{} {}: the block profile of its board: {:.2f} ms per micro-batch of {}", core::tier_name(here_),
+                 node_id_, total * 1e3, po.batch);
 }
 
 bool segment_runner::reprofile_if_idle() {

@@ -45,7 +45,8 @@ class shared_board {
  public:
   explicit shared_board(int slots) : slots_(std::max(1, slots)) {}
   std::vector<split::block_profile> profile(const std::string& key,
-                                            const std::function<std::vector<split::block_profile>()>& measure);
+                                            const std::function<std::vector<split::block_profile>()>& measure,
+                                            bool& measured);  // whether this call measured
   void acquire() { slots_.acquire(); }
   void release() { slots_.release(); }
 

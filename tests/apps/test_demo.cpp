@@ -1,0 +1,80 @@
+// `cleave demo` at more than its default size, as a user runs it: device processes behind
+// several edges, and virtual devices (threads of the demo's process) straight to the server.
+// Every device is in every round, and the run ends with its figures.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "run_cleave.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using cleave::testing::run_cleave;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("a demo of 12 device processes behind 3 edges has every device in every round and reports its figures") {
+  const fs::path work = fresh_dir("cleave-demo-edges");
+  const auto r = run_cleave(
+      {"demo", "--devices", "12", "--edges", "3", "--rounds", "2", "--local-steps", "1", "--work", work.string()});
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(count(r.output, "round 1/2: 12/12 devices") == 1);
+  CHECK(count(r.output, "round 2/2: 12/12 devices") == 1);
+  CHECK(count(r.output, "joined through edge-3") == 4);
+  CHECK(r.output.find("demo: 12 devices, 3 edges: joined in") != std::string::npos);
+  CHECK(r.output.find("demo: device processes peaked at") != std::string::npos);
+  CHECK(r.output.find("demo: edge processes peaked at") != std::string::npos);
+  CHECK(r.output.find(" left") == std::string::npos);  // nobody drops out, at the end either
+  fs::remove_all(work);
+}
+
+TEST_CASE("40 virtual devices straight to the server train every round and measure their board once") {
+  const fs::path work = fresh_dir("cleave-demo-virtual");
+  const auto r = run_cleave({"demo", "--devices", "40", "--edges", "0", "--virtual", "--rounds", "2", "--local-steps",
+                             "1", "--work", work.string()});
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(count(r.output, "round 1/2: 40/40 devices") == 1);
+  CHECK(count(r.output, "round 2/2: 40/40 devices") == 1);
+  CHECK(r.output.find("demo: devices: this process peaked at") != std::string::npos);
+  const std::string devices = read_file(work / "devices.log");
+  CHECK(count(devices, "connected to server") == 40);
+  CHECK(count(devices, ": profiled 12 blocks") == 1);
+  CHECK(count(devices, ": the block profile of its board") == 39);
+  CHECK(count(devices, "training finished after 2 rounds") == 40);
+  CHECK(devices.find("warning") == std::string::npos);
+  fs::remove_all(work);
+}
+
+TEST_CASE("the demo refuses sizes it cannot run, naming the option") {
+  auto r = run_cleave({"demo", "--devices", "4", "--slow", "5"});
+  CHECK(r.status != 0);
+  CHECK(r.output.find("--slow 5: more than --devices") != std::string::npos);
+  r = run_cleave({"demo", "--edges", "65"});
+  CHECK(r.status != 0);
+  CHECK(r.output.find("--edges") != std::string::npos);
+}
