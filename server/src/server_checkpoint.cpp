@@ -1,8 +1,17 @@
 // The server's checkpoints: written after every round with the previous ones kept, and read
 // back at start so that a restarted server resumes at the next round exactly: the global
 // model, every device's server-side optimizer state, the plan epoch and the run's identity,
-// under a configuration that must match the one it was written with.
+// under a configuration that must match the one it was written with; and the adaptive
+// splitter's state: every device's route with its plan epoch, and the profile book.
+//
+// Fields besides the trainer's (text by name, in the checkpoint's meta):
+//   opt:<device>:<first>-<end>:steps   steps of that server replica's optimizer (its state tensors
+//                                      are "opt:<device>:<first>-<end>:<k>")
+//   route:<device>, route:<device>:epoch  its route in force ("device[0,4) server[4,12)") and plan
+//   book:...                           the profile book (split::profile_book::write)
+//   run_id, plan_epoch, test_accuracy, test_loss, config:<setting>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -18,6 +27,24 @@ namespace {
 
 std::string opt_name(std::uint32_t device, int first, int end) {
   return "opt:" + std::to_string(device) + ":" + std::to_string(first) + "-" + std::to_string(end);
+}
+
+constexpr std::string_view book_prefix = "book:";
+
+// The field `key` of a checkpoint; throws naming it when it is not there.
+const std::string& field(const core::checkpoint& ck, const std::string& key) {
+  const auto it = ck.meta.find(key);
+  if (it == ck.meta.end()) throw core::error(key + " is missing");
+  return it->second;
+}
+
+// A whole field as a count; throws naming it.
+std::uint64_t count_of(const std::string& text, const std::string& key) {
+  std::uint64_t v = 0;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (r.ec != std::errc{} || r.ptr != text.data() + text.size() || text.empty())
+    throw core::error(key + ": '" + text + "' is not a count");
+  return v;
 }
 
 }  // namespace
@@ -48,8 +75,24 @@ std::vector<fs::path> server_node::impl::checkpoint_files() const {
   return out;
 }
 
+std::map<std::string, std::string> server_node::impl::splitter_state(
+    const std::vector<std::pair<std::uint32_t, split::route>>& routes) const {
+  std::map<std::string, std::string> m;
+  m["plan_epoch"] = std::to_string(plan_epoch_);
+  for (const auto& [id, d] : devices_) {
+    const bool in_round = std::any_of(routes.begin(), routes.end(), [id = id](const auto& r) { return r.first == id; });
+    if (!d.connected && !in_round) continue;
+    const std::string key = "route:" + std::to_string(id);
+    m[key] = d.rs.route.str();
+    m[key + ":epoch"] = std::to_string(d.rs.epoch);
+  }
+  if (book_) book_->write(m, book_prefix);
+  return m;
+}
+
 std::string server_node::impl::save_checkpoint(std::uint64_t round,
-                                               const std::vector<std::pair<std::uint32_t, split::route>>& routes) {
+                                               const std::vector<std::pair<std::uint32_t, split::route>>& routes,
+                                               const std::map<std::string, std::string>& state) {
   // The trainer's format: named parameters and state, so that `cleave eval` and `cleave train
   // --resume` read it. The global model carries no optimizer state of its own; each device's
   // server replicas carry theirs (the devices and edges keep their own).
@@ -66,8 +109,8 @@ std::string server_node::impl::save_checkpoint(std::uint64_t round,
                               core::shape{static_cast<std::int64_t>(s.tensors[k].size())}, s.tensors[k]});
     }
   for (const auto& [k, v] : fingerprint()) ck.meta["config:" + k] = v;
+  ck.meta.insert(state.begin(), state.end());
   ck.meta["run_id"] = std::to_string(run_id_);
-  ck.meta["plan_epoch"] = std::to_string(plan_epoch_);
   ck.meta["test_accuracy"] = std::to_string(last_.test_accuracy);
   ck.meta["test_loss"] = std::to_string(last_.test_loss);
   // The new one beside the old ones first; then the old ones move down and it takes its place.
@@ -157,6 +200,7 @@ void server_node::impl::resume_or_start() {
         s.tensors.push_back(e->values);
       resumed_opt_[dev].push_back(std::move(s));
     }
+    resume_splitter(ck);
   } catch (const std::exception& e) {  // a field missing or unreadable
     throw core::error(where + "its round state is incomplete (" + e.what() + ")");
   }
@@ -168,8 +212,46 @@ void server_node::impl::resume_or_start() {
   first_round_ = static_cast<std::uint64_t>(ck.epoch) + 1;
   last_.round = static_cast<std::uint64_t>(ck.epoch);
   last_.evaluated = true;
-  spdlog::info("server: resuming from {} after round {} of {} (test accuracy {:.4f}, plan {})", from, ck.epoch,
-               c_.rounds, last_.test_accuracy, plan_epoch_);
+  std::string splitter;
+  if (book_) {
+    std::string routes;
+    for (const auto& [id, r] : resumed_routes_)
+      routes += fmt::format("{}device {} {} (plan {})", routes.empty() ? "" : ", ", id, r.route.str(), r.epoch);
+    splitter = fmt::format("; the splitter's book of {} node{} and {} link{}, routes: {}", book_->profiles().size(),
+                           book_->profiles().size() == 1 ? "" : "s", book_->links().size(),
+                           book_->links().size() == 1 ? "" : "s", routes.empty() ? "none" : routes);
+  }
+  spdlog::info("server: resuming from {} after round {} of {} (test accuracy {:.4f}, plan {}){}", from, ck.epoch,
+               c_.rounds, last_.test_accuracy, plan_epoch_, splitter);
+}
+
+void server_node::impl::resume_splitter(const core::checkpoint& ck) {
+  // A checkpoint of a fixed plan, or of a server that did not split adaptively, stores neither
+  // routes worth restoring nor a book: the configured cuts and fresh profiles then.
+  if (!book_) return;
+  for (const auto& [key, text] : ck.meta) {
+    if (!key.starts_with("route:") || key.ends_with(":epoch")) continue;
+    const std::uint64_t dev = count_of(key.substr(6), key);
+    if (dev == 0 || dev >= 1000000) throw core::error(key + ": device id " + std::to_string(dev) + " out of range");
+    resumed_route rr;
+    try {
+      rr.route = split::parse_route(text, model_.n_blocks());
+    } catch (const core::error& e) {
+      throw core::error(key + ": " + e.what());
+    }
+    if (rr.route.u_shape() != c_.u_shape)
+      throw core::error(key + ": " + rr.route.str() + " is " + (c_.u_shape ? "not " : "") + "U-shaped, this run " +
+                        (c_.u_shape ? "is" : "is not"));
+    const std::string ek = key + ":epoch";
+    const std::uint64_t epoch = count_of(field(ck, ek), ek);
+    if (epoch < 1 || epoch > plan_epoch_)
+      throw core::error(ek + ": plan " + std::to_string(epoch) + " is not between 1 and the checkpoint's plan " +
+                        std::to_string(plan_epoch_));
+    rr.epoch = static_cast<std::uint32_t>(epoch);
+    resumed_routes_[static_cast<std::uint32_t>(dev)] = std::move(rr);
+  }
+  const auto first = ck.meta.lower_bound(std::string(book_prefix));
+  if (first != ck.meta.end() && first->first.starts_with(book_prefix)) book_->read(ck.meta, book_prefix);
 }
 
 }  // namespace cleave::server

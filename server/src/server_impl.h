@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -123,10 +124,19 @@ class server_node::impl {
   void open_dashboard();
   std::string dashboard_state();
   nlohmann::json board() const;
-  // Compute thread: the global model (uploaded to the evaluation stage) and the server replicas'
-  // optimizer state of `routes` written to --checkpoint, the previous ones kept; "" or why it
-  // failed.
-  std::string save_checkpoint(std::uint64_t round, const std::vector<std::pair<std::uint32_t, split::route>>& routes);
+  // Compute thread: the global model (uploaded to the evaluation stage), the server replicas'
+  // optimizer state of `routes` and `state` (splitter_state's) written to --checkpoint, the
+  // previous ones kept; "" or why it failed.
+  std::string save_checkpoint(std::uint64_t round, const std::vector<std::pair<std::uint32_t, split::route>>& routes,
+                              const std::map<std::string, std::string>& state);
+  // I/O thread: the plan epoch, the route in force of every device connected or in `routes` with
+  // its epoch, and the splitter's book, as checkpoint fields.
+  std::map<std::string, std::string> splitter_state(
+      const std::vector<std::pair<std::uint32_t, split::route>>& routes) const;
+  // Of a checkpoint being resumed: the routes stored (their devices get them back when they
+  // rejoin, until their first round), and the book refilled when splitting adaptively. Throws
+  // core::error naming the first malformed field.
+  void resume_splitter(const core::checkpoint& ck);
   // Throws core::error when --checkpoint cannot be written (before any training).
   void check_checkpoint_path() const;
   // Before the rounds: the newest readable checkpoint, if any, is resumed from (the next round,
@@ -188,6 +198,13 @@ class server_node::impl {
   // From the checkpoint resumed: each device's server replicas' optimizer state, installed in
   // its first round.
   std::map<std::uint32_t, std::vector<runtime::segment_runner::optimizer_state>> resumed_opt_;
+  // From the checkpoint resumed, when splitting adaptively: each device's route and its plan
+  // epoch, given back when it rejoins until its first round opens.
+  struct resumed_route {
+    split::route route;
+    std::uint32_t epoch = 0;
+  };
+  std::map<std::uint32_t, resumed_route> resumed_routes_;
 
  public:
   std::string checkpoint_failure_;  // the last failed checkpoint write

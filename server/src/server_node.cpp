@@ -107,6 +107,21 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
   d.behind_edge = behind_edge;
   d.connected = true;
   d.rs.reset(route_for_device(behind_edge), plan_epoch_);
+  std::string resumed;
+  if (const auto it = resumed_routes_.find(id); it != resumed_routes_.end()) {
+    if (it->second.route.has_edge() == behind_edge) {
+      // Its route before the restart, under the same plan epoch and run: its segments and theirs
+      // on the way keep their state.
+      d.rs.reset(it->second.route, it->second.epoch);
+      resumed = fmt::format(", its route at the checkpoint (plan {})", it->second.epoch);
+    } else {
+      spdlog::warn(
+          "server: device {} rejoined {}; its route at the checkpoint ({}) is not for that, the configured "
+          "cuts apply",
+          id, behind_edge ? "behind an edge" : "directly", it->second.route.str());
+      resumed_routes_.erase(it);
+    }
+  }
   d.name = h.name() ? h.name()->str() : "device-" + std::to_string(id);
   d.joined_round = d.moved_round = round_.number;
   if (old && old != via) {
@@ -116,8 +131,8 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
   }
   // A fresh start: whatever the compute thread still holds of this device goes.
   ex_.post_compute([this, id] { runner_->discard(id, true); });
-  spdlog::info("server: device {} joined{} ({} samples): {}", id,
-               behind_edge ? " through " + via->identity : std::string(), h.n_samples(), d.rs.route.str());
+  spdlog::info("server: device {} joined{} ({} samples): {}{}", id,
+               behind_edge ? " through " + via->identity : std::string(), h.n_samples(), d.rs.route.str(), resumed);
   transport::welcome_info w;
   w.node_id = id;
   w.plan_epoch = plan_epoch_;

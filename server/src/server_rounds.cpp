@@ -67,8 +67,10 @@ asio::awaitable<void> server_node::impl::open_round(std::uint64_t number) {
   // Every server replica starts the round from the global weights (and, after a resume, from
   // the optimizer state it had).
   decltype(resumed_opt_) resumed;
-  for (const auto& [id, r] : round_.routes)
+  for (const auto& [id, r] : round_.routes) {
     if (auto node = resumed_opt_.extract(id)) resumed.insert(std::move(node));
+    resumed_routes_.erase(id);
+  }
   auto install = [this, routes = round_.routes, lr = round_.lr, p = global_p_, b = global_b_, resumed] {
     runner_->take_compute_seconds();
     for (const auto& [id, r] : routes) {
@@ -198,7 +200,9 @@ asio::awaitable<void> server_node::impl::close_round() {
     if (s->role == core::tier::edge || (devices_.count(s->id) && devices_.at(s->id).via == s)) send_global(s, 0);
   if (!c_.checkpoint.empty()) {
     // Named, not a temporary in the co_await expression (g++ 12 destroys those twice).
-    auto save = [this, r = round_.number, routes] { return save_checkpoint(r, routes); };
+    auto save = [this, r = round_.number, routes, state = splitter_state(routes)] {
+      return save_checkpoint(r, routes, state);
+    };
     if (const std::string why = co_await ex_.compute(std::move(save)); !why.empty()) {
       spdlog::error("server: round {}: checkpoint not written, the previous one is kept: {}", round_.number, why);
       ex_.metrics().add("cleave_checkpoint_failures_total", {});

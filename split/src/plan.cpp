@@ -61,6 +61,47 @@ route make_route(bool u_shape, bool with_edge, const std::vector<int>& cuts, int
   return r;
 }
 
+route parse_route(const std::string& text, int n_blocks) {
+  const auto bad = [&](const std::string& why) { return core::error("route '" + text + "': " + why); };
+  std::vector<core::tier> path;
+  std::vector<int> ends;
+  const char* p = text.data();
+  const char* const end = p + text.size();
+  while (p < end) {
+    if (!path.empty()) {
+      if (*p != ' ') throw bad("segments must be separated by one space");
+      ++p;
+    }
+    const char* open = std::find(p, end, '[');
+    const auto t = core::tier_from_name(std::string_view(p, static_cast<std::size_t>(open - p)));
+    if (open == end || !t) throw bad("expected a segment such as device[0,4)");
+    int first = 0, last = 0;
+    auto r = std::from_chars(open + 1, end, first);
+    if (r.ec == std::errc{} && r.ptr < end && *r.ptr == ',') r = std::from_chars(r.ptr + 1, end, last);
+    if (r.ec != std::errc{} || r.ptr == end || *r.ptr != ')') throw bad("expected a segment such as device[0,4)");
+    if (first != (ends.empty() ? 0 : ends.back()))
+      throw bad("segment " + std::to_string(path.size()) + " starts at block " + std::to_string(first) +
+                ", not where the one before it ends");
+    path.push_back(*t);
+    ends.push_back(last);
+    p = r.ptr + 1;
+  }
+  if (path.size() < 2) throw bad("a route has at least two segments");
+  if (ends.back() != n_blocks)
+    throw bad("it ends at block " + std::to_string(ends.back()) + ", the model has " + std::to_string(n_blocks));
+  const bool u_shape = path.back() == core::tier::device;
+  const bool with_edge = std::find(path.begin(), path.end(), core::tier::edge) != path.end();
+  ends.pop_back();
+  route r;
+  try {
+    r = make_route(u_shape, with_edge, ends, n_blocks);
+  } catch (const core::error& e) {
+    throw bad(e.what());
+  }
+  if (r.path != path) throw bad("its tiers are not those of a route cleave runs");
+  return r;
+}
+
 core::tier tier_of_block(const route& r, int block) {
   for (int s = 0; s < r.n_segments(); ++s)
     if (r.begin(s) <= block && block < r.end(s)) return r.path[static_cast<std::size_t>(s)];

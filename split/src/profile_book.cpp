@@ -1,7 +1,11 @@
-// Profiles and link measurements -> the splitter's cost-model problem.
+// Profiles and link measurements -> the splitter's cost-model problem; the book as text fields
+// and back.
 #include "cleave/split/profile_book.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <type_traits>
 
 #include "cleave/core/error.h"
 
@@ -12,6 +16,56 @@ namespace {
 std::string name_of(node_key k) {
   if (k.role == core::tier::server) return "the server";
   return std::string(core::tier_name(k.role)) + " " + std::to_string(k.id);
+}
+
+// "device:2"
+std::string text_of(node_key k) {
+  return std::string(core::tier_name(k.role)) + ":" + std::to_string(k.id);
+}
+
+// The shortest text that reads back to the same value.
+template <class T>
+std::string figure(T v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+// A whole token as a number (floating figures finite and non-negative); throws naming `field`.
+template <class T>
+T number(std::string_view text, const std::string& field) {
+  T v{};
+  const char* const end = text.data() + text.size();
+  const auto r = std::from_chars(text.data(), end, v);
+  if (r.ec != std::errc{} || r.ptr != end || text.empty())
+    throw core::error(field + ": '" + std::string(text) + "' is not a number");
+  if constexpr (std::is_floating_point_v<T>)
+    if (!std::isfinite(v) || v < 0)
+      throw core::error(field + ": " + std::string(text) + " is not a finite, non-negative figure");
+  return v;
+}
+
+// The parts of s between separators, empty ones dropped (sep ' ' also drops repeated spaces).
+std::vector<std::string_view> parts(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  for (std::size_t at = 0; at <= s.size();) {
+    std::size_t next = s.find(sep, at);
+    if (next == std::string_view::npos) next = s.size();
+    std::string_view p = s.substr(at, next - at);
+    while (!p.empty() && p.front() == ' ') p.remove_prefix(1);
+    while (!p.empty() && p.back() == ' ') p.remove_suffix(1);
+    if (!p.empty()) out.push_back(p);
+    at = next + 1;
+  }
+  return out;
+}
+
+node_key node_of(std::string_view text, const std::string& field) {
+  const auto colon = text.find(':');
+  const auto role = core::tier_from_name(text.substr(0, colon));
+  if (colon == std::string_view::npos || !role)
+    throw core::error(field + ": '" + std::string(text) + "' is not a node (such as device:2)");
+  return {*role, number<std::uint32_t>(text.substr(colon + 1), field)};
 }
 
 }  // namespace
@@ -37,6 +91,94 @@ void profile_book::report_link(node_key from, node_key to, double rtt_seconds, d
   auto& m = links_[{from, to}];
   if (rtt_seconds > 0) m.rtt_seconds = rtt_seconds;
   if (bytes_per_second > 0) m.bytes_per_second = bytes_per_second;
+}
+
+void profile_book::write(std::map<std::string, std::string>& meta, std::string_view prefix) const {
+  const std::string pre(prefix);
+  for (const auto& [k, p] : profiles_) {
+    const std::string stem = pre + "profile:" + text_of(k) + ":";
+    meta[stem + "node_id"] = std::to_string(p.node_id);
+    meta[stem + "batch"] = std::to_string(p.batch);
+    meta[stem + "backend"] = p.backend;
+    meta[stem + "memory_budget"] = std::to_string(p.memory_budget_bytes);
+    std::string blocks, links;
+    for (const auto& b : p.blocks)
+      blocks += (blocks.empty() ? "" : "; ") + figure(b.forward_seconds) + " " + figure(b.backward_seconds) + " " +
+                std::to_string(b.param_bytes) + " " + std::to_string(b.state_bytes) + " " +
+                std::to_string(b.saved_bytes) + " " + std::to_string(b.output_bytes);
+    for (const auto& l : p.links)
+      links += (links.empty() ? "" : "; ") + std::to_string(l.peer_id) + " " + figure(l.rtt_us) + " " +
+               figure(l.bandwidth_bytes_per_s);
+    meta[stem + "blocks"] = blocks;
+    meta[stem + "links"] = links;
+  }
+  for (const auto& [ends, m] : links_)
+    meta[pre + "link:" + text_of(ends.first) + ">" + text_of(ends.second)] =
+        figure(m.rtt_seconds) + " " + figure(m.bytes_per_second);
+}
+
+void profile_book::read(const std::map<std::string, std::string>& meta, std::string_view prefix) {
+  profile_book out(*m_, micro_batch_, n_micro_batches_, u_shape_);
+  const std::string pp = std::string(prefix) + "profile:", lp = std::string(prefix) + "link:";
+  std::map<node_key, std::map<std::string, const std::string*>> fields;  // node -> field -> value
+  for (auto it = meta.lower_bound(std::string(prefix)); it != meta.end() && it->first.starts_with(prefix); ++it) {
+    const std::string& key = it->first;
+    const std::string_view k(key);
+    if (k.starts_with(pp)) {
+      const std::string_view rest = k.substr(pp.size());
+      const auto colon = rest.rfind(':');
+      if (colon == std::string_view::npos) throw core::error(key + ": not a profile field");
+      fields[node_of(rest.substr(0, colon), key)][std::string(rest.substr(colon + 1))] = &it->second;
+    } else if (k.starts_with(lp)) {
+      const std::string_view rest = k.substr(lp.size());
+      const auto gt = rest.find('>');
+      if (gt == std::string_view::npos) throw core::error(key + ": not a link (such as device:2>server:0)");
+      const auto v = parts(it->second, ' ');
+      if (v.size() != 2) throw core::error(key + ": '" + it->second + "' is not 'rtt_seconds bytes_per_second'");
+      out.links_[{node_of(rest.substr(0, gt), key), node_of(rest.substr(gt + 1), key)}] = {number<double>(v[0], key),
+                                                                                           number<double>(v[1], key)};
+    } else {
+      throw core::error(key + ": not a field of the splitter's book");
+    }
+  }
+  for (auto& [node, f] : fields) {
+    const std::string stem = pp + text_of(node);
+    const auto take = [&, &f = f](const std::string& name) -> const std::string& {
+      const auto it = f.find(name);
+      if (it == f.end()) throw core::error(stem + ":" + name + " is missing");
+      const std::string& v = *it->second;
+      f.erase(it);
+      return v;
+    };
+    node_profile p;
+    p.node_id = number<std::uint32_t>(take("node_id"), stem + ":node_id");
+    p.batch = number<std::uint32_t>(take("batch"), stem + ":batch");
+    p.backend = take("backend");
+    p.memory_budget_bytes = number<std::uint64_t>(take("memory_budget"), stem + ":memory_budget");
+    const std::string bf = stem + ":blocks";
+    for (const auto rec : parts(take("blocks"), ';')) {
+      const auto v = parts(rec, ' ');
+      const std::string at = bf + " (block " + std::to_string(p.blocks.size()) + ")";
+      if (v.size() != 6) throw core::error(at + ": " + std::to_string(v.size()) + " figures, not 6");
+      p.blocks.push_back({number<double>(v[0], at), number<double>(v[1], at), number<std::uint64_t>(v[2], at),
+                          number<std::uint64_t>(v[3], at), number<std::uint64_t>(v[4], at),
+                          number<std::uint64_t>(v[5], at)});
+    }
+    const std::string lf = stem + ":links";
+    for (const auto rec : parts(take("links"), ';')) {
+      const auto v = parts(rec, ' ');
+      const std::string at = lf + " (link " + std::to_string(p.links.size()) + ")";
+      if (v.size() != 3) throw core::error(at + ": " + std::to_string(v.size()) + " figures, not 3");
+      p.links.push_back({number<std::uint32_t>(v[0], at), number<float>(v[1], at), number<float>(v[2], at)});
+    }
+    if (!f.empty()) throw core::error(stem + ":" + f.begin()->first + ": not a profile field");
+    try {
+      out.set_profile(node, std::move(p));
+    } catch (const core::error& e) {
+      throw core::error(stem + ": " + e.what());
+    }
+  }
+  *this = std::move(out);
 }
 
 link_costs profile_book::link_of(node_key a, node_key b) const {

@@ -39,14 +39,8 @@ void fill_random(core::backend& b, const core::tensor& t, std::uint64_t stream) 
   b.upload(t, host.data());
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -57,6 +51,7 @@ std::vector<block_profile> profile_blocks(core::backend& b, const core::model_sp
     throw core::error("profile options: batch " + std::to_string(o.batch) + ", reps " + std::to_string(o.reps) +
                       ", warmup " + std::to_string(o.warmup) +
                       " (batch and reps must be at least 1, warmup at least 0)");
+  const std::function<double()> now = o.clock ? o.clock : steady_seconds;
   std::vector<block_profile> out;
   out.reserve(static_cast<std::size_t>(m.n_blocks()));
   for (int i = 0; i < m.n_blocks(); ++i) {
@@ -77,31 +72,31 @@ std::vector<block_profile> profile_blocks(core::backend& b, const core::model_sp
     fill_random(b, dy, stream + 1);
     const bool need_dx = i > 0;
 
-    std::vector<double> fwd, bwd;
+    double fwd = std::numeric_limits<double>::infinity(), bwd = fwd;
     for (int r = 0; r < o.warmup + o.reps; ++r) {
       core::stage::context ctx;
       b.synchronize();
-      auto t0 = std::chrono::steady_clock::now();
+      double t0 = now();
       const core::tensor y = s.forward(x, ctx, core::mode::train, static_cast<std::uint32_t>(r));
       b.synchronize();
-      const double tf = seconds_since(t0);
+      const double tf = now() - t0;
       CLEAVE_ASSERT(y.shape() == bi.out.batched(o.batch), "block output shape differs from the model spec");
       if (r == 0) {
         std::uint64_t saved = 0;
         for (const auto& l : ctx.layers) saved += saved_bytes_of(l);
         p.saved_bytes = saved / static_cast<std::uint64_t>(o.batch);
       }
-      t0 = std::chrono::steady_clock::now();
+      t0 = now();
       s.backward(dy, ctx, need_dx);
       b.synchronize();
-      const double tb = seconds_since(t0);
+      const double tb = now() - t0;
       if (r >= o.warmup) {
-        fwd.push_back(tf);
-        bwd.push_back(tb);
+        fwd = std::min(fwd, tf);
+        bwd = std::min(bwd, tb);
       }
     }
-    p.forward_seconds = median(std::move(fwd));
-    p.backward_seconds = median(std::move(bwd));
+    p.forward_seconds = std::max(0.0, fwd);  // a clock that went back counts as no time
+    p.backward_seconds = std::max(0.0, bwd);
     out.push_back(p);
   }
   return out;

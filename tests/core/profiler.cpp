@@ -118,6 +118,39 @@ TEST_CASE("profiling refuses options without a batch or a timed run") {
   CHECK(testing::error_of([&] { split::profile_blocks(*b, m, {}, o); }).find("batch 0") != std::string::npos);
 }
 
+TEST_CASE("a profile keeps each block's undisturbed time when most timed runs are slowed by outliers") {
+  auto b = backend::make_backend("reference");
+  const auto m = core::zoo_model("mlp", shape{1, 8, 8}, 10);
+  split::profile_options o;
+  o.batch = 4;
+  o.warmup = 2;
+  o.reps = 5;
+  // A clock read before and after every timed call: forward takes 1 ms and backward 2 ms, except
+  // that three of the five timed runs are 40 times slower (as under contention, where the median
+  // is disturbed too), and the untimed warm-up runs are implausibly fast (they must not count).
+  const int calls_per_block = (o.warmup + o.reps) * 4;
+  int n_calls = 0;
+  double t = 100.0;
+  o.clock = [&] {
+    const int k = n_calls++ % calls_per_block;
+    if (k % 2 == 1) {  // the end of a timed call
+      const int run = k / 4;
+      const bool backward = (k / 2) % 2 == 1;
+      const double undisturbed = backward ? 2e-3 : 1e-3;
+      const bool disturbed = run == 2 || run == 3 || run == 5;
+      t += run < o.warmup ? 1e-6 : disturbed ? 40 * undisturbed : undisturbed;
+    }
+    return t;
+  };
+  const auto prof = split::profile_blocks(*b, m, {}, o);
+  CHECK(n_calls == calls_per_block * m.n_blocks());
+  REQUIRE(prof.size() == static_cast<std::size_t>(m.n_blocks()));
+  for (const auto& p : prof) {
+    CHECK(p.forward_seconds == doctest::Approx(1e-3).epsilon(1e-9));
+    CHECK(p.backward_seconds == doctest::Approx(2e-3).epsilon(1e-9));
+  }
+}
+
 TEST_CASE("the moving average drops its warm-up samples, then follows new ones") {
   split::ewma e(0.5, 2);
   CHECK_FALSE(e.ready());

@@ -230,3 +230,46 @@ TEST_CASE("resuming: the same settings continue, other settings are refused nami
   CHECK(again.size() == 3);
   CHECK(again.front().round == 1);
 }
+
+TEST_CASE("resuming an adaptive run refuses malformed splitter state, naming the field") {
+  const std::string be = test_backend();
+  workspace w("ckpt-splitter", 1, 256, 64);
+  auto sc = short_run(w, be, 1, 2);
+  sc.adaptive = true;
+  std::vector<server::round_report> first;
+  REQUIRE(train_one_device(w, be, sc, first) == "");
+  const std::string path = sc.checkpoint.string();
+  const auto good = core::load_checkpoint(path);
+  REQUIRE(good.meta.count("route:1") == 1);
+  REQUIRE(good.meta.count("route:1:epoch") == 1);
+  REQUIRE(good.meta.count("book:profile:device:1:blocks") == 1);
+  REQUIRE(good.meta.count("book:profile:server:0:blocks") == 1);
+  const std::string plan = good.meta.at("plan_epoch");
+  auto more = sc;
+  more.rounds = 2;
+  // No device comes: a server that got past the resume stops waiting for one at once.
+  more.join_timeout_s = 0.2;
+  more.exit_on_join_timeout = true;
+  // The error of resuming from the good checkpoint with `edit` applied to its fields.
+  const auto resume_error = [&](const std::function<void(std::map<std::string, std::string>&)>& edit) {
+    auto ck = good;
+    edit(ck.meta);
+    core::save_checkpoint(path, ck);
+    server::server_node srv(more);
+    return error_of([&] { srv.run(); });
+  };
+  const std::string where = "cannot resume from '" + path + "': its round state is incomplete (";
+  CHECK(resume_error([](auto& m) { m["route:1"] = "device[0,3"; }) ==
+        where + "route:1: route 'device[0,3': expected a segment such as device[0,4))");
+  CHECK(resume_error([](auto& m) { m["route:1"] = "device[0,3) server[3,9)"; }) ==
+        where + "route:1: route 'device[0,3) server[3,9)': it ends at block 9, the model has 12)");
+  CHECK(resume_error([](auto& m) { m.erase("route:1:epoch"); }) == where + "route:1:epoch is missing)");
+  CHECK(resume_error([](auto& m) { m["route:1:epoch"] = "99"; }) ==
+        where + "route:1:epoch: plan 99 is not between 1 and the checkpoint's plan " + plan + ")");
+  CHECK(resume_error([](auto& m) { m["route:x"] = "device[0,3) server[3,12)"; }) ==
+        where + "route:x: 'x' is not a count)");
+  CHECK(resume_error([](auto& m) { m["book:profile:device:1:blocks"] = "0.1"; }) ==
+        where + "book:profile:device:1:blocks (block 0): 1 figures, not 6)");
+  // Left as it was written, it resumes (and then waits for its device).
+  CHECK(resume_error([](auto&) {}).find("only 0 of 1 devices connected") == 0);
+}

@@ -1,7 +1,8 @@
 // A server killed (SIGKILL) after round 3 and started again with the same command resumes from
 // its checkpoint at round 4, its devices (directly or behind an edge) reconnect by themselves
 // and continue with the right state, and the final global model equals that of a run nobody
-// interrupted. Real processes on loopback.
+// interrupted; an adaptive run resumes with the plan it had moved to, not the configured cuts.
+// Real processes on loopback.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -131,4 +132,74 @@ TEST_CASE("a server killed after round 3 resumes exactly: one device, fixed plan
 
 TEST_CASE("a server killed after round 3 resumes exactly: two devices behind an edge, SplitFed") {
   check_resume_is_exact({2, true}, "resume-edge");
+}
+
+TEST_CASE("a server killed after round 3 of an adaptive run resumes with the plan it had moved to") {
+  workspace w("resume-adaptive", 1, 256, 64);
+  const fs::path ckpt = w.dir / "adaptive.ckpt";
+  const std::string configured = "device[0,5) server[5,6)";
+  // Rounds enough that the kill lands before the end, however late this process sees round 3's
+  // checkpoint on a busy machine.
+  const int rounds = 8;
+  auto args = server_args(w, rounds, 6, 1, {"--checkpoint", ckpt.string(), "--cuts", "5", "--deadline", "60"});
+  args.erase(std::find(args.begin(), args.end(), "--no-adapt"));  // adaptive
+  const std::uint16_t port = transport::free_loopback_port();
+  *(std::find(args.begin(), args.end(), "--listen") + 1) = "127.0.0.1:" + std::to_string(port);
+  auto server = std::make_unique<node>(w, "server-adaptive", args);
+  // A board far slower than the server: the splitter moves its blocks up in round 1, whatever the
+  // load of this machine.
+  node agent(w, "device-adaptive", agent_args(w, 1, port, {"--slowdown", "20", "--profile-every", "2"}));
+  std::optional<core::checkpoint> at_kill;
+  for (const auto t0 = steady_clock::now();;) {
+    if (auto ck = try_load(ckpt); ck && ck->epoch >= 3) {
+      ::kill(server->pid(), SIGKILL);
+      at_kill = std::move(ck);
+      break;
+    }
+    REQUIRE_MESSAGE(seconds_since(t0) < 60, server->log());
+    REQUIRE_MESSAGE(server->alive(), server->log());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  CHECK(server->exit_code(10) == -1);  // killed
+  const std::string first_log = server->log();
+  INFO("server before the kill: " << first_log);
+  REQUIRE_MESSAGE(at_kill->epoch < rounds, "the run ended before the kill");
+  // What the checkpoint holds of the splitter: the plan moved away from the configured cuts, and
+  // the book with the profiles of both nodes.
+  const std::string stored = at_kill->meta.at("route:1");
+  const std::string epoch = at_kill->meta.at("route:1:epoch");
+  REQUIRE(stored != configured);
+  CHECK(std::stoul(epoch) > 1);
+  CHECK(at_kill->meta.count("book:profile:server:0:blocks") == 1);
+  CHECK(at_kill->meta.count("book:profile:device:1:blocks") == 1);
+  CHECK(first_log.find("server: re-split device 1") != std::string::npos);
+
+  server = std::make_unique<node>(w, "server-adaptive-again", args);  // the same command
+  const int code = server->exit_code(60);
+  const std::string log = server->log();
+  INFO("server after the restart: " << log);
+  REQUIRE(code == 0);
+  CHECK_MESSAGE(agent.exit_code(30) == 0, agent.log());
+  CHECK(log.find("server: resuming from " + ckpt.string() + " after round " + std::to_string(at_kill->epoch) + " of " +
+                 std::to_string(rounds)) != std::string::npos);
+  CHECK(log.find("the splitter's book of 2 nodes") != std::string::npos);
+  CHECK(log.find("routes: device 1 " + stored + " (plan " + epoch + ")") != std::string::npos);
+  // The device came back under the stored route and plan, and never went through the configured cuts.
+  CHECK(log.find(": " + stored + ", its route at the checkpoint (plan " + epoch + ")") != std::string::npos);
+  CHECK(log.find(configured) == std::string::npos);
+  CHECK(log.find("round " + std::to_string(at_kill->epoch + 1) + ": device 1: ") != std::string::npos);
+  CHECK(log.find("its optimizer state from the checkpoint is not restored") == std::string::npos);
+  const std::string agent_log = agent.log();
+  const std::string plan_line = "device 1: plan " + epoch + ": " + stored;
+  CHECK_MESSAGE(agent_log.find(plan_line) != std::string::npos, agent_log);
+  // The run finished from there with a finite model.
+  const auto last = core::load_checkpoint(ckpt.string());
+  CHECK(last.epoch == rounds);
+  std::size_t n_values = 0;
+  for (const auto& e : last.tensors) {
+    if (e.name.rfind("p:", 0) != 0 && e.name.rfind("s:", 0) != 0) continue;
+    for (float v : e.values) REQUIRE_MESSAGE(std::isfinite(v), e.name);
+    n_values += e.values.size();
+  }
+  CHECK(n_values > 0);
 }

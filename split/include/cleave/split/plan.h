@@ -38,6 +38,11 @@ struct route {
 // in U-shape a device top that holds no block (its labels would leave it).
 route make_route(bool u_shape, bool with_edge, const std::vector<int>& cuts, int n_blocks);
 
+// The route that route::str() wrote ("device[0,4) edge[4,7) server[7,12)") over a model of
+// n_blocks blocks; throws core::error naming the text and what is wrong with it (an unknown
+// tier, a gap, a shape make_route does not build, a route of another model).
+route parse_route(const std::string& text, int n_blocks);
+
 // The tier that runs block `block` under route r; throws core::error outside [0, n_blocks).
 core::tier tier_of_block(const route& r, int block);
 

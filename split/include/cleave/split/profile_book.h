@@ -1,11 +1,19 @@
 // The adaptive splitter's book: the latest profile of every node and every link, turned into the
-// cost model's problem over the devices now training (see splitter.h).
+// cost model's problem over the devices now training (see splitter.h), and written to and read
+// from a checkpoint's text fields so that a restarted server plans at once.
+//
+// A node's new profile replaces its previous one (the latest is kept, not the fastest seen): a
+// device's reports rescale its profiled blocks by what its segments take under the plan in force,
+// so a device that really became slower (a busier board, a schedule's `at N slowdown`) shows it in
+// its next report; a minimum over a plan epoch would hide that until its next re-split. Noise at
+// profiling time is taken out where it arises: profile_blocks keeps each block's fastest run.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -37,6 +45,19 @@ class profile_book {
   };
   // Every link measured, in (from, to) order.
   std::vector<link_measurement> links() const;
+  const std::map<node_key, node_profile>& profiles() const { return profiles_; }
+
+  // The book as text fields under `prefix` (added to `meta`), figures written so that they read
+  // back to the same bits:
+  //   <prefix>profile:<role>:<id>:node_id, :batch, :backend, :memory_budget  one value each
+  //   <prefix>profile:<role>:<id>:blocks  per block "forward_s backward_s param_bytes state_bytes
+  //                                       saved_bytes output_bytes", blocks joined by "; "
+  //   <prefix>profile:<role>:<id>:links   per link "peer_id rtt_us bytes_per_s", joined by "; "
+  //   <prefix>link:<role>:<id>><role>:<id>  "rtt_seconds bytes_per_second" (from > to)
+  void write(std::map<std::string, std::string>& meta, std::string_view prefix) const;
+  // Replaces the book's profiles and links with those written under `prefix`. Throws core::error
+  // naming the first malformed field (its key), the book then unchanged.
+  void read(const std::map<std::string, std::string>& meta, std::string_view prefix);
 
   struct device_entry {
     std::uint32_t id = 0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,14 +24,20 @@ struct block_profile {
 struct profile_options {
   int batch = 32;  // samples of the timed micro-batch
   int warmup = 2;  // untimed runs first (JIT, caches)
-  int reps = 5;    // timed runs; the median is kept
+  int reps = 5;    // timed runs; the fastest is kept
   std::uint64_t seed = 1;
+  // Seconds on a monotonic clock, read before and after each timed call (empty: steady_clock).
+  std::function<double()> clock;
 };
 
 // Times every block of m alone on backend b: a one-block stage per block, random inputs of the
 // block's input shape, forward in train mode then backward (with the input gradient, except for
-// block 0), synchronising the backend around each timed call; the median over `reps` runs after
-// `warmup` untimed ones. Throws core::error on bad options.
+// block 0), synchronising the backend around each timed call; of `reps` runs after `warmup`
+// untimed ones, the fastest forward and the fastest backward are kept. The minimum, not the
+// median: noise only ever adds time (other processes, interrupts, frequency drops), so the
+// fastest run is the least disturbed one, the usual choice for microbenchmarks. Agents that
+// profile together on one machine inflated every run but the fastest by up to 40x, which sent
+// devices to a wrong plan. Throws core::error on bad options.
 std::vector<block_profile> profile_blocks(core::backend& b, const core::model_spec& m,
                                           const core::optimizer_config& opt, const profile_options& o = {});
 

@@ -1,0 +1,210 @@
+// The adaptive splitter's state as a checkpoint stores it: routes and the profile book written as
+// text and read back to the same values, and malformed fields refused by name.
+#include <doctest/doctest.h>
+
+#include "../support/error_of.h"
+#include "cleave/split/plan.h"
+#include "cleave/split/profile_book.h"
+
+using namespace cleave;
+using split::node_key;
+using split::profile_book;
+using testing::error_of;
+
+namespace {
+
+const core::model_spec& mlp() {
+  static const core::model_spec m = core::zoo_model("mlp", core::shape{1, 8, 8}, 10);
+  return m;
+}
+
+// A profile of every block with figures that text rounds easily (thirds, tiny and huge values).
+split::node_profile profile_of(std::uint32_t id, double scale) {
+  split::node_profile p;
+  p.node_id = id;
+  p.batch = 8;
+  p.backend = "onednn";
+  p.memory_budget_bytes = 12345678901234ULL;
+  for (int i = 0; i < mlp().n_blocks(); ++i)
+    p.blocks.push_back(
+        {scale / 3.0 * (i + 1), scale * 1e-7 / 7.0, 4096ULL * static_cast<std::uint64_t>(i), 17, 1ULL << 40, 257});
+  p.links.push_back({0, 123.456f, 1.0f / 3.0f * 1e9f});
+  return p;
+}
+
+profile_book filled() {
+  profile_book b(mlp(), 8, 2, false);
+  b.set_profile({core::tier::server, 0}, profile_of(0, 0.001));
+  b.set_profile({core::tier::device, 2}, profile_of(2, 0.04));
+  b.set_profile({core::tier::edge, 7}, profile_of(7, 0.01));
+  b.report_link({core::tier::device, 2}, {core::tier::server, 0}, 1.0 / 3000.0, 1.25e8 / 3.0);
+  b.report_link({core::tier::server, 0}, {core::tier::device, 2}, 0.0007, 0);
+  return b;
+}
+
+void check_same(const profile_book& a, const profile_book& b) {
+  REQUIRE(a.profiles().size() == b.profiles().size());
+  for (const auto& [k, p] : a.profiles()) {
+    const auto& q = b.profiles().at(k);
+    CHECK(q.node_id == p.node_id);
+    CHECK(q.batch == p.batch);
+    CHECK(q.backend == p.backend);
+    CHECK(q.memory_budget_bytes == p.memory_budget_bytes);
+    REQUIRE(q.blocks.size() == p.blocks.size());
+    for (std::size_t i = 0; i < p.blocks.size(); ++i) {
+      CHECK(q.blocks[i].forward_seconds == p.blocks[i].forward_seconds);  // the same bits
+      CHECK(q.blocks[i].backward_seconds == p.blocks[i].backward_seconds);
+      CHECK(q.blocks[i].param_bytes == p.blocks[i].param_bytes);
+      CHECK(q.blocks[i].state_bytes == p.blocks[i].state_bytes);
+      CHECK(q.blocks[i].saved_bytes == p.blocks[i].saved_bytes);
+      CHECK(q.blocks[i].output_bytes == p.blocks[i].output_bytes);
+    }
+    REQUIRE(q.links.size() == p.links.size());
+    for (std::size_t i = 0; i < p.links.size(); ++i) {
+      CHECK(q.links[i].peer_id == p.links[i].peer_id);
+      CHECK(q.links[i].rtt_us == p.links[i].rtt_us);
+      CHECK(q.links[i].bandwidth_bytes_per_s == p.links[i].bandwidth_bytes_per_s);
+    }
+  }
+  const auto la = a.links(), lb = b.links();
+  REQUIRE(la.size() == lb.size());
+  for (std::size_t i = 0; i < la.size(); ++i) {
+    CHECK(lb[i].from == la[i].from);
+    CHECK(lb[i].to == la[i].to);
+    CHECK(lb[i].rtt_seconds == la[i].rtt_seconds);
+    CHECK(lb[i].bytes_per_second == la[i].bytes_per_second);
+  }
+}
+
+// The error of reading `meta` into a filled book (which must then be left as it was).
+std::string read_error(const std::map<std::string, std::string>& meta) {
+  profile_book b = filled();
+  const std::string e = error_of([&] { b.read(meta, "book:"); });
+  check_same(b, filled());
+  return e;
+}
+
+std::map<std::string, std::string> written() {
+  std::map<std::string, std::string> m;
+  filled().write(m, "book:");
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("a route reads back from the text it prints in every plan shape") {
+  const int n = 12;
+  for (const bool u : {false, true})
+    for (const bool e : {false, true}) {
+      std::vector<int> cuts = e ? std::vector{2, 7} : std::vector{5};
+      if (u) {
+        cuts.push_back(11);
+        if (e) cuts.push_back(11);
+      }
+      const auto r = split::make_route(u, e, cuts, n);
+      CAPTURE(r.str());
+      CHECK(split::parse_route(r.str(), n) == r);
+    }
+}
+
+TEST_CASE("a malformed route is refused naming the text and the fault") {
+  CHECK(error_of([] { split::parse_route("device[0,4) gpu[4,12)", 12); }) ==
+        "route 'device[0,4) gpu[4,12)': expected a segment such as device[0,4)");
+  CHECK(error_of([] { split::parse_route("device[0,4) server[5,12)", 12); }) ==
+        "route 'device[0,4) server[5,12)': segment 1 starts at block 5, not where the one before it ends");
+  CHECK(error_of([] { split::parse_route("device[0,4) server[4,10)", 12); }) ==
+        "route 'device[0,4) server[4,10)': it ends at block 10, the model has 12");
+  CHECK(error_of([] { split::parse_route("device[0,0) server[0,12)", 12); }).find("the device must hold") !=
+        std::string::npos);
+  CHECK(error_of([] { split::parse_route("server[0,4) device[4,12)", 12); }).find("needs 2 cuts") != std::string::npos);
+  CHECK(error_of([] { split::parse_route("device[0,4) edge[4,12)", 12); }) ==
+        "route 'device[0,4) edge[4,12)': 3-tier plan needs 2 cuts, got 1");
+  CHECK(error_of([] { split::parse_route("device[0,4) server[4,8) edge[8,12)", 12); }) ==
+        "route 'device[0,4) server[4,8) edge[8,12)': its tiers are not those of a route cleave runs");
+  CHECK(error_of([] { split::parse_route("device[0,12)", 12); }) ==
+        "route 'device[0,12)': a route has at least two segments");
+  CHECK(error_of([] { split::parse_route("device[0,4)  server[4,12)", 12); }) ==
+        "route 'device[0,4)  server[4,12)': expected a segment such as device[0,4)");
+  CHECK(error_of([] { split::parse_route("device[0,4)", 12); }).find("route 'device[0,4)'") == 0);
+  CHECK(error_of([] { split::parse_route("", 12); }) == "route '': a route has at least two segments");
+}
+
+TEST_CASE("a profile book written as text reads back to the same profiles, links and problem") {
+  const profile_book a = filled();
+  std::map<std::string, std::string> meta{{"plan_epoch", "3"}, {"zzz", "other fields are left alone"}};
+  a.write(meta, "book:");
+  CHECK(meta.at("book:profile:device:2:batch") == "8");
+  CHECK(meta.at("book:link:device:2>server:0").find(' ') != std::string::npos);
+  profile_book b(mlp(), 8, 2, false);
+  b.read(meta, "book:");
+  check_same(a, b);
+  std::string missing_a, missing_b;
+  const std::vector<profile_book::device_entry> devs{{2, 0, false}};
+  const auto pa = a.problem(devs, missing_a), pb = b.problem(devs, missing_b);
+  REQUIRE(pa);
+  REQUIRE(pb);
+  CHECK(pb->devices[0].board.block_seconds == pa->devices[0].board.block_seconds);
+  CHECK(pb->devices[0].link.rtt_seconds == pa->devices[0].link.rtt_seconds);
+  CHECK(pb->devices[0].link.bytes_per_second == pa->devices[0].link.bytes_per_second);
+  CHECK(pb->server.block_seconds == pa->server.block_seconds);
+  CHECK(pb->cut_bytes == pa->cut_bytes);
+}
+
+TEST_CASE("reading a book replaces what it held: an empty text gives an empty book") {
+  profile_book b = filled();
+  b.read({{"plan_epoch", "3"}}, "book:");
+  CHECK(b.profiles().empty());
+  CHECK(b.links().empty());
+}
+
+TEST_CASE("a malformed field of a stored book is refused by name and the book is left as it was") {
+  auto m = written();
+  m["book:profile:device:2:blocks"] = "1 2 3 4 5";
+  CHECK(read_error(m) == "book:profile:device:2:blocks (block 0): 5 figures, not 6");
+  m = written();
+  m["book:profile:device:2:blocks"] = "0.001 abc 1 2 3 4";
+  CHECK(read_error(m) == "book:profile:device:2:blocks (block 0): 'abc' is not a number");
+  m = written();
+  m["book:profile:device:2:blocks"] = "0.001 -1 1 2 3 4";
+  CHECK(read_error(m) == "book:profile:device:2:blocks (block 0): -1 is not a finite, non-negative figure");
+  m = written();
+  m["book:profile:device:2:blocks"] = "0.001 nan 1 2 3 4";
+  CHECK(read_error(m) == "book:profile:device:2:blocks (block 0): nan is not a finite, non-negative figure");
+  m = written();
+  m["book:profile:device:2:blocks"] = "0.001 0.002 1 2 3 4";
+  CHECK(read_error(m) ==
+        "book:profile:device:2: profile of device 2 has 1 blocks, not " + std::to_string(mlp().n_blocks()));
+  m = written();
+  m["book:profile:edge:7:batch"] = "0";
+  CHECK(read_error(m) == "book:profile:edge:7: profile of edge 7 was timed on an empty batch");
+  m = written();
+  m["book:profile:edge:7:batch"] = "-8";
+  CHECK(read_error(m) == "book:profile:edge:7:batch: '-8' is not a number");
+  m = written();
+  m.erase("book:profile:server:0:memory_budget");
+  CHECK(read_error(m) == "book:profile:server:0:memory_budget is missing");
+  m = written();
+  m["book:profile:device:2:colour"] = "blue";
+  CHECK(read_error(m) == "book:profile:device:2:colour: not a profile field");
+  m = written();
+  m["book:profile:gpu:2:batch"] = "8";
+  CHECK(read_error(m) == "book:profile:gpu:2:batch: 'gpu:2' is not a node (such as device:2)");
+  m = written();
+  m["book:profile:device:x:batch"] = "8";
+  CHECK(read_error(m) == "book:profile:device:x:batch: 'x' is not a number");
+  m = written();
+  m["book:profile:device:2:links"] = "0 1.5";
+  CHECK(read_error(m) == "book:profile:device:2:links (link 0): 2 figures, not 3");
+  m = written();
+  m["book:link:device:2"] = "0.001 1e9";
+  CHECK(read_error(m) == "book:link:device:2: not a link (such as device:2>server:0)");
+  m = written();
+  m["book:link:device:2>server:0"] = "0.001";
+  CHECK(read_error(m) == "book:link:device:2>server:0: '0.001' is not 'rtt_seconds bytes_per_second'");
+  m = written();
+  m["book:link:device:2>server:0"] = "0.001 inf";
+  CHECK(read_error(m) == "book:link:device:2>server:0: inf is not a finite, non-negative figure");
+  m = written();
+  m["book:frob"] = "1";
+  CHECK(read_error(m) == "book:frob: not a field of the splitter's book");
+}
