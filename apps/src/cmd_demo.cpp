@@ -428,7 +428,16 @@ void run_demo(const demo_options& o) {
     auto file = spdlog::basic_logger_mt("devices", (p.work / "devices.log").string(), true);
     file->set_level(spdlog::get_level());
     spdlog::set_default_logger(file);
-    virt = std::make_unique<virtual_devices>(o, p);
+    try {
+      virt = std::make_unique<virtual_devices>(o, p);
+    } catch (...) {  // e.g. the data set: said on the terminal, and no node left running
+      spdlog::set_default_logger(terminal);
+      for (pid_t pid : edges) ::kill(pid, SIGTERM);
+      ::kill(server, SIGTERM);
+      node_usage ignored;
+      wait_for_demo(server, edges, devices, ignored);
+      throw;
+    }
   } else {
     for (int i = 1; i <= o.devices; ++i)
       devices.push_back(spawn(agent_args(o, p, i), p.work / ("device-" + std::to_string(i) + ".log")));
