@@ -4,12 +4,12 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "cleave/backend/registry.h"
 #include "cleave/core/error.h"
+#include "run_cleave.h"
 
 namespace {
 
@@ -20,16 +20,6 @@ backend::backend_info cuda_info() {
     if (b.name == "cuda") return b;
   FAIL("cuda is not in list_backends()");
   return {};
-}
-
-std::string run(const std::string& cmd) {
-  std::string out;
-  if (std::FILE* p = ::popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    ::pclose(p);
-  }
-  return out;
 }
 
 }  // namespace
@@ -55,7 +45,7 @@ TEST_CASE("the registry loads the CUDA plugin and its probe answers") {
 }
 
 TEST_CASE("the cleave binary does not link the CUDA libraries") {
-  const std::string needed = run("readelf -d '" CLEAVE_BINARY "' 2>&1");
+  const std::string needed = cleave::testing::run_program("/usr/bin/readelf", {"-d", CLEAVE_BINARY}).output;
   REQUIRE(needed.find("NEEDED") != std::string::npos);
   CHECK(needed.find("libcudart") == std::string::npos);
   CHECK(needed.find("libcublas") == std::string::npos);
