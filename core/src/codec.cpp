@@ -40,6 +40,7 @@ std::string codec_set::str() const {
   for (codec c : allowed) {
     if (!out.empty()) out += ',';
     out += codec_name(c);
+    if (c == codec::int8 && stochastic) out += ":stochastic";
     if (c == codec::topk) {
       char buf[32];
       const auto r = std::to_chars(buf, buf + sizeof buf, topk_fraction);
@@ -70,8 +71,15 @@ codec_set parse_codec_set(std::string_view text) {
       throw error("codec list '" + whole + "': unknown codec '" + std::string(item) +
                   "' (known: f32, f16, bf16, int8, topk)");
     if (has_arg) {
+      if (c == codec::int8 && arg == "stochastic") {
+        s.stochastic = true;
+        if (!s.allows(*c)) s.allowed.push_back(*c);
+        if (comma == text.size()) break;
+        continue;
+      }
       if (c != codec::topk)
-        throw error("codec list '" + whole + "': only topk takes a fraction ('" + std::string(item) + ":...')");
+        throw error("codec list '" + whole + "': '" + std::string(item) + ":" + std::string(arg) +
+                    "': only topk takes a fraction, and int8 'stochastic'");
       float f = 0;
       const auto r = std::from_chars(arg.data(), arg.data() + arg.size(), f);
       if (r.ec != std::errc{} || r.ptr != arg.data() + arg.size() || !(f > 0.0f && f <= 1.0f))

@@ -30,11 +30,19 @@ constexpr bool codec_for_activations(codec c) {
   return c != codec::topk;
 }
 
+// The codecs of one hop of a route: the activation going up, the gradient coming down.
+struct hop_codecs {
+  codec up = codec::f32, down = codec::f32;
+  friend bool operator==(const hop_codecs&, const hop_codecs&) = default;
+};
+
 // The set of codecs a run may use: "f32", "f32,f16,int8", "topk:0.05" (the fraction kept by
-// topk, default 0.1). Throws core::error naming the text. f32 is always allowed.
+// topk, default 0.1), "int8:stochastic". Throws core::error naming the text. f32 is always allowed.
 struct codec_set {
   std::vector<codec> allowed{codec::f32};
   float topk_fraction = 0.1f;
+
+  bool stochastic = false;  // "int8:stochastic": int8 rounds stochastically
 
   bool allows(codec c) const;
   std::string str() const;
@@ -44,5 +52,43 @@ codec_set parse_codec_set(std::string_view text);
 // Bytes a tensor of `numel` values with `channels` channels takes on the wire under codec c
 // (payload only: values, scales, indices).
 double encoded_bytes(codec c, double numel, double channels, float topk_fraction);
+
+}  // namespace cleave::core
+
+// ---- Encoding and decoding on the host (vectorisable loops; values are f32) ----
+namespace cleave::core {
+
+// How one tensor is encoded.
+struct codec_spec {
+  codec id = codec::f32;
+  float topk_fraction = 0.1f;
+  bool stochastic = false;  // int8: stochastic rounding instead of round to nearest
+  std::uint32_t seed = 0;   // int8 stochastic rounding: the draw of this tensor
+};
+
+// Channels of a tensor of shape dims (dim 1 of rank >= 2, else 1) and values per channel slice.
+struct channel_layout {
+  std::int64_t outer = 1, channels = 1, inner = 1;  // numel = outer * channels * inner
+};
+channel_layout channel_layout_of(const std::int64_t* dims, int rank);
+
+void encode_f16(const float* x, std::uint16_t* out, std::int64_t n);
+void decode_f16(const std::uint16_t* in, float* y, std::int64_t n);
+void encode_bf16(const float* x, std::uint16_t* out, std::int64_t n);
+void decode_bf16(const std::uint16_t* in, float* y, std::int64_t n);
+// One scale per channel: max |x| over the channel / 127 (0 for an all-zero channel); q = x / scale
+// rounded and saturated to [-127, 127]. A non-finite value makes its channel's scale NaN, so that
+// the receiver sees it (as it would see the f32 value).
+void encode_int8(const float* x, const channel_layout& l, std::int8_t* q, float* scales, bool stochastic,
+                 std::uint32_t seed);
+void decode_int8(const std::int8_t* q, const float* scales, const channel_layout& l, float* y);
+// Values kept by topk for n values.
+std::int64_t topk_count(std::int64_t n, float fraction);
+// The k values of largest magnitude of x + residual (ties: lower position first), written with
+// their positions in increasing order; residual becomes what was left out (error feedback).
+// residual may be null (no feedback).
+void encode_topk(const float* x, std::int64_t n, std::int64_t k, float* residual, float* values,
+                 std::uint32_t* positions);
+void decode_topk(const float* values, const std::uint32_t* positions, std::int64_t k, float* y, std::int64_t n);
 
 }  // namespace cleave::core
