@@ -96,7 +96,9 @@ void decode_int8(const std::int8_t* q, const float* scales, const channel_layout
 
 std::int64_t topk_count(std::int64_t n, float fraction) {
   if (n <= 0) return 0;
-  const auto k = static_cast<std::int64_t>(std::ceil(static_cast<double>(fraction) * static_cast<double>(n)));
+  // The fraction as the decimal it was written as (0.1f is 0.100000001...: 1000 values keep 100).
+  const double kept = static_cast<double>(fraction) * static_cast<double>(n);
+  const auto k = static_cast<std::int64_t>(std::ceil(kept - kept * 1e-6));
   return std::clamp<std::int64_t>(k, 1, n);
 }
 

@@ -2,6 +2,7 @@
 #include "sample_messages.h"
 
 #include <array>
+#include <cmath>
 
 namespace cleave::transport::testing {
 
@@ -125,6 +126,43 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
     const auto reason = leave.fbb().CreateString("link lost");
     leave.finish(wire::CreateLeave(leave.fbb(), 3, reason));
     out.emplace_back("Leave", std::move(leave));
+  }
+  return out;
+}
+
+}  // namespace cleave::transport::testing
+
+namespace cleave::transport::testing {
+
+std::vector<float> encoded_sample_values() {
+  std::vector<float> x(3 * 2 * 5 * 5);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = std::sin(0.37f * static_cast<float>(i)) * static_cast<float>(1 + (i / 25) % 2);
+  return x;
+}
+
+std::vector<std::pair<std::string, message_builder>> encoded_step_messages() {
+  std::vector<std::pair<std::string, message_builder>> out;
+  const auto x = encoded_sample_values();
+  const std::int32_t labels[3] = {1, 0, 2};
+  const core::shape s{3, 2, 5, 5};
+  for (core::codec c : {core::codec::f16, core::codec::bf16, core::codec::int8}) {
+    message_builder m;
+    core::codec_spec spec;
+    spec.id = c;
+    const auto a = m.add_encoded_tensor(spec, s, "activation", x.data(), nullptr);
+    const auto l = m.add_tensor({core::dtype::i32, {3}, labels, "labels"});
+    m.finish(wire::CreateActivations(m.fbb(), 3, 1234, 2, 7, 2, a, l));
+    out.emplace_back("Activations_" + std::string(core::codec_name(c)), std::move(m));
+  }
+  for (core::codec c : {core::codec::f16, core::codec::int8, core::codec::topk}) {
+    message_builder m;
+    core::codec_spec spec;
+    spec.id = c;
+    spec.topk_fraction = 0.1f;
+    const auto g = m.add_encoded_tensor(spec, s, "gradient", x.data(), nullptr);
+    m.finish(wire::CreateGradients(m.fbb(), 3, 1234, 2, 7, 2, g, 0.5f, 1));
+    out.emplace_back("Gradients_" + std::string(core::codec_name(c)), std::move(m));
   }
   return out;
 }

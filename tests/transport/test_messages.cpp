@@ -1,8 +1,12 @@
 // Message building, frame verification and the semantic checks on inbound frames.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "cleave/transport/message.h"
@@ -343,4 +347,136 @@ TEST_CASE("a round start with a negative or non-finite learning rate is refused"
     auto b = make_round_start(r);
     CHECK(refusal(aligned_copy(b.frame())).find("learning rate is not a finite number >= 0") != std::string::npos);
   }
+}
+
+namespace {
+
+// A step frame whose tensor carries a codec, bypassing the builder's own checks.
+struct coded_tensor {
+  wire::Codec codec = wire::Codec::none;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape{2, 3};
+  std::size_t data_bytes = 24;
+  std::optional<std::vector<float>> scales;
+  std::optional<std::vector<std::uint32_t>> positions;
+  bool gradient = false;
+};
+
+aligned_bytes raw_coded(const coded_tensor& c) {
+  flatbuffers::FlatBufferBuilder f;
+  const auto s = f.CreateVector(c.shape);
+  const std::vector<std::uint8_t> d(c.data_bytes, 1);
+  f.ForceVectorAlignment(d.size(), 1, 32);  // where the builder puts tensor data
+  const auto dv = f.CreateVector(d);
+  const auto sc = c.scales ? f.CreateVector(*c.scales) : 0;
+  const auto pos = c.positions ? f.CreateVector(*c.positions) : 0;
+  const auto t = wire::CreateTensor(f, 0, static_cast<wire::DType>(c.dtype), s, dv, c.codec, sc, pos);
+  if (c.gradient) return finish_raw(f, wire::Body::Gradients, wire::CreateGradients(f, 1, 2, 0, 0, 1, t).Union());
+  return finish_raw(f, wire::Body::Activations, wire::CreateActivations(f, 1, 2, 0, 0, 1, t).Union());
+}
+
+}  // namespace
+
+TEST_CASE("encoded activations and gradients decode within their codec's error bound") {
+  const auto x = testing::encoded_sample_values();
+  const auto plain = make_activations({}, tensor_source{core::dtype::f32, {3, 2, 5, 5}, x.data(), "a"});
+  for (auto& [name, builder] : testing::encoded_step_messages()) {
+    CAPTURE(name);
+    auto decoded = decode_frame(aligned_copy(builder.frame()), {});
+    REQUIRE_MESSAGE(decoded.ok(), (decoded.ok() ? std::string() : decoded.error().reason()));
+    const auto* a = decoded->as<wire::Activations>();
+    const auto* g = decoded->as<wire::Gradients>();
+    const tensor_view v = view_of(a ? *a->activation() : *g->gradient());
+    CHECK(v.shape == core::shape{3, 2, 5, 5});
+    CHECK(builder.frame().size() < plain.frame().size());
+    std::vector<float> y(x.size());
+    v.decode(y.data());
+    if (v.codec == core::codec::topk) {
+      // The 15 largest magnitudes, exact; every other value 0.
+      std::vector<float> mag(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) mag[i] = std::fabs(x[i]);
+      std::sort(mag.begin(), mag.end(), std::greater<>());
+      REQUIRE(v.positions.size() == 15);
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        if (y[i] != 0.0f) CHECK(y[i] == x[i]);
+        if (std::fabs(x[i]) > mag[15]) CHECK(y[i] == x[i]);
+      }
+      continue;
+    }
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const float err = std::fabs(y[i] - x[i]);
+      if (v.codec == core::codec::f16) CHECK(err <= std::max(std::fabs(x[i]) * 0x1p-11f, 0x1p-25f));
+      if (v.codec == core::codec::bf16) CHECK(err <= std::fabs(x[i]) * 0x1p-8f);
+      if (v.codec == core::codec::int8) CHECK(err <= 0.5f * v.scales[(i / 25) % 2] * 1.0001f);
+    }
+  }
+}
+
+TEST_CASE("encoded tensors that break their codec's rules are refused, naming the rule") {
+  coded_tensor c;
+  c.codec = wire::Codec::topk;
+  c.dtype = 0;
+  c.positions = std::vector<std::uint32_t>{1, 4};
+  c.data_bytes = 8;
+  CHECK(refusal(raw_coded(c)).find("topk is for gradients only") != std::string::npos);
+  c.gradient = true;
+  CHECK(decode_frame(raw_coded(c), {}).ok());
+  c.positions = std::vector<std::uint32_t>{4, 1};
+  CHECK(refusal(raw_coded(c)).find("not increasing") != std::string::npos);
+  c.positions = std::vector<std::uint32_t>{1, 6};
+  CHECK(refusal(raw_coded(c)).find("out of range") != std::string::npos);
+  c.positions.reset();
+  CHECK(refusal(raw_coded(c)).find("positions missing for topk") != std::string::npos);
+
+  coded_tensor q;
+  q.codec = wire::Codec::int8;
+  q.dtype = 3;  // i8
+  q.data_bytes = 6;
+  q.scales = std::vector<float>{0.5f, 0.25f, 1.0f};
+  CHECK(decode_frame(raw_coded(q), {}).ok());
+  q.scales = std::vector<float>{0.5f, 0.25f};
+  CHECK(refusal(raw_coded(q)).find("2 int8 scales for 3 channels") != std::string::npos);
+  q.scales = std::vector<float>{0.5f, -1.0f, 1.0f};
+  CHECK(refusal(raw_coded(q)).find("int8 scale") != std::string::npos);
+  q.scales = std::vector<float>{0.5f, std::numeric_limits<float>::infinity(), 1.0f};
+  CHECK(refusal(raw_coded(q)).find("int8 scale") != std::string::npos);
+  q.scales.reset();
+  CHECK(refusal(raw_coded(q)).find("scales missing for int8") != std::string::npos);
+  q.scales = std::vector<float>{0.5f, 0.25f, 1.0f};
+  q.dtype = 0;
+  q.data_bytes = 24;
+  CHECK(refusal(raw_coded(q)).find("codec int8 with dtype f32") != std::string::npos);
+
+  coded_tensor h;
+  h.dtype = 1;  // f16 bytes without saying so
+  h.data_bytes = 12;
+  CHECK(refusal(raw_coded(h)).find("dtype f16 without a codec") != std::string::npos);
+  h.codec = wire::Codec::f16;
+  CHECK(decode_frame(raw_coded(h), {}).ok());
+  h.codec = static_cast<wire::Codec>(9);
+  CHECK(refusal(raw_coded(h)).find("unknown codec 9") != std::string::npos);
+}
+
+TEST_CASE("a plan's hop codecs are checked: pairs, known codecs, no topk for activations") {
+  plan_desc p;
+  p.epoch = 2;
+  p.model_json = R"({"input": [4], "classes": 2, "blocks": [{"type": "linear", "out_features": 2}]})";
+  p.micro_batch_size = 8;
+  p.n_micro_batches = 1;
+  p.device_id = 5;
+  p.route = split::make_route(false, false, {1}, 1);
+  p.hops = {{core::codec::int8, core::codec::topk}};
+  p.topk_fraction = 0.05f;
+  auto decoded = decode_frame(aligned_copy(make_plan(p).frame()), {});
+  REQUIRE(decoded.ok());
+  const auto cut = cut_settings_for(*decoded->as<wire::Plan>(), 5, p.route);
+  REQUIRE(cut.hops.size() == 1);
+  CHECK(cut.hops[0] == p.hops[0]);
+  CHECK(cut.topk_fraction == doctest::Approx(0.05f));
+  CHECK(cut.spec(0, true, 0).id == core::codec::int8);
+  CHECK(cut.spec(0, false, 0).id == core::codec::topk);
+  // Another device's plan: f32 on every hop.
+  CHECK(cut_settings_for(*decoded->as<wire::Plan>(), 6, p.route).hops[0] == core::hop_codecs{});
+  p.hops = {{core::codec::topk, core::codec::f32}};
+  CHECK(refusal(aligned_copy(make_plan(p).frame())).find("topk for activations") != std::string::npos);
 }

@@ -3,6 +3,7 @@
 
 #include "buffer_pool.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -63,10 +64,10 @@ message_builder::message_builder(std::size_t initial_bytes)
     : fbb_(initial_bytes < 64 ? 64 : initial_bytes, &the_allocator, false, frame_alignment) {}
 
 message_builder::pending_tensor message_builder::begin_tensor(core::dtype t, const core::shape& s,
-                                                              std::string_view name) {
+                                                              std::string_view name, std::size_t data_bytes) {
   CLEAVE_ASSERT(!finished_, "message already finished");
   pending_tensor p{};
-  p.bytes = tensor_bytes(t, s);
+  p.bytes = data_bytes == SIZE_MAX ? tensor_bytes(t, s) : data_bytes;
   if (!name.empty()) p.name = fbb_.CreateString(name.data(), name.size());
   std::int64_t dims[core::shape::max_rank] = {};
   for (int i = 0; i < s.rank(); ++i) dims[i] = s[i];
@@ -88,6 +89,54 @@ flatbuffers::Offset<wire::Tensor> message_builder::add_tensor(const tensor_sourc
     CLEAVE_ASSERT(src.data != nullptr, "tensor_source without data");
     std::memcpy(dst.data(), src.data, dst.size());
   });
+}
+
+flatbuffers::Offset<wire::Tensor> message_builder::add_encoded_tensor(const core::codec_spec& spec,
+                                                                      const core::shape& s, std::string_view name,
+                                                                      const float* values, float* residual) {
+  const std::int64_t n = s.numel();
+  std::int64_t dims[core::shape::max_rank] = {};
+  for (int i = 0; i < s.rank(); ++i) dims[i] = s[i];
+  flatbuffers::Offset<flatbuffers::Vector<float>> scales;
+  flatbuffers::Offset<flatbuffers::Vector<std::uint32_t>> positions;
+  core::dtype dt = core::dtype::f32;
+  switch (spec.id) {
+    case core::codec::f32:
+      return add_tensor({core::dtype::f32, s, values, name});
+    case core::codec::f16:
+    case core::codec::bf16:
+      dt = spec.id == core::codec::f16 ? core::dtype::f16 : core::dtype::bf16;
+      break;
+    case core::codec::int8: {
+      dt = core::dtype::i8;
+      const auto l = core::channel_layout_of(dims, s.rank());
+      std::vector<float> sc(static_cast<std::size_t>(l.channels));
+      std::vector<std::int8_t> q(static_cast<std::size_t>(n));
+      core::encode_int8(values, l, q.data(), sc.data(), spec.stochastic, spec.seed);
+      scales = fbb_.CreateVector(sc);
+      const pending_tensor p = begin_tensor(dt, s, name);
+      if (n) std::memcpy(p.data, q.data(), q.size());
+      return wire::CreateTensor(fbb_, p.name, wire::DType::i8, p.shape, p.data_vec, wire::Codec::int8, scales);
+    }
+    case core::codec::topk: {
+      const std::int64_t k = core::topk_count(n, spec.topk_fraction);
+      std::vector<float> kept(static_cast<std::size_t>(k));
+      std::vector<std::uint32_t> pos(static_cast<std::size_t>(k));
+      core::encode_topk(values, n, k, residual, kept.data(), pos.data());
+      positions = fbb_.CreateVector(pos);
+      const pending_tensor p = begin_tensor(core::dtype::f32, s, name, kept.size() * sizeof(float));
+      if (k) std::memcpy(p.data, kept.data(), kept.size() * sizeof(float));
+      return wire::CreateTensor(fbb_, p.name, wire::DType::f32, p.shape, p.data_vec, wire::Codec::topk, 0, positions);
+    }
+  }
+  const pending_tensor p = begin_tensor(dt, s, name);
+  auto* out = reinterpret_cast<std::uint16_t*>(p.data);
+  if (spec.id == core::codec::f16)
+    core::encode_f16(values, out, n);
+  else
+    core::encode_bf16(values, out, n);
+  return wire::CreateTensor(fbb_, p.name, static_cast<wire::DType>(dt), p.shape, p.data_vec,
+                            static_cast<wire::Codec>(spec.id));
 }
 
 flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Tensor>>> message_builder::add_tensors(

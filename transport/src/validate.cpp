@@ -1,8 +1,10 @@
 // Inbound frames: FlatBuffers verification with depth and table limits, then the semantic checks
 // of every message type. Nothing here trusts a value before it is checked.
 #include <cmath>
+#include <cstring>
 #include <string>
 
+#include "cleave/core/codec.h"
 #include "cleave/transport/message.h"
 
 namespace cleave::transport {
@@ -85,7 +87,10 @@ class checker {
     return true;
   }
 
-  bool tensor(const wire::Tensor* t, const char* what) {
+  // Which codecs a tensor may carry: plain tensors none; a step's activation all but topk.
+  enum class coded { no, activation, gradient };
+
+  bool tensor(const wire::Tensor* t, const char* what, coded use = coded::no) {
     if (!t) return fail(std::string(what) + ": missing tensor");
     if (!string(t->name(), "tensor name")) return false;
     const auto dt = core::dtype_from_int(static_cast<std::uint32_t>(t->dtype()));
@@ -109,6 +114,8 @@ class checker {
           (d > 0 && __builtin_mul_overflow(nonzero, d, &nonzero)))
         return fail(std::string(what) + ": element count overflows");
     }
+    if (!encoding(*t, *dt, n, what, use)) return false;
+    if (t->codec() == wire::Codec::topk) n = t->positions()->size();  // the values kept
     std::uint64_t bytes = 0;
     if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(core::dtype_size(*dt)), &bytes))
       return fail(std::string(what) + ": byte size overflows");
@@ -122,6 +129,45 @@ class checker {
     ++n_tensors_;
     if (n_tensors_ > lim_.max_tensors)
       return fail("more than " + std::to_string(lim_.max_tensors) + " tensors in one message");
+    return true;
+  }
+
+  // The codec of a tensor of n (decoded) values: allowed here, with the dtype it implies, its
+  // scales or positions as it needs them and nothing it does not.
+  bool encoding(const wire::Tensor& t, core::dtype dt, std::uint64_t n, const char* what, coded use) {
+    const auto c = core::codec_from_int(static_cast<std::uint32_t>(t.codec()));
+    if (!c) return fail(std::string(what) + ": unknown codec " + std::to_string(static_cast<unsigned>(t.codec())));
+    const std::string name(core::codec_name(*c));
+    if (*c != core::codec::f32 && use == coded::no)
+      return fail(std::string(what) + ": codec " + name + " not allowed here");
+    if (*c == core::codec::topk && use != coded::gradient)
+      return fail(std::string(what) + ": codec topk is for gradients only");
+    static constexpr core::dtype implied[] = {core::dtype::f32, core::dtype::f16, core::dtype::bf16, core::dtype::i8,
+                                              core::dtype::f32};
+    if (*c != core::codec::f32 && dt != implied[static_cast<int>(*c)])
+      return fail(std::string(what) + ": codec " + name + " with dtype " + std::string(core::dtype_name(dt)));
+    if (use != coded::no && dt != core::dtype::f32 && *c == core::codec::f32)
+      return fail(std::string(what) + ": dtype " + std::string(core::dtype_name(dt)) + " without a codec");
+    if ((t.scales() != nullptr) != (*c == core::codec::int8))
+      return fail(std::string(what) + ": scales " + (t.scales() ? "with codec " + name : "missing for int8"));
+    if ((t.positions() != nullptr) != (*c == core::codec::topk))
+      return fail(std::string(what) + ": positions " + (t.positions() ? "with codec " + name : "missing for topk"));
+    if (t.scales()) {
+      const auto* s = t.shape();
+      const std::uint64_t channels = s && s->size() >= 2 ? static_cast<std::uint64_t>(s->Get(1)) : 1;
+      if (t.scales()->size() != channels)
+        return fail(std::string(what) + ": " + std::to_string(t.scales()->size()) + " int8 scales for " +
+                    std::to_string(channels) + " channels");
+      for (float v : *t.scales())  // NaN: a channel that held a non-finite value (it decodes to NaN)
+        if (v < 0 || std::isinf(v)) return fail(std::string(what) + ": int8 scale " + std::to_string(v));
+    }
+    if (t.positions()) {
+      const auto& p = *t.positions();
+      if (p.size() > n) return fail(std::string(what) + ": more topk positions than values");
+      for (std::uint32_t i = 0; i < p.size(); ++i)
+        if (p.Get(i) >= n || (i > 0 && p.Get(i) <= p.Get(i - 1)))
+          return fail(std::string(what) + ": topk positions out of range or not increasing at " + std::to_string(i));
+    }
     return true;
   }
 
@@ -161,9 +207,23 @@ class checker {
     if (!string(m.training(), "training settings") || !count(m.devices(), lim_.max_list, "plan devices")) return false;
     if (m.n_micro_batches() > lim_.max_micro_batches)
       return fail("plan of " + std::to_string(m.n_micro_batches()) + " micro-batches exceeds the limit");
+    if (!(m.topk_fraction() >= 0.0f && m.topk_fraction() <= 1.0f)) return fail("plan: topk fraction not in [0, 1]");
     if (!m.devices()) return true;
     for (const auto* d : *m.devices()) {
-      if (!node(d->device_id(), "device id") || !count(d->stages(), lim_.max_list, "plan stages")) return false;
+      if (!node(d->device_id(), "device id") || !count(d->stages(), lim_.max_list, "plan stages") ||
+          !count(d->hop_codecs(), lim_.max_list, "plan hop codecs"))
+        return false;
+      if (d->n_micro_batches() > lim_.max_micro_batches)
+        return fail("device plan of " + std::to_string(d->n_micro_batches()) + " micro-batches exceeds the limit");
+      if (d->hop_codecs()) {
+        const auto& h = *d->hop_codecs();
+        if (h.size() % 2) return fail("device plan: hop codecs come in pairs (up, down)");
+        for (std::uint32_t i = 0; i < h.size(); ++i) {
+          const auto c = core::codec_from_int(static_cast<std::uint32_t>(h.Get(i)));
+          if (!c) return fail("device plan: unknown codec " + std::to_string(static_cast<unsigned>(h.Get(i))));
+          if (i % 2 == 0 && !core::codec_for_activations(*c)) return fail("device plan: topk for activations");
+        }
+      }
       if (!d->stages()) continue;
       for (const auto* s : *d->stages())
         if (!node(s->node_id(), "stage node id") || !role(s->role(), "stage") ||
@@ -174,7 +234,7 @@ class checker {
   }
 
   bool check(const wire::Activations& m) {
-    if (!step(m) || !tensor(m.activation(), "activation")) return false;
+    if (!step(m) || !tensor(m.activation(), "activation", coded::activation)) return false;
     if (m.batch_size() || m.n_micro_batches()) {
       const auto* a = m.activation()->shape();
       if (m.n_micro_batches() == 0 || m.n_micro_batches() > lim_.max_micro_batches ||
@@ -192,7 +252,7 @@ class checker {
     return true;
   }
 
-  bool check(const wire::Gradients& m) { return step(m) && tensor(m.gradient(), "gradient"); }
+  bool check(const wire::Gradients& m) { return step(m) && tensor(m.gradient(), "gradient", coded::gradient); }
 
   bool check(const wire::RoundStart& m) {
     if (!std::isfinite(m.learning_rate()) || m.learning_rate() < 0)
@@ -408,7 +468,33 @@ tensor_view view_of(const wire::Tensor& t) {
   }
   if (t.data()) v.data = {reinterpret_cast<const std::byte*>(t.data()->data()), t.data()->size()};
   if (t.name()) v.name = t.name()->string_view();
+  v.codec = static_cast<core::codec>(t.codec());
+  if (t.scales()) v.scales = {t.scales()->data(), t.scales()->size()};
+  if (t.positions()) v.positions = {t.positions()->data(), t.positions()->size()};
   return v;
+}
+
+void tensor_view::decode(float* y) const {
+  const std::int64_t n = numel();
+  switch (codec) {
+    case core::codec::f32:
+      CLEAVE_ASSERT(dtype == core::dtype::f32, "decode of a tensor that is not f32");
+      if (n) std::memcpy(y, data.data(), data.size());
+      return;
+    case core::codec::f16:
+      return core::decode_f16(reinterpret_cast<const std::uint16_t*>(data.data()), y, n);
+    case core::codec::bf16:
+      return core::decode_bf16(reinterpret_cast<const std::uint16_t*>(data.data()), y, n);
+    case core::codec::int8: {
+      std::int64_t dims[core::shape::max_rank] = {};
+      for (int i = 0; i < shape.rank(); ++i) dims[i] = shape[i];
+      return core::decode_int8(reinterpret_cast<const std::int8_t*>(data.data()), scales.data(),
+                               core::channel_layout_of(dims, shape.rank()), y);
+    }
+    case core::codec::topk:
+      return core::decode_topk(reinterpret_cast<const float*>(data.data()), positions.data(),
+                               static_cast<std::int64_t>(positions.size()), y, n);
+  }
 }
 
 }  // namespace cleave::transport

@@ -131,6 +131,9 @@ int main(int argc, char** argv) {
                   reinterpret_cast<const char*>(frame.data()) + frame.size());
   }
   if (!write(dir + "/all.stream", stream)) return 1;
+  // Encoded step tensors (f16, bf16, int8 scales, topk positions): the codec checks' paths.
+  for (auto& [name, builder] : transport::testing::encoded_step_messages())
+    if (!write_frame(dir + "/" + name + ".frame", builder)) return 1;
 
   // Model specs: every seed must be accepted, so that mutations start from the deepest paths.
   std::vector<std::pair<std::string, std::string>> specs;

@@ -1,6 +1,7 @@
 // Training-protocol values in messages.
 #include "cleave/transport/protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -45,13 +46,24 @@ message_builder make_plan(const plan_desc& p) {
                                                  static_cast<std::uint32_t>(p.route.end(s)),
                                                  s + 1 == p.route.n_segments()));
   }
-  const auto dp = wire::CreateDevicePlan(f, p.device_id, f.CreateVector(stages));
+  flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> hops;
+  if (!p.hops.empty()) {
+    CLEAVE_ASSERT(p.hops.size() + 1 == p.route.path.size(), "one codec pair per hop of the route");
+    std::vector<std::uint8_t> h;
+    for (const auto& c : p.hops) {
+      h.push_back(static_cast<std::uint8_t>(c.up));
+      h.push_back(static_cast<std::uint8_t>(c.down));
+    }
+    hops = f.CreateVector(h);
+  }
+  const auto dp = wire::CreateDevicePlan(f, p.device_id, f.CreateVector(stages), p.device_micro_batches,
+                                         flatbuffers::Offset<flatbuffers::Vector<wire::Codec>>(hops.o));
   const auto model = f.CreateString(p.model_json.data(), p.model_json.size());
   const auto training = f.CreateString(core::to_json(p.training.opt));
   const auto devices = f.CreateVector(&dp, 1);
   b.finish(wire::CreatePlan(f, p.epoch, static_cast<std::uint32_t>(p.route.n_blocks), p.route.u_shape(), model,
                             p.micro_batch_size, p.n_micro_batches, devices, training, p.training.seed, p.resplit,
-                            p.run_id));
+                            p.run_id, p.topk_fraction, p.stochastic_rounding));
   return b;
 }
 
@@ -149,6 +161,40 @@ split::route route_for(const wire::Plan& p, std::uint32_t device, int n_blocks) 
   throw core::error("plan has no route for device " + std::to_string(device));
 }
 
+cut_settings cut_settings_for(const wire::Plan& p, std::uint32_t device, const split::route& r) {
+  cut_settings c;
+  c.n_micro_batches = std::max(1u, p.n_micro_batches());
+  c.topk_fraction = p.topk_fraction() > 0 ? p.topk_fraction() : 0.1f;
+  c.stochastic_rounding = p.stochastic_rounding();
+  c.hops.assign(r.path.size() - 1, core::hop_codecs{});
+  if (!p.devices()) return c;
+  for (const auto* d : *p.devices()) {
+    if (d->device_id() != device) continue;
+    if (d->n_micro_batches()) c.n_micro_batches = d->n_micro_batches();
+    if (const auto* h = d->hop_codecs()) {
+      if (h->size() != 2 * c.hops.size())
+        throw core::error("plan of device " + std::to_string(device) + ": " + std::to_string(h->size()) +
+                          " hop codecs for the " + std::to_string(c.hops.size()) + " hops of route " + r.str());
+      for (std::size_t k = 0; k < c.hops.size(); ++k)  // values checked by the validator
+        c.hops[k] = {static_cast<core::codec>(h->Get(static_cast<flatbuffers::uoffset_t>(2 * k))),
+                     static_cast<core::codec>(h->Get(static_cast<flatbuffers::uoffset_t>(2 * k + 1)))};
+    }
+  }
+  return c;
+}
+
+core::codec_spec cut_settings::spec(int hop, bool up, std::uint32_t seed) const {
+  core::codec_spec s;
+  if (hop >= 0 && hop < static_cast<int>(hops.size())) {
+    const auto& h = hops[static_cast<std::size_t>(hop)];
+    s.id = up ? h.up : h.down;
+  }
+  s.topk_fraction = topk_fraction;
+  s.stochastic = stochastic_rounding;
+  s.seed = seed;
+  return s;
+}
+
 batch_info batch_of(const wire::Activations& a) {
   batch_info b{a.batch_size(), a.n_micro_batches()};
   if (b.batch_size == 0) {
@@ -161,9 +207,10 @@ batch_info batch_of(const wire::Activations& a) {
 }
 
 message_builder make_activations(const step_key& key, const batch_info& batch, core::backend& b,
-                                 const core::tensor& activation, const core::tensor* labels) {
+                                 const core::tensor& activation, const core::tensor* labels,
+                                 const core::codec_spec& codec) {
   message_builder m(activation.bytes() + (labels ? labels->bytes() : 0) + 512);
-  const auto a = add_tensor(m, b, activation, "activation");
+  const auto a = add_tensor(m, b, activation, "activation", codec);
   flatbuffers::Offset<wire::Tensor> l;
   if (labels) l = add_tensor(m, b, *labels, "labels");
   m.finish(wire::CreateActivations(m.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, a, l,
@@ -172,9 +219,9 @@ message_builder make_activations(const step_key& key, const batch_info& batch, c
 }
 
 message_builder make_gradients(const step_key& key, core::backend& b, const core::tensor& gradient, float loss,
-                               std::uint32_t n_correct) {
+                               std::uint32_t n_correct, const core::codec_spec& codec, std::vector<float>* residual) {
   message_builder m(gradient.bytes() + 512);
-  const auto g = add_tensor(m, b, gradient, "gradient");
+  const auto g = add_tensor(m, b, gradient, "gradient", codec, residual);
   m.finish(wire::CreateGradients(m.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, g, loss,
                                  n_correct));
   return m;

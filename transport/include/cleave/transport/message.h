@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "cleave/core/codec.h"
 #include "cleave/core/dtype.h"
 #include "cleave/core/shape.h"
 #include "cleave/core/tier.h"
@@ -52,6 +53,10 @@ class message_builder {
     return end_tensor(p, t);
   }
   flatbuffers::Offset<wire::Tensor> add_tensor(const tensor_source& src);
+  // Writes n = s.numel() host f32 values encoded by spec (see core/codec.h); residual (n values
+  // or null) is topk's error feedback, updated in place.
+  flatbuffers::Offset<wire::Tensor> add_encoded_tensor(const core::codec_spec& spec, const core::shape& s,
+                                                       std::string_view name, const float* values, float* residual);
   flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Tensor>>> add_tensors(
       std::span<const tensor_source> srcs);
 
@@ -76,7 +81,9 @@ class message_builder {
     std::byte* data;
     std::size_t bytes;
   };
-  pending_tensor begin_tensor(core::dtype t, const core::shape& s, std::string_view name);
+  // data_bytes: the payload when it is not shape x dtype (an encoded tensor).
+  pending_tensor begin_tensor(core::dtype t, const core::shape& s, std::string_view name,
+                              std::size_t data_bytes = SIZE_MAX);
   flatbuffers::Offset<wire::Tensor> end_tensor(const pending_tensor& p, core::dtype t);
 
   flatbuffers::FlatBufferBuilder fbb_;
@@ -234,8 +241,14 @@ struct tensor_view {
   core::shape shape;
   std::span<const std::byte> data;  // shape.numel() * dtype_size(dtype) bytes, 32-byte aligned
   std::string_view name;
+  // An encoded step tensor (see wire::Tensor): data holds the codec's values, shape is decoded.
+  core::codec codec = core::codec::f32;
+  std::span<const float> scales;             // int8
+  std::span<const std::uint32_t> positions;  // topk
 
   std::int64_t numel() const { return shape.numel(); }
+  // The decoded values (f32) into y (numel() values); for codec f32 the tensor must be f32.
+  void decode(float* y) const;
   // The elements as T; asserts sizeof(T) == dtype_size(dtype).
   template <class T>
   std::span<const T> values() const {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cleave/core/codec.h"
 #include "cleave/core/optimizer.h"
 #include "cleave/core/stage.h"
 #include "cleave/split/pipeline.h"
@@ -34,12 +35,28 @@ struct plan_desc {
   split::route route;
   bool resplit = false;  // applies at the device's next step boundary (see wire::Plan)
   std::uint64_t run_id = 0;
+  std::uint32_t device_micro_batches = 0;  // 0: n_micro_batches
+  std::vector<core::hop_codecs> hops;      // per hop of the route; empty: all f32
+  float topk_fraction = 0.1f;
+  bool stochastic_rounding = false;
 };
 // A plan for one device.
 message_builder make_plan(const plan_desc& p);
 training_settings training_of(const wire::Plan& p);
 // The route of `device` in plan p, checked against the model's block count.
 split::route route_for(const wire::Plan& p, std::uint32_t device, int n_blocks);
+// How device's route r crosses its cuts under plan p: its micro-batches per step and per hop the
+// codecs (all f32 where the plan names none). Throws core::error naming what does not fit r.
+struct cut_settings {
+  std::uint32_t n_micro_batches = 1;
+  std::vector<core::hop_codecs> hops;
+  float topk_fraction = 0.1f;
+  bool stochastic_rounding = false;
+
+  // The codec spec of hop k in direction up (activations) or down (gradients).
+  core::codec_spec spec(int hop, bool up, std::uint32_t seed) const;
+};
+cut_settings cut_settings_for(const wire::Plan& p, std::uint32_t device, const split::route& r);
 
 // ---- re-splits ----
 struct migrate_desc {
@@ -64,10 +81,14 @@ struct batch_info {
 };
 batch_info batch_of(const wire::Activations& a);
 // activation (B, ...) and, where the loss is computed above, labels (B) i32.
+// The activation or gradient is encoded by `codec` (default f32: as computed); residual: topk's
+// error feedback of this gradient stream.
 message_builder make_activations(const step_key& key, const batch_info& batch, core::backend& b,
-                                 const core::tensor& activation, const core::tensor* labels);
+                                 const core::tensor& activation, const core::tensor* labels,
+                                 const core::codec_spec& codec = {});
 message_builder make_gradients(const step_key& key, core::backend& b, const core::tensor& gradient, float loss,
-                               std::uint32_t n_correct);
+                               std::uint32_t n_correct, const core::codec_spec& codec = {},
+                               std::vector<float>* residual = nullptr);
 
 // ---- rounds ----
 struct round_start_desc {
