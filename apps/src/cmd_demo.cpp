@@ -42,6 +42,7 @@ struct demo_options {
   std::string partition = "dirichlet:0.5", backend = "auto", mode = "splitfed", model = "lenet5";
   std::string lr_schedule = "constant", aggregate = "mean";
   std::string data = "fashion-mnist";
+  std::string codecs = "f32";  // the server's --codecs
   bool u_shape = false, keep = false, no_adapt = false;
   std::string schedule, device_backends;
   std::string dashboard, metrics;  // the server's
@@ -142,6 +143,7 @@ std::vector<std::string> server_args(const demo_options& o, const demo_plan& p) 
                              "--fresh",       "--force"};  // every demo is a run of its own
   if (o.u_shape) a.push_back("--u-shape");
   if (o.no_adapt) a.push_back("--no-adapt");
+  if (o.codecs != "f32") a.insert(a.end(), {"--codecs", o.codecs});
   if (!o.dashboard.empty()) a.insert(a.end(), {"--dashboard", o.dashboard});
   if (!o.metrics.empty()) a.insert(a.end(), {"--metrics", o.metrics});
   if (!o.schedule.empty()) a.insert(a.end(), {"--schedule", o.schedule});
@@ -485,6 +487,7 @@ void register_demo_command(CLI::App& app) {
   d->add_option("--seed", dm.seed, "seed")->capture_default_str();
   d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");
   d->add_flag("--no-adapt", dm.no_adapt, "keep the initial cuts");
+  d->add_option("--codecs", dm.codecs, "codecs the cut may use (see cleave server --help)")->capture_default_str();
   d->add_option("--schedule", dm.schedule, "emulated heterogeneity by round, given to every node (text or file)");
   d->add_option("--slow", dm.slow, "devices 1..N run --slowdown times slower")->check(CLI::Range(0, 4096));
   d->add_option("--slowdown", dm.slowdown, "slowdown of the --slow devices")->check(CLI::Range(1.0, 1000.0));

@@ -114,6 +114,7 @@ struct server_options {
   bool no_adapt = false;
   std::string listen = "127.0.0.1:7000";
   std::string mode = "splitfed", optimizer = "sgd", lr_schedule = "constant", aggregate = "mean";
+  std::string codecs = "f32";
 };
 
 struct edge_options {
@@ -139,6 +140,11 @@ void run_server(server_options& o) {
   o.c.opt.kind = core::parse_optimizer_kind(o.optimizer);
   o.c.lr_schedule = core::parse_schedule_kind(o.lr_schedule);
   o.c.aggregate = parse_aggregate_option(o.aggregate);
+  try {
+    o.c.codecs = core::parse_codec_set(o.codecs);
+  } catch (const core::error& e) {
+    throw core::error(std::string("--codecs: ") + e.what());
+  }
   if (!o.memory_budget.empty()) o.c.memory_budget = parse_bytes(o.memory_budget, "--memory-budget");
   o.c.adaptive = !o.no_adapt;
   set_idle_timeout(o.c.links, o.idle_timeout);
@@ -216,6 +222,10 @@ void add_server_command(CLI::App& app) {
   s->add_option("--micro-batches", so.c.micro_batches, "micro-batches per step (pipelined)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  s->add_option("--codecs", so.codecs,
+                "codecs the cut may use (f32, f16, bf16, int8[:stochastic], topk[:FRACTION] for gradients); a "
+                "fixed plan takes the most compact per direction")
+      ->capture_default_str();
   s->add_option("--min-devices", so.c.min_devices, "devices connected before every round starts")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));

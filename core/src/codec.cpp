@@ -102,9 +102,21 @@ double encoded_bytes(codec c, double numel, double channels, float topk_fraction
     case codec::int8:
       return numel + 4.0 * std::max(1.0, channels);
     case codec::topk:
-      return 8.0 * std::ceil(static_cast<double>(topk_fraction) * numel);  // f32 value + u32 position
+      return 8.0 *
+             static_cast<double>(topk_count(static_cast<std::int64_t>(numel), topk_fraction));  // value + u32 position
   }
   return 4.0 * numel;
+}
+
+hop_codecs compact_codecs(const codec_set& s) {
+  hop_codecs h;
+  // Per value of a large tensor with many values per channel.
+  const auto bytes = [&](codec c) { return encoded_bytes(c, 1 << 20, 64, s.topk_fraction); };
+  for (codec c : s.allowed) {
+    if (codec_for_activations(c) && bytes(c) < bytes(h.up)) h.up = c;
+    if (bytes(c) < bytes(h.down)) h.down = c;
+  }
+  return h;
 }
 
 }  // namespace cleave::core

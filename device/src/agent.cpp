@@ -218,6 +218,8 @@ void agent::impl::on_plan(const wire::Plan& p) {
     if (dp->device_id() == c_.id && dp->stages())
       for (const auto* st : *dp->stages())
         if (st->role() == wire::Role::edge) edge_id_ = st->node_id();
+  // How its steps cross each hop (a message names its own codec, so a change may apply at once).
+  runner_->set_cut(c_.id, transport::cut_settings_for(p, c_.id, route));
   if (p.resplit() && plan_) return plan_->announce(route, p.epoch());  // switched at the next step boundary
   // A new plan (a join or a rejoin): segments start from the seed, the global weights follow;
   // under the same run and route (the server came back) they keep their optimizer state.

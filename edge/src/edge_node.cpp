@@ -9,8 +9,8 @@
 #include <set>
 
 #include "cleave/backend/registry.h"
-#include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/executors.h"
+#include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/split/aggregate.h"
 #include "cleave/split/replica_checks.h"
@@ -218,6 +218,7 @@ void edge_node::impl::on_plan(const transport::message& m) {
     const auto it = devices_.find(id);
     if (it == devices_.end() || !it->second.s) continue;
     const split::route r = transport::route_for(p, id, model_.n_blocks());
+    ex_.post_compute([this, id, cut = transport::cut_settings_for(p, id, r)] { runner_->set_cut(id, cut); });
     auto& st = it->second;
     if (p.resplit() && st.planned) {
       st.rs.announce(r, p.epoch());

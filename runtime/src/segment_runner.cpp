@@ -134,17 +134,29 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
   res.loss = o.loss;
   res.n_correct = o.n_correct;
   res.loss_here = forward && o.dir == split::segment_output::direction::down;
+  // Hop k joins segments k and k + 1: the activation goes up hop seg, the gradient down hop seg - 1.
+  const auto cut = cut_.find(device);
+  const std::uint32_t seed = core::hash32(core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch), device);
+  const auto spec = [&](int hop, bool up) {
+    return cut == cut_.end() ? core::codec_spec{} : cut->second.spec(hop, up, seed);
+  };
   if (o.dir == split::segment_output::direction::up) {
     const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.end(seg))};
     const bool pass_labels = !r.u_shape() && labels.defined();
-    res.out = transport::make_activations(key, bi, *b_, o.value, pass_labels ? &labels : nullptr);
+    res.out = transport::make_activations(key, bi, *b_, o.value, pass_labels ? &labels : nullptr, spec(seg, true));
     res.to = r.path[static_cast<std::size_t>(seg + 1)];
   } else if (o.dir == split::segment_output::direction::down) {
     const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.begin(seg))};
-    res.out = transport::make_gradients(key, *b_, o.value, o.loss, o.n_correct);
+    const core::codec_spec cs = spec(seg - 1, false);
+    std::vector<float>* residual = cs.id == core::codec::topk ? &residual_[{device, seg, id.micro_batch}] : nullptr;
+    res.out = transport::make_gradients(key, *b_, o.value, o.loss, o.n_correct, cs, residual);
     res.to = r.path[static_cast<std::size_t>(seg - 1)];
   }
   return res;
+}
+
+void segment_runner::set_cut(std::uint32_t device, transport::cut_settings c) {
+  cut_[device] = std::move(c);
 }
 
 void segment_runner::submit(std::uint32_t device, std::function<void()> task) {
@@ -167,10 +179,13 @@ void segment_runner::discard(std::uint32_t device, bool segments) {
   held_.erase(device);
   std::erase_if(seg_seconds_, [device](const auto& kv) { return kv.first.first == device; });
   if (!host_) return;
-  if (segments)
+  if (segments) {
+    // A new plan: its streams start without feedback (their shapes may differ).
+    std::erase_if(residual_, [device](const auto& kv) { return std::get<0>(kv.first) == device; });
     host_->drop_device(device);
-  else
+  } else {
     host_->discard_pending(device);
+  }
 }
 
 std::vector<std::pair<core::tier, transport::message_builder>> segment_runner::rehost(

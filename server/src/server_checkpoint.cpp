@@ -60,6 +60,8 @@ std::vector<std::pair<std::string, std::string>> server_node::impl::fingerprint(
                                                      {"seed", std::to_string(c_.seed)},
                                                      {"optimizer", core::to_json(c_.opt)},
                                                      {"aggregate", split::aggregate_name(c_.aggregate)}};
+  // Compression changes the math (f32 alone, the default, keeps older checkpoints readable).
+  if (c_.codecs.str() != "f32") f.emplace_back("codecs", c_.codecs.str());
   // The learning rate by round depends on the run's length only under a schedule.
   if (c_.lr_schedule != core::schedule_kind::constant || c_.warmup_rounds > 0)
     f.insert(f.end(), {{"rounds", std::to_string(c_.rounds)},

@@ -164,6 +164,8 @@ class server_node::impl {
   void publish_profile();  // compute thread: the server's live profile to the book
   split::route route_for_device(bool behind_edge) const;
   transport::message_builder plan_message(std::uint32_t device, bool resplit = false) const;
+  // How a device on route r crosses its cuts (micro-batches, codecs per hop).
+  transport::cut_settings cut_of(const split::route& r) const;
 
   server_config c_;
   runtime::executors ex_;

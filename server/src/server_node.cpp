@@ -56,7 +56,21 @@ transport::message_builder server_node::impl::plan_message(std::uint32_t device,
   p.edge_id = d.behind_edge ? d.via->id : 0;
   p.route = resplit ? *d.rs.next : d.rs.route;
   p.run_id = run_id_;
+  const auto cut = cut_of(p.route);
+  if (std::any_of(cut.hops.begin(), cut.hops.end(), [](const auto& h) { return !(h == core::hop_codecs{}); }))
+    p.hops = cut.hops;  // f32 everywhere: nothing to say (plans as before)
+  p.topk_fraction = cut.topk_fraction;
+  p.stochastic_rounding = cut.stochastic_rounding;
   return transport::make_plan(p);
+}
+
+transport::cut_settings server_node::impl::cut_of(const split::route& r) const {
+  transport::cut_settings c;
+  c.n_micro_batches = static_cast<std::uint32_t>(c_.micro_batches);
+  c.hops.assign(r.path.size() - 1, core::compact_codecs(c_.codecs));
+  c.topk_fraction = c_.codecs.topk_fraction;
+  c.stochastic_rounding = c_.codecs.stochastic;
+  return c;
 }
 
 void server_node::impl::send_global(const runtime::session_ptr& to, std::uint32_t device_id) {
@@ -130,7 +144,10 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
     if (!behind_edge) acceptor_->close(old, "superseded by a newer connection");
   }
   // A fresh start: whatever the compute thread still holds of this device goes.
-  ex_.post_compute([this, id] { runner_->discard(id, true); });
+  ex_.post_compute([this, id, cut = cut_of(d.rs.route)] {
+    runner_->discard(id, true);
+    runner_->set_cut(id, cut);
+  });
   spdlog::info("server: device {} joined{} ({} samples): {}{}", id,
                behind_edge ? " through " + via->identity : std::string(), h.n_samples(), d.rs.route.str(), resumed);
   transport::welcome_info w;

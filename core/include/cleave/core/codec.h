@@ -48,6 +48,9 @@ struct codec_set {
   std::string str() const;
 };
 codec_set parse_codec_set(std::string_view text);
+// The codecs of a hop when nothing chooses among them (a fixed plan): per direction the allowed
+// codec that puts the fewest bytes on the wire (ties: the one listed first).
+hop_codecs compact_codecs(const codec_set& s);
 
 // Bytes a tensor of `numel` values with `channels` channels takes on the wire under codec c
 // (payload only: values, scales, indices).

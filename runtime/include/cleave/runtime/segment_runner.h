@@ -15,6 +15,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -69,6 +70,9 @@ class segment_runner {
   core::backend& backend() { return *b_; }
   void set_slowdown(double s) { slowdown_ = s; }
   void share_board(std::shared_ptr<shared_board> b) { shared_ = std::move(b); }
+  // How device's activations and gradients leave this node, hop by hop (its plan's cut
+  // settings); f32 until set. A step message says how it is encoded, so only senders need this.
+  void set_cut(std::uint32_t device, transport::cut_settings c);
 
   // A step message (Activations or Gradients) of `device` under route r (plan epoch `epoch`)
   // that came from tier `from` into a segment on this tier. `labels` (B) i32: a U-shaped top
@@ -151,6 +155,9 @@ class segment_runner {
   std::uint32_t profile_batch_ = 0;
   std::map<std::pair<std::uint32_t, int>, double> seg_seconds_;  // this step's compute per segment
   std::map<std::uint32_t, transport::batch_info> batch_;         // per device: its step's shape
+  std::map<std::uint32_t, transport::cut_settings> cut_;         // per device: its hops' codecs
+  // topk's error feedback per gradient stream: (device, segment, micro-batch).
+  std::map<std::tuple<std::uint32_t, int, std::uint32_t>, std::vector<float>> residual_;
   int n_observed_ = 0, n_observed_mark_ = 0;
   double compute_s_ = 0;
 };

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "cleave/core/codec.h"
 #include "cleave/core/data_source.h"
 #include "cleave/core/model.h"
 #include "cleave/core/optimizer.h"
@@ -69,6 +70,9 @@ struct server_config {
   int local_steps = 50;
   int batch = 64;
   int micro_batches = 1;
+  // Codecs activations and gradients may cross the cut in (core/codec.h); every hop uses the
+  // most compact allowed one per direction. f32 alone: the values as computed.
+  core::codec_set codecs;
   int min_devices = 1;  // devices connected before every round starts
   double round_deadline_s = 120;
   double join_timeout_s = 120;        // waiting for min_devices: then log and keep waiting...
