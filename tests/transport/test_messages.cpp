@@ -427,6 +427,10 @@ TEST_CASE("encoded tensors that break their codec's rules are refused, naming th
   CHECK(refusal(raw_coded(c)).find("out of range") != std::string::npos);
   c.positions.reset();
   CHECK(refusal(raw_coded(c)).find("positions missing for topk") != std::string::npos);
+  // Two values may not claim a tensor that decodes beyond what any frame could carry.
+  c.positions = std::vector<std::uint32_t>{1, 4};
+  c.shape = {1ll << 20, 1ll << 20};
+  CHECK(refusal(raw_coded(c)).find("would decode to more than the frame limit") != std::string::npos);
 
   coded_tensor q;
   q.codec = wire::Codec::int8;

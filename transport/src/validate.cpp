@@ -115,7 +115,13 @@ class checker {
         return fail(std::string(what) + ": element count overflows");
     }
     if (!encoding(*t, *dt, n, what, use)) return false;
-    if (t->codec() == wire::Codec::topk) n = t->positions()->size();  // the values kept
+    if (t->codec() == wire::Codec::topk) {
+      // Its decoded size is not bounded by its data: a few values could claim a huge tensor.
+      if (n > lim_.max_frame_bytes / sizeof(float))
+        return fail(std::string(what) + ": topk tensor of " + std::to_string(n) +
+                    " values would decode to more than the frame limit");
+      n = t->positions()->size();  // the values kept
+    }
     std::uint64_t bytes = 0;
     if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(core::dtype_size(*dt)), &bytes))
       return fail(std::string(what) + ": byte size overflows");

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 #include "cleave/core/error.h"
 #include "cleave/core/model.h"
@@ -66,6 +67,18 @@ void consume(const message& m) {
     h += static_cast<std::uint64_t>(t.numel()) + t.name.size();
     if (!t.data.empty()) h += static_cast<std::uint64_t>(t.data.front()) + static_cast<std::uint64_t>(t.data.back());
   });
+  // An accepted step tensor decodes whatever its codec (its scales and positions were checked).
+  const cleave::wire::Tensor* step = nullptr;
+  if (const auto* a = m.as<cleave::wire::Activations>()) step = a->activation();
+  if (const auto* g = m.as<cleave::wire::Gradients>()) step = g->gradient();
+  if (step && step->dtype() != cleave::wire::DType::i32) {
+    const tensor_view v = view_of(*step);
+    if (v.codec != core::codec::f32 || v.dtype == core::dtype::f32) {
+      std::vector<float> y(static_cast<std::size_t>(v.numel()));
+      v.decode(y.data());
+      if (!y.empty()) h += static_cast<std::uint64_t>(y.front() != 0) + static_cast<std::uint64_t>(y.back() != 0);
+    }
+  }
   sink = h;
   if (const auto* p = m.as<cleave::wire::Plan>(); p && p->model()) parse_spec(p->model()->string_view());
 }
