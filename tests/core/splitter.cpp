@@ -130,11 +130,19 @@ TEST_CASE("evaluate_route gives the hand-computed step time of a 2-tier route") 
   // device 1; hop 2 * 100 / 100 + 2 * 0.25 = 2.5; server (0.5 + 0.5) * 2 devices = 2.
   CHECK(c.compute_seconds == 3.0);
   CHECK(c.transfer_seconds == 2.5);
-  CHECK(c.seconds == 5.5);
+  // Two micro-batches: stages 0.5, 1 + 0.25, 1; fill 2.75, then one more bottleneck period 1.25.
+  CHECK(c.fill_seconds == 2.75);
+  CHECK(c.bottleneck_seconds == 1.25);
+  CHECK(c.seconds == 4.0);
   CHECK(c.feasible);
-  // Everything on the device: 6 seconds, the loss's output still crosses (10 bytes).
+  // Everything on the device: 6 seconds, the loss's output still crosses (10 bytes): stages 3,
+  // 0.1 + 0.25, 0: 3.35 + 3.
   const auto all = split::evaluate_route(p, 0, split::make_route(false, false, {3}, 3));
-  CHECK(all.seconds == doctest::Approx(6.7));
+  CHECK(all.seconds == doctest::Approx(6.35));
+  // One micro-batch: the sequential sum, 1 + (2 + 0.25) + 2 and 6 + (0.2 + 0.25) + 0.
+  p.n_micro_batches = 1;
+  CHECK(split::evaluate_route(p, 0, split::make_route(false, false, {1}, 3)).seconds == 5.25);
+  CHECK(split::evaluate_route(p, 0, split::make_route(false, false, {3}, 3)).seconds == doctest::Approx(6.45));
 }
 
 TEST_CASE("evaluate_route uses the device link next to the device and the edge link next to the server") {
