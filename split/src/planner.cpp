@@ -1,6 +1,10 @@
-// The adaptive splitter's exact planner: dynamic programming over the chain of blocks and the
-// path of tiers, each device within its memory shares (see splitter.h; the oracle is in
-// splitter.cpp and the floating-point discipline both follow is stated there).
+// The adaptive splitter's exact planner (see splitter.h; the oracle is in splitter.cpp and the
+// floating-point discipline all follow is stated there). Per device and per micro-batch count M
+// (largest first, so that its optimum bounds the other searches), the least T over the cuts
+// within the memory shares, the hop stages priced at the fastest codec each way: by dynamic
+// programming over the chain of blocks and the path of tiers for M = 1 on the U-shaped path
+// through an edge (O(n^3)), by the pruned search of pipeline_search.cpp otherwise. Then the
+// first codecs, in tie-break order, that reach that T.
 #include <map>
 #include <optional>
 
@@ -280,6 +284,7 @@ class device_search {
                 const codec_table& codecs, sums& board)
       : p_(p), d_(d), shared_(shared), middle_(middle), codecs_(codecs), board_(board), path_(path_of(p, d)) {
     board_.build(dev_of(p, d).board.block_seconds);
+    for (const core::tier t : path_) shares_.push_back(share_of(p, d, t));
     const std::size_t nc = codecs.codecs.size(), w = static_cast<std::size_t>(p.n_blocks + 1);
     for (std::size_t k = 0; k + 1 < path_.size(); ++k) {
       links_.push_back(&link_between(p, d, path_[k], path_[k + 1]));
@@ -296,10 +301,12 @@ class device_search {
 
   // The first (cuts, M) of least T; false when no route fits in memory.
   bool run(const std::vector<int>& micro_options) {
-    for (const int m : micro_options) {
+    // Largest M first: it is most often the best, and bounds the others' searches early.
+    for (auto it = micro_options.rbegin(); it != micro_options.rend(); ++it) {
+      const int m = *it;
       pipeline_tables t = tables_at(m);
       pipeline_best r;
-      if (m == 1) {
+      if (m == 1 && path_.size() == 5) {  // O(n^3) at worst where four cuts are enumerated
         std::vector<std::vector<double>> hops(t.hop.begin(), t.hop.begin() + static_cast<long>(path_.size() - 1));
         const auto cuts = device_planner(p_, d_, shared_, board_, std::move(hops)).best();
         if (cuts) r = {pipeline_seconds_of(t, *cuts), *cuts};
@@ -310,7 +317,8 @@ class device_search {
         r = search_pipeline(t, bound);
       }
       if (r.cuts.empty()) continue;
-      if (best_.cuts.empty() || r.seconds < best_.seconds || (r.seconds == best_.seconds && r.cuts < best_.cuts)) {
+      // Ties: smaller cuts, then smaller M (this one, as M decreases).
+      if (best_.cuts.empty() || r.seconds < best_.seconds || (r.seconds == best_.seconds && r.cuts <= best_.cuts)) {
         best_ = std::move(r);
         best_tables_ = std::move(t);
       }
@@ -330,23 +338,29 @@ class device_search {
     t.m = m;
     t.u_shape = p_.u_shape;
     t.mem = &shared_.mem;
-    for (int e = 0; e <= n; ++e) t.first.push_back(segment_stage(board_(0, e) * share_of(p_, d_, path_[0]), m));
-    const core::tier top = path_.back();
-    const sums& top_secs = top == core::tier::device ? board_ : shared_.server;
-    for (int b = 0; b <= n; ++b) t.last.push_back(segment_stage(top_secs(b, n) * share_of(p_, d_, top), m));
+    const auto w = static_cast<std::size_t>(n + 1);
+    t.first.reserve(w);
+    t.last.reserve(w);
+    for (int e = 0; e <= n; ++e) t.first.push_back(segment_stage(board_(0, e) * shares_.front(), m));
+    const sums& top_secs = path_.back() == core::tier::device ? board_ : shared_.server;
+    for (int b = 0; b <= n; ++b) t.last.push_back(segment_stage(top_secs(b, n) * shares_.back(), m));
     for (std::size_t k = 0; k < path_.size(); ++k) {
       const core::tier tier = path_[k];
+      const double share = shares_[k];
       t.node_of_segment[k] = tier_index(tier);
-      t.cap[static_cast<std::size_t>(tier_index(tier))] =
-          cap_of(node_of(p_, d_, tier).memory_budget, share_of(p_, d_, tier));
+      t.block[k].reserve(w);
+      for (const double b : node_of(p_, d_, tier).block_seconds) t.block[k].push_back(segment_stage(b * share, m));
+      t.cap[static_cast<std::size_t>(tier_index(tier))] = cap_of(node_of(p_, d_, tier).memory_budget, share);
       if (k > 0 && k + 1 < path_.size())
-        t.middle[k] = middle_.get(tier == core::tier::server ? -1 : dev_of(p_, d_).edge, share_of(p_, d_, tier), m);
+        t.middle[k] = middle_.get(tier == core::tier::server ? -1 : dev_of(p_, d_).edge, share, m);
     }
-    for (std::size_t k = 0; k + 1 < path_.size(); ++k)
+    for (std::size_t k = 0; k + 1 < path_.size(); ++k) {
+      t.hop[k].reserve(w);
       for (int c = 0; c <= n; ++c) {
         const auto i = static_cast<std::size_t>(c);
         t.hop[k].push_back(hop_stage(*links_[k], direction_seconds(up_[k][i], m), direction_seconds(down_[k][i], m)));
       }
+    }
     return t;
   }
 
@@ -357,6 +371,7 @@ class device_search {
   const codec_table& codecs_;
   sums& board_;
   std::vector<core::tier> path_;
+  std::vector<double> shares_;  // per path position
   std::vector<const link_costs*> links_;
   std::vector<std::vector<double>> up_, down_;  // per hop and cut: the fastest codec's total each way
   pipeline_best best_;

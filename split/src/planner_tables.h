@@ -43,8 +43,9 @@ struct pipeline_tables {
   std::vector<double> last;   // last[b]: the last segment = [b, n)
   // Segments 1 .. n_segments - 2: (n + 1) x (n + 1) row-major tables, [b * (n + 1) + e] = [b, e).
   std::array<const std::vector<double>*, 5> middle{};
-  std::array<std::vector<double>, 4> hop;  // hop[k][c]
-  const sums* mem = nullptr;               // fixed + saved bytes
+  std::array<std::vector<double>, 5> block;  // block[k][i]: block i alone as segment k
+  std::array<std::vector<double>, 4> hop;    // hop[k][c]
+  const sums* mem = nullptr;                 // fixed + saved bytes
   std::array<int, 5> node_of_segment{};
   std::array<double, 3> cap{};  // memory share per node
 

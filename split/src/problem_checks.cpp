@@ -22,7 +22,8 @@ void check_values(const std::vector<double>& v, std::size_t want, const std::str
   if (v.size() != want)
     throw core::error("split problem: " + what + " has " + std::to_string(v.size()) + " entries, expected " +
                       std::to_string(want));
-  for (std::size_t i = 0; i < v.size(); ++i) check_finite(v[i], what + "[" + std::to_string(i) + "]");
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]) || v[i] < 0) check_finite(v[i], what + "[" + std::to_string(i) + "]");
 }
 
 void check_link(const link_costs& l, const std::string& what) {
