@@ -57,6 +57,14 @@ inline double cap_of(double budget, double share) {
   return budget > 0 ? budget / share : unlimited;
 }
 
+// The cut tensor at cut c: values (cut_bytes are f32) and channels.
+inline double numel_at(const split_problem& p, int cut) {
+  return p.cut_bytes[static_cast<std::size_t>(cut)] / 4.0;
+}
+inline double channels_at(const split_problem& p, int cut) {
+  return p.cut_channels.empty() ? 1.0 : p.cut_channels[static_cast<std::size_t>(cut)];
+}
+
 // ---- Stage times (per micro-batch). Every caller prices a stage with these, in this order. ----
 
 // A segment of `seconds` (its blocks' sum times the node's share) split into m micro-batches.
@@ -74,8 +82,6 @@ inline double direction_total(const link_costs& l, double encoded_bytes, double 
 inline double direction_seconds(double total, int m) {
   return total / static_cast<double>(m);
 }
-// Codec c's direction at cut `cut` of p over link l, per micro-batch.
-inline double direction_seconds(const split_problem& p, const link_costs& l, const codec_option& c, int cut, int m);
 
 // A hop's stage from its two directions: one round trip per micro-batch.
 inline double hop_stage(const link_costs& l, double up, double down) {
@@ -107,13 +113,7 @@ inline std::vector<codec_option> codec_options(const split_problem& p) {
   return p.codecs.empty() ? std::vector<codec_option>{codec_option{}} : p.codecs;
 }
 
-inline double numel_at(const split_problem& p, int cut) {
-  return p.cut_bytes[static_cast<std::size_t>(cut)] / 4.0;
-}
-inline double channels_at(const split_problem& p, int cut) {
-  return p.cut_channels.empty() ? 1.0 : p.cut_channels[static_cast<std::size_t>(cut)];
-}
-
+// Codec c's direction at cut `cut` of p over link l, per micro-batch.
 inline double direction_seconds(const split_problem& p, const link_costs& l, const codec_option& c, int cut, int m) {
   const double numel = numel_at(p, cut);
   const double bytes = core::encoded_bytes(c.id, numel, channels_at(p, cut), p.topk_fraction);
