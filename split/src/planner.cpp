@@ -35,8 +35,9 @@ shared_tables build_shared(const split_problem& p) {
   return t;
 }
 
-// The dynamic programme for one micro-batch (T = the sum of the stages): per path position the
-// node's time table, share and memory share, and per hop the hop's stage at every cut.
+// The dynamic programme for one micro-batch (T = the sum of the stages) on the U-shaped path
+// through an edge, O(n^3) where the search of pipeline_search.cpp enumerates four cuts: per path
+// position the node's time table, share and memory share, and per hop the hop's stage at every cut.
 class device_planner {
  public:
   // hops[k][c]: hop k's stage at cut c (one micro-batch, the fastest codecs).
@@ -55,8 +56,8 @@ class device_planner {
 
   // The cheapest feasible cuts, smallest lexicographically among equals; nullopt if none fits.
   std::optional<std::vector<int>> best() const {
-    if (!p_.u_shape) return best_chain();
-    return path_.size() == 3 ? best_u2() : best_u3();
+    CLEAVE_ASSERT(path_.size() == 5, "the dynamic programme covers the U-shaped path through an edge");
+    return best_u3();
   }
 
  private:
@@ -77,75 +78,6 @@ class device_planner {
   static double nest(const std::vector<double>& fixed, double rest) {
     for (auto it = fixed.rbegin(); it != fixed.rend(); ++it) rest = *it + rest;
     return rest;
-  }
-
-  // D S and D E S: every tier once, so memory is per segment. g[k][c]: least cost of positions
-  // k.. when segment k starts at block c. O(path * n^2).
-  std::optional<std::vector<int>> best_chain() const {
-    const int last = static_cast<int>(path_.size()) - 1;
-    const std::size_t w = static_cast<std::size_t>(n_ + 1);
-    std::vector<std::vector<double>> g(path_.size(), std::vector<double>(w, unlimited));
-    for (int c = 0; c <= n_; ++c)
-      if (mem_(c, n_) <= cap(last)) g[static_cast<std::size_t>(last)][static_cast<std::size_t>(c)] = seg(last, c, n_);
-    auto step = [&](int k, int c, int e) {  // cost of positions k.. with segment k = [c, e)
-      return seg(k, c, e) + (hop(k, e) + g[static_cast<std::size_t>(k + 1)][static_cast<std::size_t>(e)]);
-    };
-    for (int k = last - 1; k >= 0; --k) {
-      for (int c = 0; c <= (k == 0 ? 0 : n_); ++c) {
-        double best = unlimited;
-        for (int e = std::max(c, k == 0 ? 1 : 0); e <= n_; ++e) {
-          if (mem_(c, e) > cap(k)) break;  // grows with e
-          best = std::min(best, step(k, c, e));
-        }
-        g[static_cast<std::size_t>(k)][static_cast<std::size_t>(c)] = best;
-      }
-    }
-    const double m = g[0][0];
-    if (m == unlimited) return std::nullopt;
-    // Smallest cut first: the least total with this cut is reached, so a cheapest completion exists.
-    std::vector<int> cuts;
-    std::vector<double> fixed;
-    int c = 0;
-    for (int k = 0; k < last; ++k) {
-      int chosen = -1;
-      for (int e = std::max(c, k == 0 ? 1 : 0); e <= n_ && chosen < 0; ++e) {
-        if (mem_(c, e) > cap(k)) break;
-        if (nest(fixed, step(k, c, e)) <= m) chosen = e;
-      }
-      CLEAVE_ASSERT(chosen >= 0, "split planner lost its optimum");
-      fixed.push_back(seg(k, c, chosen));
-      fixed.push_back(hop(k, chosen));
-      cuts.push_back(chosen);
-      c = chosen;
-    }
-    return cuts;
-  }
-
-  // D S D: the board's share holds both device segments. For each bottom cut c0 the top cut c1 is
-  // searched directly: O(n^2).
-  std::optional<std::vector<int>> best_u2() const {
-    std::vector<double> top(static_cast<std::size_t>(n_));  // hop_1 + seg_2 for top cut c1
-    for (int c1 = 1; c1 < n_; ++c1) top[static_cast<std::size_t>(c1)] = hop(1, c1) + seg(2, c1, n_);
-    auto fits = [&](int c0, int c1) { return mem_(c0, c1) <= cap(1) && mem_(0, c0) + mem_(c1, n_) <= cap(0); };
-    auto tail = [&](int c0, int c1) { return seg(1, c0, c1) + top[static_cast<std::size_t>(c1)]; };
-    double m = unlimited;
-    int best_c0 = -1;
-    for (int c0 = 1; c0 < n_; ++c0) {
-      if (mem_(0, c0) > cap(0)) break;
-      double least = unlimited;
-      for (int c1 = c0; c1 < n_; ++c1) {
-        if (mem_(c0, c1) > cap(1)) break;
-        if (fits(c0, c1)) least = std::min(least, tail(c0, c1));
-      }
-      const double total = seg(0, 0, c0) + (hop(0, c0) + least);
-      if (total < m) m = total, best_c0 = c0;
-    }
-    if (m == unlimited) return std::nullopt;
-    const std::vector<double> fixed{seg(0, 0, best_c0), hop(0, best_c0)};
-    for (int c1 = best_c0; c1 < n_; ++c1)
-      if (fits(best_c0, c1) && nest(fixed, tail(best_c0, c1)) <= m) return std::vector<int>{best_c0, c1};
-    CLEAVE_ASSERT(false, "split planner lost its optimum");
-    return std::nullopt;
   }
 
   // D E S E D: the board holds segments 0 and 4, the edge's share segments 1 and 3. The first
