@@ -4,8 +4,11 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
+#include "cleave/core/codec.h"
 #include "cleave/core/random.h"
 #include "cleave/split/splitter.h"
 
@@ -69,6 +72,32 @@ double time_plan_best(const split::split_problem& p) {
   return median_seconds([&] { split::plan_best(p); }, 3, 20);
 }
 
+// The planner's choices too: micro-batches 1, 2, 4 or 8 of a batch of 64, four cut codecs with
+// host-like encoding + decoding costs per value, 64 channels at every cut.
+void add_choices(split::split_problem& p) {
+  p.batch = 64;
+  p.micro_batch_options = {1, 2, 4, 8};
+  p.codecs = {
+      {core::codec::f32, 0.0}, {core::codec::f16, 0.5e-9}, {core::codec::int8, 1.5e-9}, {core::codec::topk, 6e-9}};
+  p.cut_channels.assign(p.cut_bytes.size(), 64.0);
+}
+
+// "M=4: 12, M=8: 40" and "f16/int8: 30, ..." over a plan's devices.
+void print_choices(const split::split_plan& plan) {
+  std::map<int, int> ms;
+  std::map<std::string, int> codecs;
+  for (const auto& c : plan.choices) {
+    ++ms[c.n_micro_batches];
+    for (const auto& h : c.hops)
+      ++codecs[std::string(core::codec_name(h.up)) + "/" + std::string(core::codec_name(h.down))];
+  }
+  std::printf("  chosen micro-batches:");
+  for (const auto& [m, k] : ms) std::printf(" M=%d: %d", m, k);
+  std::printf("; hop codecs (up/down):");
+  for (const auto& [c, k] : codecs) std::printf(" %s: %d", c.c_str(), k);
+  std::printf("\n");
+}
+
 }  // namespace
 
 int main() {
@@ -77,6 +106,16 @@ int main() {
   const auto plan = split::plan_best(big);
   std::printf("plan_best 100 blocks, D E S (4 edges), 64 devices: %.3f ms (target 10 ms), predicted step %.1f ms\n",
               t_big * 1e3, plan.cost.step_seconds * 1e3);
+
+  auto choices = random_problem(1, 100, 4, 64, false);
+  add_choices(choices);
+  const double t_choices = time_plan_best(choices);
+  const auto chosen = split::plan_best(choices);
+  std::printf(
+      "plan_best 100 blocks, D E S (4 edges), 64 devices, M in {1,2,4,8}, 4 codecs: %.3f ms (target 10 ms), "
+      "predicted step %.1f ms\n",
+      t_choices * 1e3, chosen.cost.step_seconds * 1e3);
+  print_choices(chosen);
 
   const auto two = random_problem(2, 100, 0, 64, false);
   std::printf("plan_best 100 blocks, D S, 64 devices: %.3f ms\n", time_plan_best(two) * 1e3);
@@ -92,7 +131,8 @@ int main() {
     const auto small = random_problem(5, n, 2, 8, u);
     const double t_all = median_seconds([&] { split::plan_exhaustive(small); }, 1, 5);
     const double t_best = median_seconds([&] { split::plan_best(small); }, 3, 20);
-    const bool same = split::plan_best(small).routes == split::plan_exhaustive(small).routes;
+    const auto best = split::plan_best(small), all = split::plan_exhaustive(small);
+    const bool same = best.routes == all.routes && best.choices == all.choices;
     std::printf("%d blocks, %s, 8 devices: plan_exhaustive %.3f ms, plan_best %.3f ms, ratio %.0fx, same routes: %s\n",
                 n, u ? "D E S E D" : "D E S", t_all * 1e3, t_best * 1e3, t_all / t_best, same ? "yes" : "NO");
   }

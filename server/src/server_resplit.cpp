@@ -132,7 +132,10 @@ void server_node::impl::maybe_replan(const std::string& why) {
   policy.min_gain = c_.min_gain;
   policy.repay_rounds = c_.repay_rounds;
   policy.steps_per_round = c_.local_steps;
-  const auto d = split::decide_resplit(*prob, current, best, policy);
+  // Devices run the configured micro-batches with f32 cuts; the plan says how each could run.
+  std::vector<split::route_choice> running;
+  for (const auto& r : current) running.push_back(split::default_choice(*prob, r.path.size() - 1));
+  const auto d = split::decide_resplit(*prob, current, running, best, policy);
   if (!d.change) {
     spdlog::debug("server: plan kept ({}): {}", why, d.reason);
     return;
@@ -142,7 +145,7 @@ void server_node::impl::maybe_replan(const std::string& why) {
   // others would pay a migration for nothing the federation's step time sees.
   for (std::size_t i = 0; i < devs.size(); ++i) {
     if (best.routes[i] == current[i]) continue;
-    const auto now = split::evaluate_route(*prob, static_cast<int>(i), current[i]);
+    const auto now = split::evaluate_route(*prob, static_cast<int>(i), current[i], running[i]);
     const double next = best.cost.devices[i].seconds;
     if (now.feasible && now.seconds - next < c_.min_gain * now.seconds) continue;
     propose(devs[i].id, best.routes[i], fmt::format("its step {:.1f} -> {:.1f} ms", now.seconds * 1e3, next * 1e3));

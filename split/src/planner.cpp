@@ -1,38 +1,21 @@
-// The adaptive splitter's exact planner: dynamic programming over the chain of blocks and the
-// path of tiers, each device within its memory shares (see splitter.h; the oracle is in
-// splitter.cpp and the floating-point discipline both follow is stated there).
+// The adaptive splitter's exact planner (see splitter.h; the oracle is in splitter.cpp and the
+// floating-point discipline all follow is stated there). Per device and per micro-batch count M
+// (largest first, so that its optimum bounds the other searches), the least T over the cuts
+// within the memory shares, the hop stages priced at the fastest codec each way: by dynamic
+// programming over the chain of blocks and the path of tiers for M = 1 on the U-shaped path
+// through an edge (O(n^3)), by the pruned search of pipeline_search.cpp otherwise. Then the
+// first codecs, in tie-break order, that reach that T.
+#include <map>
 #include <optional>
 
 #include "cleave/core/error.h"
-#include "cost_terms.h"
+#include "planner_tables.h"
 
 namespace cleave::split {
 
 using namespace detail;
 
 namespace {
-
-// sums(b, e): the values of blocks [b, e) added from b upward starting at 0 (as the oracle does).
-class sums {
- public:
-  void build(const std::vector<double>& v) {
-    n_ = static_cast<int>(v.size());
-    s_.assign(static_cast<std::size_t>((n_ + 1) * (n_ + 1)), 0.0);
-    for (int b = 0; b < n_; ++b) {
-      double acc = 0;
-      for (int e = b + 1; e <= n_; ++e) {
-        acc += v[static_cast<std::size_t>(e - 1)];
-        s_[idx(b, e)] = acc;
-      }
-    }
-  }
-  double operator()(int b, int e) const { return s_[idx(b, e)]; }
-
- private:
-  std::size_t idx(int b, int e) const { return static_cast<std::size_t>(b * (n_ + 1) + e); }
-  int n_ = 0;
-  std::vector<double> s_;
-};
 
 // Tables shared by every device of a problem.
 struct shared_tables {
@@ -52,13 +35,15 @@ shared_tables build_shared(const split_problem& p) {
   return t;
 }
 
-// One device's view: per path position the node's time table, share and memory share, and per hop
-// the hop's price at every cut.
+// The dynamic programme for one micro-batch (T = the sum of the stages) on the U-shaped path
+// through an edge, O(n^3) where the search of pipeline_search.cpp enumerates four cuts: per path
+// position the node's time table, share and memory share, and per hop the hop's stage at every cut.
 class device_planner {
  public:
-  device_planner(const split_problem& p, int d, const shared_tables& shared, sums& board)
-      : p_(p), n_(p.n_blocks), path_(path_of(p, d)), mem_(shared.mem) {
-    board.build(dev_of(p, d).board.block_seconds);
+  // hops[k][c]: hop k's stage at cut c (one micro-batch, the fastest codecs).
+  device_planner(const split_problem& p, int d, const shared_tables& shared, const sums& board,
+                 std::vector<std::vector<double>> hops)
+      : p_(p), n_(p.n_blocks), path_(path_of(p, d)), mem_(shared.mem), hops_(std::move(hops)) {
     for (std::size_t k = 0; k < path_.size(); ++k) {
       const core::tier t = path_[k];
       const sums* secs = t == core::tier::device ? &board
@@ -66,21 +51,13 @@ class device_planner {
                                                  : &shared.server;
       const double share = share_of(p, d, t);
       nodes_.push_back({secs, share, cap_of(node_of(p, d, t).memory_budget, share)});
-      if (k + 1 < path_.size()) {
-        const auto& link = link_between(p, d, t, path_[k + 1]);
-        std::vector<double> h(static_cast<std::size_t>(n_ + 1));
-        for (int c = 0; c <= n_; ++c)
-          h[static_cast<std::size_t>(c)] =
-              hop_seconds(link, p.cut_bytes[static_cast<std::size_t>(c)], p.n_micro_batches);
-        hops_.push_back(std::move(h));
-      }
     }
   }
 
   // The cheapest feasible cuts, smallest lexicographically among equals; nullopt if none fits.
   std::optional<std::vector<int>> best() const {
-    if (!p_.u_shape) return best_chain();
-    return path_.size() == 3 ? best_u2() : best_u3();
+    CLEAVE_ASSERT(path_.size() == 5, "the dynamic programme covers the U-shaped path through an edge");
+    return best_u3();
   }
 
  private:
@@ -101,75 +78,6 @@ class device_planner {
   static double nest(const std::vector<double>& fixed, double rest) {
     for (auto it = fixed.rbegin(); it != fixed.rend(); ++it) rest = *it + rest;
     return rest;
-  }
-
-  // D S and D E S: every tier once, so memory is per segment. g[k][c]: least cost of positions
-  // k.. when segment k starts at block c. O(path * n^2).
-  std::optional<std::vector<int>> best_chain() const {
-    const int last = static_cast<int>(path_.size()) - 1;
-    const std::size_t w = static_cast<std::size_t>(n_ + 1);
-    std::vector<std::vector<double>> g(path_.size(), std::vector<double>(w, unlimited));
-    for (int c = 0; c <= n_; ++c)
-      if (mem_(c, n_) <= cap(last)) g[static_cast<std::size_t>(last)][static_cast<std::size_t>(c)] = seg(last, c, n_);
-    auto step = [&](int k, int c, int e) {  // cost of positions k.. with segment k = [c, e)
-      return seg(k, c, e) + (hop(k, e) + g[static_cast<std::size_t>(k + 1)][static_cast<std::size_t>(e)]);
-    };
-    for (int k = last - 1; k >= 0; --k) {
-      for (int c = 0; c <= (k == 0 ? 0 : n_); ++c) {
-        double best = unlimited;
-        for (int e = std::max(c, k == 0 ? 1 : 0); e <= n_; ++e) {
-          if (mem_(c, e) > cap(k)) break;  // grows with e
-          best = std::min(best, step(k, c, e));
-        }
-        g[static_cast<std::size_t>(k)][static_cast<std::size_t>(c)] = best;
-      }
-    }
-    const double m = g[0][0];
-    if (m == unlimited) return std::nullopt;
-    // Smallest cut first: the least total with this cut is reached, so a cheapest completion exists.
-    std::vector<int> cuts;
-    std::vector<double> fixed;
-    int c = 0;
-    for (int k = 0; k < last; ++k) {
-      int chosen = -1;
-      for (int e = std::max(c, k == 0 ? 1 : 0); e <= n_ && chosen < 0; ++e) {
-        if (mem_(c, e) > cap(k)) break;
-        if (nest(fixed, step(k, c, e)) <= m) chosen = e;
-      }
-      CLEAVE_ASSERT(chosen >= 0, "split planner lost its optimum");
-      fixed.push_back(seg(k, c, chosen));
-      fixed.push_back(hop(k, chosen));
-      cuts.push_back(chosen);
-      c = chosen;
-    }
-    return cuts;
-  }
-
-  // D S D: the board's share holds both device segments. For each bottom cut c0 the top cut c1 is
-  // searched directly: O(n^2).
-  std::optional<std::vector<int>> best_u2() const {
-    std::vector<double> top(static_cast<std::size_t>(n_));  // hop_1 + seg_2 for top cut c1
-    for (int c1 = 1; c1 < n_; ++c1) top[static_cast<std::size_t>(c1)] = hop(1, c1) + seg(2, c1, n_);
-    auto fits = [&](int c0, int c1) { return mem_(c0, c1) <= cap(1) && mem_(0, c0) + mem_(c1, n_) <= cap(0); };
-    auto tail = [&](int c0, int c1) { return seg(1, c0, c1) + top[static_cast<std::size_t>(c1)]; };
-    double m = unlimited;
-    int best_c0 = -1;
-    for (int c0 = 1; c0 < n_; ++c0) {
-      if (mem_(0, c0) > cap(0)) break;
-      double least = unlimited;
-      for (int c1 = c0; c1 < n_; ++c1) {
-        if (mem_(c0, c1) > cap(1)) break;
-        if (fits(c0, c1)) least = std::min(least, tail(c0, c1));
-      }
-      const double total = seg(0, 0, c0) + (hop(0, c0) + least);
-      if (total < m) m = total, best_c0 = c0;
-    }
-    if (m == unlimited) return std::nullopt;
-    const std::vector<double> fixed{seg(0, 0, best_c0), hop(0, best_c0)};
-    for (int c1 = best_c0; c1 < n_; ++c1)
-      if (fits(best_c0, c1) && nest(fixed, tail(best_c0, c1)) <= m) return std::vector<int>{best_c0, c1};
-    CLEAVE_ASSERT(false, "split planner lost its optimum");
-    return std::nullopt;
   }
 
   // D E S E D: the board holds segments 0 and 4, the edge's share segments 1 and 3. The first
@@ -256,21 +164,216 @@ class device_planner {
   std::vector<std::vector<double>> hops_;
 };
 
+// Stage tables of the shared nodes' middle segments at one micro-batch count, built once for
+// all the devices they serve. node: -1 the server, else an edge's index.
+class middle_cache {
+ public:
+  middle_cache(const split_problem& p, const shared_tables& s) : p_(p), s_(s) {}
+  const std::vector<double>* get(int node, double share, int m) {
+    auto& t = cache_[{node, m}];
+    if (t.empty()) {
+      const sums& secs = node < 0 ? s_.server : s_.edges[static_cast<std::size_t>(node)];
+      const int n = p_.n_blocks;
+      t.assign(static_cast<std::size_t>((n + 1) * (n + 1)), 0.0);
+      for (int b = 0; b <= n; ++b)
+        for (int e = b; e <= n; ++e)
+          t[static_cast<std::size_t>(b * (n + 1) + e)] = segment_stage(secs(b, e) * share, m);
+    }
+    return &t;
+  }
+
+ private:
+  const split_problem& p_;
+  const shared_tables& s_;
+  std::map<std::pair<int, int>, std::vector<double>> cache_;
+};
+
+// Every codec's encoded bytes and compute at every cut, [cut * n_codecs + i].
+struct codec_table {
+  std::vector<codec_option> codecs;
+  std::vector<double> bytes, seconds;
+};
+
+codec_table codec_table_of(const split_problem& p) {
+  codec_table t{codec_options(p), {}, {}};
+  for (int c = 0; c <= p.n_blocks; ++c)
+    for (const auto& o : t.codecs) {
+      const double numel = numel_at(p, c);
+      t.bytes.push_back(core::encoded_bytes(o.id, numel, channels_at(p, c), p.topk_fraction));
+      t.seconds.push_back(o.seconds_per_value * numel);
+    }
+  return t;
+}
+
+int tier_index(core::tier t) {
+  return t == core::tier::device ? 0 : t == core::tier::edge ? 1 : 2;
+}
+
+// One device's search over cuts and micro-batch counts, then its codecs.
+class device_search {
+ public:
+  device_search(const split_problem& p, int d, const shared_tables& shared, middle_cache& middle,
+                const codec_table& codecs, sums& board)
+      : p_(p), d_(d), shared_(shared), middle_(middle), codecs_(codecs), board_(board), path_(path_of(p, d)) {
+    board_.build(dev_of(p, d).board.block_seconds);
+    for (const core::tier t : path_) shares_.push_back(share_of(p, d, t));
+    const std::size_t nc = codecs.codecs.size(), w = static_cast<std::size_t>(p.n_blocks + 1);
+    for (std::size_t k = 0; k + 1 < path_.size(); ++k) {
+      links_.push_back(&link_between(p, d, path_[k], path_[k + 1]));
+      up_.emplace_back(w, unlimited);
+      down_.emplace_back(w, unlimited);
+      for (std::size_t c = 0; c < w; ++c)
+        for (std::size_t i = 0; i < nc; ++i) {
+          const double s = direction_total(*links_.back(), codecs.bytes[c * nc + i], codecs.seconds[c * nc + i]);
+          if (core::codec_for_activations(codecs.codecs[i].id)) up_.back()[c] = std::min(up_.back()[c], s);
+          down_.back()[c] = std::min(down_.back()[c], s);
+        }
+    }
+  }
+
+  // The first (cuts, M) of least T; false when no route fits in memory.
+  bool run(const std::vector<int>& micro_options) {
+    // Largest M first: it is most often the best, and bounds the others' searches early.
+    for (auto it = micro_options.rbegin(); it != micro_options.rend(); ++it) {
+      const int m = *it;
+      pipeline_tables t = tables_at(m);
+      pipeline_best r;
+      if (m == 1 && path_.size() == 5) {  // O(n^3) at worst where four cuts are enumerated
+        std::vector<std::vector<double>> hops(t.hop.begin(), t.hop.begin() + static_cast<long>(path_.size() - 1));
+        const auto cuts = device_planner(p_, d_, shared_, board_, std::move(hops)).best();
+        if (cuts) r = {pipeline_seconds_of(t, *cuts), *cuts};
+      } else {
+        // The best cuts so far priced at m bound this m's optimum from above.
+        const double bound =
+            best_.cuts.empty() ? best_.seconds : std::min(best_.seconds, pipeline_seconds_of(t, best_.cuts));
+        r = search_pipeline(t, bound);
+      }
+      if (r.cuts.empty()) continue;
+      // Ties: smaller cuts, then smaller M (this one, as M decreases).
+      if (best_.cuts.empty() || r.seconds < best_.seconds || (r.seconds == best_.seconds && r.cuts <= best_.cuts)) {
+        best_ = std::move(r);
+        best_tables_ = std::move(t);
+      }
+    }
+    return !best_.cuts.empty();
+  }
+
+  route best_route() const { return route{path_, best_.cuts, p_.n_blocks}; }
+  route_choice best_choice() const;
+
+ private:
+  pipeline_tables tables_at(int m) {
+    pipeline_tables t;
+    const int n = p_.n_blocks;
+    t.n = n;
+    t.n_segments = static_cast<int>(path_.size());
+    t.m = m;
+    t.u_shape = p_.u_shape;
+    t.mem = &shared_.mem;
+    const auto w = static_cast<std::size_t>(n + 1);
+    t.first.reserve(w);
+    t.last.reserve(w);
+    for (int e = 0; e <= n; ++e) t.first.push_back(segment_stage(board_(0, e) * shares_.front(), m));
+    const sums& top_secs = path_.back() == core::tier::device ? board_ : shared_.server;
+    for (int b = 0; b <= n; ++b) t.last.push_back(segment_stage(top_secs(b, n) * shares_.back(), m));
+    for (std::size_t k = 0; k < path_.size(); ++k) {
+      const core::tier tier = path_[k];
+      const double share = shares_[k];
+      t.node_of_segment[k] = tier_index(tier);
+      t.block[k].reserve(w);
+      for (const double b : node_of(p_, d_, tier).block_seconds) t.block[k].push_back(segment_stage(b * share, m));
+      t.cap[static_cast<std::size_t>(tier_index(tier))] = cap_of(node_of(p_, d_, tier).memory_budget, share);
+      if (k > 0 && k + 1 < path_.size())
+        t.middle[k] = middle_.get(tier == core::tier::server ? -1 : dev_of(p_, d_).edge, share, m);
+    }
+    for (std::size_t k = 0; k + 1 < path_.size(); ++k) {
+      t.hop[k].reserve(w);
+      for (int c = 0; c <= n; ++c) {
+        const auto i = static_cast<std::size_t>(c);
+        t.hop[k].push_back(hop_stage(*links_[k], direction_seconds(up_[k][i], m), direction_seconds(down_[k][i], m)));
+      }
+    }
+    return t;
+  }
+
+  const split_problem& p_;
+  int d_;
+  const shared_tables& shared_;
+  middle_cache& middle_;
+  const codec_table& codecs_;
+  sums& board_;
+  std::vector<core::tier> path_;
+  std::vector<double> shares_;  // per path position
+  std::vector<const link_costs*> links_;
+  std::vector<std::vector<double>> up_, down_;  // per hop and cut: the fastest codec's total each way
+  pipeline_best best_;
+  pipeline_tables best_tables_;
+};
+
+// The codecs of the best (cuts, M): the least T is reached with the fastest codec each way; among
+// the codec sequences (hop 0 up, hop 0 down, ...) reaching it, the first lexicographically, chosen
+// slot by slot (a slot's codec is kept when the fastest codecs in the later slots still reach T).
+route_choice device_search::best_choice() const {
+  const std::size_t nc = codecs_.codecs.size(), n_hops = path_.size() - 1;
+  const int m = best_tables_.m;
+  std::vector<double> dir(n_hops * nc), stages;
+  std::vector<std::size_t> slot(2 * n_hops, nc);
+  for (std::size_t k = 0; k < n_hops; ++k) {
+    const auto c = static_cast<std::size_t>(best_.cuts[k]);
+    for (std::size_t i = 0; i < nc; ++i) {
+      dir[k * nc + i] =
+          direction_seconds(direction_total(*links_[k], codecs_.bytes[c * nc + i], codecs_.seconds[c * nc + i]), m);
+      for (std::size_t j : {2 * k, 2 * k + 1}) {
+        if (j == 2 * k && !core::codec_for_activations(codecs_.codecs[i].id)) continue;
+        if (slot[j] == nc || dir[k * nc + i] < dir[k * nc + slot[j]]) slot[j] = i;
+      }
+    }
+  }
+  auto total = [&] {
+    stages.clear();
+    for (int k = 0; k < best_tables_.n_segments; ++k) {
+      const int b = k == 0 ? 0 : best_.cuts[static_cast<std::size_t>(k - 1)];
+      const int e = k + 1 == best_tables_.n_segments ? p_.n_blocks : best_.cuts[static_cast<std::size_t>(k)];
+      stages.push_back(best_tables_.segment(k, b, e));
+      const auto h = static_cast<std::size_t>(k);
+      if (h < n_hops) stages.push_back(hop_stage(*links_[h], dir[h * nc + slot[2 * h]], dir[h * nc + slot[2 * h + 1]]));
+    }
+    return stages_seconds(stages.data(), stages.size(), m);
+  };
+  CLEAVE_ASSERT(total() == best_.seconds, "split planner lost its optimum");
+  for (std::size_t j = 0; j < slot.size(); ++j) {
+    const std::size_t fastest = slot[j];
+    for (std::size_t i = 0; i < fastest; ++i) {
+      if (j % 2 == 0 && !core::codec_for_activations(codecs_.codecs[i].id)) continue;
+      slot[j] = i;
+      if (total() <= best_.seconds) break;
+      slot[j] = fastest;
+    }
+  }
+  route_choice out{m, {}};
+  for (std::size_t k = 0; k < n_hops; ++k)
+    out.hops.push_back({codecs_.codecs[slot[2 * k]].id, codecs_.codecs[slot[2 * k + 1]].id});
+  return out;
+}
+
 }  // namespace
 
 split_plan plan_best(const split_problem& p) {
   validate(p);
   const auto shared = build_shared(p);
+  const auto codecs = codec_table_of(p);
+  const auto micro = micro_options(p);
+  middle_cache middle(p, shared);
   sums board;
   split_plan out;
   for (std::size_t d = 0; d < p.devices.size(); ++d) {
     const int di = static_cast<int>(d);
-    const device_planner planner(p, di, shared, board);
-    const auto cuts = planner.best();
-    if (!cuts) throw_infeasible(p, di);
-    out.routes.push_back(route{path_of(p, di), *cuts, p.n_blocks});
+    device_search search(p, di, shared, middle, codecs, board);
+    if (!search.run(micro)) throw_infeasible(p, di);
+    out.routes.push_back(search.best_route());
+    out.choices.push_back(search.best_choice());
   }
-  out.cost = assemble(p, out.routes);
+  out.cost = assemble(p, out.routes, out.choices);
   return out;
 }
 

@@ -217,6 +217,7 @@ std::optional<split_problem> profile_book::problem(const std::vector<device_entr
   p.n_blocks = m_->n_blocks();
   p.u_shape = u_shape_;
   p.n_micro_batches = n_micro_batches_;
+  p.batch = micro_batch_ * n_micro_batches_;
   const double batch = static_cast<double>(micro_batch_) * n_micro_batches_;
   // Bytes are the model's, whoever measured them: the server's profile gives them.
   p.cut_bytes.push_back(static_cast<double>(m_->input.numel()) * 4.0 * batch);

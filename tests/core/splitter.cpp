@@ -11,112 +11,14 @@
 
 #include "../support/error_of.h"
 #include "cleave/core/random.h"
+#include "splitter_problems.h"
 
 using namespace cleave;
 using split::route;
 using split::split_problem;
-
-namespace {
-
-// n blocks, one device per entry of `edges` (its edge index or -1), every time 0, every budget and
-// link unlimited: tests set what they need.
-split_problem blank(int n, bool u_shape, const std::vector<int>& edges, int n_edges) {
-  split_problem p;
-  p.n_blocks = n;
-  p.u_shape = u_shape;
-  const auto un = static_cast<std::size_t>(n);
-  p.cut_bytes.assign(un + 1, 0.0);
-  p.fixed_bytes.assign(un, 0.0);
-  p.saved_bytes.assign(un, 0.0);
-  p.server.block_seconds.assign(un, 0.0);
-  p.edges.assign(static_cast<std::size_t>(n_edges), split::node_costs{std::vector<double>(un, 0.0), 0});
-  p.edge_links.assign(static_cast<std::size_t>(n_edges), split::link_costs{});
-  for (int e : edges) {
-    split::device_costs d;
-    d.board.block_seconds.assign(un, 0.0);
-    d.edge = e;
-    p.devices.push_back(d);
-  }
-  return p;
-}
-
-// Small integers often (exact ties, zero-cost blocks), otherwise a fraction.
-double draw(core::rng& r, int max_int) {
-  if (r.below(3) != 0) return static_cast<double>(r.below(static_cast<std::uint64_t>(max_int) + 1));
-  return r.uniform(0.0f, static_cast<float>(max_int));
-}
-
-split_problem random_problem(core::rng& r) {
-  const bool u = r.below(2) == 1;
-  const int n = u ? 2 + static_cast<int>(r.below(6)) : 1 + static_cast<int>(r.below(7));
-  const int n_edges = static_cast<int>(r.below(3));
-  const int n_dev = 1 + static_cast<int>(r.below(4));
-  std::vector<int> edges;
-  for (int d = 0; d < n_dev; ++d)
-    edges.push_back(n_edges > 0 && r.below(2) == 1 ? static_cast<int>(r.below(static_cast<std::uint64_t>(n_edges)))
-                                                   : -1);
-  split_problem p = blank(n, u, edges, n_edges);
-  p.n_micro_batches = 1 + static_cast<int>(r.below(3));
-  for (auto& b : p.cut_bytes) b = draw(r, 8);
-  double total = 0;
-  for (std::size_t i = 0; i < p.fixed_bytes.size(); ++i) {
-    p.fixed_bytes[i] = draw(r, 4);
-    p.saved_bytes[i] = draw(r, 3);
-    total += p.fixed_bytes[i] + p.saved_bytes[i];
-  }
-  // Unlimited two times in three; otherwise from nothing to the whole model times the share: sometimes
-  // binding, sometimes too small for any route.
-  auto budget = [&](double share) {
-    return r.below(3) != 0 ? 0.0
-                           : std::max(0.5, std::floor(static_cast<double>(r.uniform(0.2f, 1.5f)) * total * share));
-  };
-  auto link = [&] {
-    split::link_costs l;
-    const auto k = r.below(4);
-    l.bytes_per_second = k == 0 ? 0.0 : k == 1 ? 1.0 : k == 2 ? 4.0 : r.uniform(0.5f, 8.0f);
-    l.rtt_seconds = r.below(2) == 0 ? 0.0 : draw(r, 2);
-    return l;
-  };
-  for (auto& t : p.server.block_seconds) t = draw(r, 3);
-  p.server.memory_budget = budget(n_dev);
-  for (std::size_t e = 0; e < p.edges.size(); ++e) {
-    for (auto& t : p.edges[e].block_seconds) t = draw(r, 6);
-    p.edges[e].memory_budget = budget(2);
-    p.edge_links[e] = link();
-  }
-  for (auto& d : p.devices) {
-    for (auto& t : d.board.block_seconds) t = draw(r, 12);
-    d.board.memory_budget = budget(1);
-    d.link = link();
-  }
-  return p;
-}
-
-// Every route of device d, in lexicographic order of the cuts.
-std::vector<route> all_routes(const split_problem& p, int d) {
-  const bool edge = p.devices[static_cast<std::size_t>(d)].edge >= 0;
-  const std::size_t n_cuts = split::path_of(p, d).size() - 1;
-  std::vector<route> out;
-  std::vector<int> cuts(n_cuts, 0);
-  const int n = p.n_blocks;
-  // Odometer over [0, n]^n_cuts, lexicographic; make_route rejects the invalid ones (the cheap
-  // test of order first: exceptions are slow).
-  for (;;) {
-    if (std::is_sorted(cuts.begin(), cuts.end())) {
-      try {
-        out.push_back(split::make_route(p.u_shape, edge, cuts, n));
-      } catch (const core::error&) {
-      }
-    }
-    std::size_t k = n_cuts;
-    while (k > 0 && cuts[k - 1] == n) cuts[--k] = 0;
-    if (k == 0) break;
-    ++cuts[k - 1];
-  }
-  return out;
-}
-
-}  // namespace
+using testing::all_routes;
+using testing::blank;
+using testing::random_problem;
 
 TEST_CASE("evaluate_route gives the hand-computed step time of a 2-tier route") {
   // 3 blocks, two devices sharing the server.
@@ -130,11 +32,19 @@ TEST_CASE("evaluate_route gives the hand-computed step time of a 2-tier route") 
   // device 1; hop 2 * 100 / 100 + 2 * 0.25 = 2.5; server (0.5 + 0.5) * 2 devices = 2.
   CHECK(c.compute_seconds == 3.0);
   CHECK(c.transfer_seconds == 2.5);
-  CHECK(c.seconds == 5.5);
+  // Two micro-batches: stages 0.5, 1 + 0.25, 1; fill 2.75, then one more bottleneck period 1.25.
+  CHECK(c.fill_seconds == 2.75);
+  CHECK(c.bottleneck_seconds == 1.25);
+  CHECK(c.seconds == 4.0);
   CHECK(c.feasible);
-  // Everything on the device: 6 seconds, the loss's output still crosses (10 bytes).
+  // Everything on the device: 6 seconds, the loss's output still crosses (10 bytes): stages 3,
+  // 0.1 + 0.25, 0: 3.35 + 3.
   const auto all = split::evaluate_route(p, 0, split::make_route(false, false, {3}, 3));
-  CHECK(all.seconds == doctest::Approx(6.7));
+  CHECK(all.seconds == doctest::Approx(6.35));
+  // One micro-batch: the sequential sum, 1 + (2 + 0.25) + 2 and 6 + (0.2 + 0.25) + 0.
+  p.n_micro_batches = 1;
+  CHECK(split::evaluate_route(p, 0, split::make_route(false, false, {1}, 3)).seconds == 5.25);
+  CHECK(split::evaluate_route(p, 0, split::make_route(false, false, {3}, 3)).seconds == doctest::Approx(6.45));
 }
 
 TEST_CASE("evaluate_route uses the device link next to the device and the edge link next to the server") {
@@ -311,6 +221,68 @@ TEST_CASE("the planner finds the same cuts and step time as exhaustive search on
   CHECK(n_tied > 50);
   CHECK(n_binding > 100);
   CHECK(n_u3 > 50);
+}
+
+TEST_CASE("the planner finds the same cuts, micro-batches, codecs and step time as exhaustive search") {
+  core::rng r(20261203);
+  int n_feasible = 0, n_infeasible = 0, n_u3 = 0, n_edge = 0, n_m_above_1 = 0, n_m_below_max = 0, n_compressed = 0,
+      n_mixed = 0;
+  for (int it = 0; it < 1500; ++it) {
+    const auto p = testing::random_choice_problem(r);
+    CAPTURE(it);
+    std::string best_err, all_err;
+    split::split_plan best, all;
+    try {
+      best = split::plan_best(p);
+    } catch (const core::error& e) {
+      best_err = e.what();
+    }
+    try {
+      all = split::plan_exhaustive(p);
+    } catch (const core::error& e) {
+      all_err = e.what();
+    }
+    REQUIRE(best_err == all_err);
+    if (!best_err.empty()) {
+      ++n_infeasible;
+      continue;
+    }
+    ++n_feasible;
+    REQUIRE(best.routes.size() == p.devices.size());
+    REQUIRE(best.choices.size() == p.devices.size());
+    CHECK(best.cost.step_seconds == all.cost.step_seconds);
+    CHECK(best.cost.slowest_device == all.cost.slowest_device);
+    const int most = *std::max_element(p.micro_batch_options.begin(), p.micro_batch_options.end());
+    for (std::size_t d = 0; d < p.devices.size(); ++d) {
+      CAPTURE(d);
+      CHECK(best.routes[d] == all.routes[d]);
+      CHECK(best.choices[d] == all.choices[d]);
+      const auto c = split::evaluate_route(p, static_cast<int>(d), best.routes[d], best.choices[d]);
+      CHECK(c.seconds == best.cost.devices[d].seconds);
+      CHECK(c.feasible);
+      const auto& ch = best.choices[d];
+      n_m_above_1 += ch.n_micro_batches > 1;
+      n_m_below_max += ch.n_micro_batches < most;
+      bool any = false, all_f32 = true;
+      for (const auto& h : ch.hops) {
+        any = any || h.up != core::codec::f32 || h.down != core::codec::f32;
+        all_f32 = all_f32 && h.up == core::codec::f32 && h.down == core::codec::f32;
+      }
+      n_compressed += any;
+      n_mixed += any && !all_f32 && ch.hops.size() > 1;
+      n_edge += p.devices[d].edge >= 0;
+      n_u3 += p.u_shape && p.devices[d].edge >= 0;
+    }
+  }
+  MESSAGE("problems solved " << n_feasible << ", infeasible " << n_infeasible << "; devices through an edge " << n_edge
+                             << ", D E S E D " << n_u3 << ", M > 1 chosen " << n_m_above_1
+                             << ", M below the largest option " << n_m_below_max << ", a codec other than f32 "
+                             << n_compressed);
+  CHECK(n_feasible >= 1000);
+  CHECK(n_u3 > 50);
+  CHECK(n_m_above_1 > 100);
+  CHECK(n_m_below_max > 100);
+  CHECK(n_compressed > 100);
 }
 
 TEST_CASE("evaluate_route refuses a route of another shape") {

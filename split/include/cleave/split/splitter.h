@@ -1,20 +1,38 @@
 // The adaptive splitter's model and planner: what one training step costs under a plan, and
-// the cuts that make it cheapest. Pure computation over measured figures (profiles come from
-// the nodes, see profiler.h); the server feeds it and applies its answers.
+// the cuts, micro-batch count and cut codecs that make it cheapest. Pure computation over
+// measured figures (profiles come from the nodes, see profiler.h); the server feeds it and
+// applies its answers.
 //
-// Cost model (one step = one batch of every device, all devices training at once):
-//   T_d = sum over d's segments of the blocks' step time on the node running them, times that
-//         node's share factor (the server serves all devices at once, an edge the devices
-//         behind it: processor sharing, so a node serving k devices gives each 1/k of itself)
-//       + for every hop between consecutive segments of d's path (also across an empty segment,
-//         whose node relays): activation up and gradient down, 2 * cut_bytes / bandwidth,
-//         plus one round trip per micro-batch.
+// Cost model (one step = one batch of every device, all devices training at once). Device d's
+// route is a chain of stages, in path order: segment 0, hop 0, segment 1, ..., the last segment.
+//   segment k: the blocks' step time on the node running it, times that node's share factor
+//     (the server serves all devices at once, an edge the devices behind it: processor sharing,
+//     so a node serving k devices gives each 1/k of itself). Empty segments are stages of 0 s
+//     (their node relays).
+//   hop k (between segments k and k+1, at cut c): the activation up and the gradient down, each
+//     encoded_bytes(codec, numel, channels) / bandwidth plus seconds_per_value(codec) * numel of
+//     encoding and decoding, plus one round trip; numel = cut_bytes[c] / 4, channels =
+//     cut_channels[c].
+// With M micro-batches (a route_choice picks M and the codecs of every hop) a stage handles one
+// micro-batch at a time: s_i(M) = segment / M for a segment, and (up + down) / M + rtt for a hop
+// (the round trip is paid per micro-batch). The stages form a pipeline (fill, then one
+// micro-batch per bottleneck period):
+//   T_d = sum_i s_i(M) + (M - 1) * max_i s_i(M).
+// With M = 1 and f32 both ways this is the sequential model: segments + 2 * cut_bytes /
+// bandwidth + rtt per hop.
 //   step time of the plan = max over devices of T_d.
 // Memory: a node's budget is shared evenly by the devices it serves (a device's own board is
 // all its own); the blocks a device's route puts on a node (both segments where the path
-// visits it twice) may not exceed its share. Costs are separable per device, so the best plan
-// is the best route of every device on its own; the planner finds it exactly by dynamic
-// programming over the chain of blocks and the path of tiers.
+// visits it twice) may not exceed its share. A block counts its fixed bytes and its saved bytes
+// for the whole step whatever M: the forward passes of every micro-batch finish before the
+// first backward, so all their saved activations are alive at once. Memory is therefore
+// independent of the route_choice.
+//
+// Costs are separable per device, so the best plan is the best route and choice of every device
+// on its own. Ties (equal T_d, compared exactly) go to the smallest cuts compared
+// lexicographically, then the smallest M, then the codecs compared lexicographically as the
+// sequence (hop 0 up, hop 0 down, hop 1 up, ...) in the order of split_problem::codecs.
+// plan_best finds that choice exactly (see planner.cpp and pipeline_search.cpp).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "cleave/core/codec.h"
 #include "cleave/split/plan.h"
 
 namespace cleave::split {
@@ -42,13 +61,30 @@ struct device_costs {
   link_costs link;   // device <-> its edge (or the server)
 };
 
+// A codec the planner may put on a hop, with its encoding + decoding time per value of the cut
+// tensor (both ends together).
+struct codec_option {
+  core::codec id = core::codec::f32;
+  double seconds_per_value = 0;
+};
+
 struct split_problem {
   int n_blocks = 0;
   bool u_shape = false;
-  int n_micro_batches = 1;
+  int n_micro_batches = 1;  // the micro-batches of a step when no choice says otherwise
+  // Micro-batch counts the planner may choose from (typically 1, 2, 4, 8); empty: {n_micro_batches}.
+  std::vector<int> micro_batch_options;
+  int batch = 0;  // samples per step; when > 0 every micro-batch count must divide it
   // cut_bytes[c] (c in [0, n_blocks]): bytes of the activation entering block c (c == n_blocks:
   // the model's output) for one whole step; its gradient has the same size.
   std::vector<double> cut_bytes;
+  // Per cut (n_blocks + 1 entries): channels of the activation (int8 sends one scale per
+  // channel); empty: 1 each.
+  std::vector<double> cut_channels;
+  // Codecs the planner may choose from, in tie-break order; empty: {f32 at no cost}. topk is
+  // for gradients only. f32 is always allowed in a route_choice (at no cost when not listed).
+  std::vector<codec_option> codecs;
+  float topk_fraction = 0.1f;  // fraction of the values topk keeps
   // Per block: bytes that stay while the block is hosted (parameters, buffers, gradients,
   // optimizer state) and bytes kept for backward during a step.
   std::vector<double> fixed_bytes, saved_bytes;
@@ -59,20 +95,35 @@ struct split_problem {
 };
 
 // Throws core::error naming the first inconsistency (sizes, negative or non-finite values,
-// edge indices out of range).
+// edge indices out of range, micro-batch counts, codecs).
 void validate(const split_problem& p);
 
 // The path of tiers of device d under p (D S, D E S, D S D or D E S E D).
 std::vector<core::tier> path_of(const split_problem& p, int device);
 
+// How a route runs: its micro-batch count and the codecs of each hop (hops.size() ==
+// route.path.size() - 1). The activation codec must allow activations (not topk).
+struct route_choice {
+  int n_micro_batches = 1;
+  std::vector<core::hop_codecs> hops;
+  friend bool operator==(const route_choice&, const route_choice&) = default;
+};
+// p.n_micro_batches and f32 on every hop of a route with `n_hops` hops.
+route_choice default_choice(const split_problem& p, std::size_t n_hops);
+
 struct route_cost {
   double seconds = 0;  // T_d
+  // Busy time over the whole step: of the nodes (segments) and of the links (hops, M round trips).
   double compute_seconds = 0, transfer_seconds = 0;
-  bool feasible = true;  // within every memory share
-  std::string why;       // when not feasible: which node's memory is exceeded
+  double fill_seconds = 0;        // sum_i s_i(M)
+  double bottleneck_seconds = 0;  // max_i s_i(M)
+  bool feasible = true;           // within every memory share
+  std::string why;                // when not feasible: which node's memory is exceeded
 };
-// T_d of route r for device d, computed directly from the definition above (the oracle the
-// planner is tested against).
+// T_d of route r run as `choice` for device d, computed directly from the definition above
+// (the oracle the planner is tested against). Throws core::error naming a bad route or choice.
+route_cost evaluate_route(const split_problem& p, int device, const route& r, const route_choice& choice);
+// The same under default_choice (p.n_micro_batches, f32).
 route_cost evaluate_route(const split_problem& p, int device, const route& r);
 
 struct plan_cost {
@@ -81,17 +132,22 @@ struct plan_cost {
   std::vector<route_cost> devices;
   bool feasible = true;
 };
+plan_cost evaluate_plan(const split_problem& p, const std::vector<route>& routes,
+                        const std::vector<route_choice>& choices);
+// The same under default_choice for every route.
 plan_cost evaluate_plan(const split_problem& p, const std::vector<route>& routes);
 
 struct split_plan {
-  std::vector<route> routes;  // one per device, in the order of p.devices
+  std::vector<route> routes;          // one per device, in the order of p.devices
+  std::vector<route_choice> choices;  // one per device: how its route runs
   plan_cost cost;
 };
-// The cheapest feasible route of every device (ties: the route with the smallest cuts,
-// compared lexicographically). Throws core::error naming the device when no route fits its
-// memory shares.
+// The cheapest feasible route and choice of every device among the problem's micro-batch
+// options and codecs (ties: see above). Throws core::error naming the device when no route
+// fits its memory shares.
 split_plan plan_best(const split_problem& p);
-// The same by trying every route of every device (tests; small problems only).
+// The same by trying every route, micro-batch count and codec of every hop of every device
+// (tests; small problems only).
 split_plan plan_exhaustive(const split_problem& p);
 
 // Time to move the blocks whose tier changes from `from` to `to` for device d: their fixed bytes
@@ -110,7 +166,12 @@ struct resplit_decision {
   double migration_seconds = 0;                      // predicted, all devices
   std::string reason;                                // one line for the log
 };
-// Whether to move from the current routes to `proposed` under the policy.
+// Whether to move from the current routes, run as `current_choices`, to `proposed` (its routes
+// and choices) under the policy.
+resplit_decision decide_resplit(const split_problem& p, const std::vector<route>& current,
+                                const std::vector<route_choice>& current_choices, const split_plan& proposed,
+                                const resplit_policy& policy);
+// The same with the current routes run under default_choice.
 resplit_decision decide_resplit(const split_problem& p, const std::vector<route>& current, const split_plan& proposed,
                                 const resplit_policy& policy);
 

@@ -1,0 +1,72 @@
+// Tables the planner (planner.cpp) and its pipeline search (pipeline_search.cpp) share: prefix
+// sums over the chain of blocks and one device's stage times at one micro-batch count.
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "cost_terms.h"
+
+namespace cleave::split::detail {
+
+// sums(b, e): the values of blocks [b, e) added from b upward starting at 0 (as the oracle does).
+class sums {
+ public:
+  void build(const std::vector<double>& v) {
+    n_ = static_cast<int>(v.size());
+    s_.assign(static_cast<std::size_t>((n_ + 1) * (n_ + 1)), 0.0);
+    for (int b = 0; b < n_; ++b) {
+      double acc = 0;
+      for (int e = b + 1; e <= n_; ++e) {
+        acc += v[static_cast<std::size_t>(e - 1)];
+        s_[idx(b, e)] = acc;
+      }
+    }
+  }
+  double operator()(int b, int e) const { return s_[idx(b, e)]; }
+  // Row b: sums(b, e) at [e].
+  const double* row(int b) const { return s_.data() + idx(b, 0); }
+
+ private:
+  std::size_t idx(int b, int e) const { return static_cast<std::size_t>(b * (n_ + 1) + e); }
+  int n_ = 0;
+  std::vector<double> s_;
+};
+
+// One device's route at one micro-batch count m, as stage times per micro-batch. Segment k of
+// the path runs on node node_of_segment[k] (0 device, 1 edge, 2 server); hop k's stage is the
+// fastest codec each way.
+struct pipeline_tables {
+  int n = 0, n_segments = 0, m = 1;
+  bool u_shape = false;
+  std::vector<double> first;  // first[e]: segment 0 = [0, e)
+  std::vector<double> last;   // last[b]: the last segment = [b, n)
+  // Segments 1 .. n_segments - 2: (n + 1) x (n + 1) row-major tables, [b * (n + 1) + e] = [b, e).
+  std::array<const std::vector<double>*, 5> middle{};
+  std::array<std::vector<double>, 5> block;  // block[k][i]: block i alone as segment k
+  std::array<std::vector<double>, 4> hop;    // hop[k][c]
+  const sums* mem = nullptr;                 // fixed + saved bytes
+  std::array<int, 5> node_of_segment{};
+  std::array<double, 3> cap{};  // memory share per node
+
+  double segment(int k, int b, int e) const {
+    if (k == 0) return first[static_cast<std::size_t>(e)];
+    if (k + 1 == n_segments) return last[static_cast<std::size_t>(b)];
+    return (*middle[static_cast<std::size_t>(k)])[static_cast<std::size_t>(b * (n + 1) + e)];
+  }
+  // The largest cut a route may place (U-shape: the device top holds a block).
+  int max_cut() const { return u_shape ? n - 1 : n; }
+};
+
+struct pipeline_best {
+  double seconds = unlimited;
+  std::vector<int> cuts;  // empty: nothing below the bound
+};
+
+// The first route (cuts in lexicographic order) of least T under t among those within memory,
+// considering only routes whose T is <= bound (routes above it are pruned).
+pipeline_best search_pipeline(const pipeline_tables& t, double bound);
+// T of the given cuts under t (memory not checked).
+double pipeline_seconds_of(const pipeline_tables& t, const std::vector<int>& cuts);
+
+}  // namespace cleave::split::detail
