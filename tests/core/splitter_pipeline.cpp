@@ -255,3 +255,53 @@ TEST_CASE("evaluate_route names what is wrong with a route choice") {
           split::evaluate_plan(p, {r, r}, {choice(1, {{}})});
         }) == "plan has 1 route choices for 2 routes");
 }
+
+TEST_CASE("the planner matches exhaustive search on measured-looking figures") {
+  // Milliseconds a block, megabytes a cut, Wi-Fi-like device links: no exact ties, bounds that
+  // must hold through rounding.
+  core::rng r(5);
+  auto uni = [&](double a, double b) { return a + (b - a) * static_cast<double>(r.uniform()); };
+  for (int it = 0; it < 40; ++it) {
+    const bool u = it % 2 == 1;
+    const int n = u ? 6 : 10;
+    auto p = blank(n, u, {0, 1, -1, 0}, 2);
+    for (auto& b : p.cut_bytes) b = uni(1e4, 2e6);
+    p.cut_channels.assign(p.cut_bytes.size(), 64.0);
+    for (std::size_t i = 0; i < p.fixed_bytes.size(); ++i) {
+      p.fixed_bytes[i] = uni(1e5, 8e6);
+      p.saved_bytes[i] = uni(1e5, 4e6);
+    }
+    for (auto& t : p.server.block_seconds) t = uni(1e-4, 5e-4);
+    for (std::size_t e = 0; e < p.edges.size(); ++e) {
+      for (auto& t : p.edges[e].block_seconds) t = uni(5e-4, 2e-3);
+      p.edge_links[e] = {uni(5e8, 1.25e9), uni(2e-4, 1e-3)};
+    }
+    for (auto& d : p.devices) {
+      for (auto& t : d.board.block_seconds) t = uni(1e-3, 1e-2);
+      d.board.memory_budget = uni(1.5e7, 4e7);
+      d.link = {uni(5e6, 5e7), uni(2e-3, 2e-2)};
+    }
+    p.batch = 64;
+    p.micro_batch_options = {1, 2, 4, 8};
+    p.codecs = {{codec::f32, 0}, {codec::f16, 0.5e-9}, {codec::int8, 1.5e-9}};
+    if (!u) p.codecs.push_back({codec::topk, 6e-9});
+    CAPTURE(it);
+    std::string best_err, all_err;
+    split::split_plan best, all;
+    try {
+      best = split::plan_best(p);
+    } catch (const core::error& e) {
+      best_err = e.what();
+    }
+    try {
+      all = split::plan_exhaustive(p);
+    } catch (const core::error& e) {
+      all_err = e.what();
+    }
+    REQUIRE(best_err == all_err);
+    if (!best_err.empty()) continue;
+    CHECK(best.cost.step_seconds == all.cost.step_seconds);
+    CHECK(best.routes == all.routes);
+    CHECK(best.choices == all.choices);
+  }
+}
