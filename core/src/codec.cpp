@@ -45,10 +45,34 @@ std::string codec_set::str() const {
       char buf[32];
       const auto r = std::to_chars(buf, buf + sizeof buf, topk_fraction);
       out += ':' + std::string(buf, r.ptr);
+      if (topk_feedback) out += ":feedback";
     }
   }
   return out;
 }
+
+namespace {
+
+// "0.05", "feedback", "0.05:feedback" after "topk:".
+void parse_topk_args(const std::string& whole, std::string_view args, codec_set& s) {
+  while (true) {
+    const std::size_t colon = std::min(args.find(':'), args.size());
+    const std::string_view arg = args.substr(0, colon);
+    if (arg == "feedback") {
+      s.topk_feedback = true;
+    } else {
+      float f = 0;
+      const auto r = std::from_chars(arg.data(), arg.data() + arg.size(), f);
+      if (r.ec != std::errc{} || r.ptr != arg.data() + arg.size() || !(f > 0.0f && f <= 1.0f))
+        throw error("codec list '" + whole + "': topk fraction '" + std::string(arg) + "' is not in (0, 1]");
+      s.topk_fraction = f;
+    }
+    if (colon == args.size()) return;
+    args = args.substr(colon + 1);
+  }
+}
+
+}  // namespace
 
 codec_set parse_codec_set(std::string_view text) {
   codec_set s;
@@ -79,12 +103,8 @@ codec_set parse_codec_set(std::string_view text) {
       }
       if (c != codec::topk)
         throw error("codec list '" + whole + "': '" + std::string(item) + ":" + std::string(arg) +
-                    "': only topk takes a fraction, and int8 'stochastic'");
-      float f = 0;
-      const auto r = std::from_chars(arg.data(), arg.data() + arg.size(), f);
-      if (r.ec != std::errc{} || r.ptr != arg.data() + arg.size() || !(f > 0.0f && f <= 1.0f))
-        throw error("codec list '" + whole + "': topk fraction '" + std::string(arg) + "' is not in (0, 1]");
-      s.topk_fraction = f;
+                    "': only topk takes a fraction or 'feedback', and int8 'stochastic'");
+      parse_topk_args(whole, arg, s);
     }
     if (!s.allows(*c)) s.allowed.push_back(*c);
     if (comma == text.size()) break;

@@ -148,7 +148,8 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
   } else if (o.dir == split::segment_output::direction::down) {
     const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.begin(seg))};
     const core::codec_spec cs = spec(seg - 1, false);
-    std::vector<float>* residual = cs.id == core::codec::topk ? &residual_[{device, seg, id.micro_batch}] : nullptr;
+    std::vector<float>* residual =
+        cs.id == core::codec::topk && cut->second.topk_feedback ? &residual_[{device, seg, id.micro_batch}] : nullptr;
     res.out = transport::make_gradients(key, *b_, o.value, o.loss, o.n_correct, cs, residual);
     res.to = r.path[static_cast<std::size_t>(seg - 1)];
   }

@@ -54,6 +54,9 @@ class server_node::impl {
     std::uint64_t joined_round = 0;   // the round open when it joined, and when its route last moved
     std::uint64_t moved_round = 0;
     double predicted_step_seconds = 0;  // the cost model's, at the last round's end
+    // The codecs of each hop of its route chosen by the planner, and of an announced re-split
+    // (empty: the most compact allowed ones, see cut_of).
+    std::vector<core::hop_codecs> hops, next_hops;
   };
   // The round as a state machine: open -> wait for members -> start -> collect -> close and
   // average -> evaluate -> broadcast -> checkpoint. Membership events change `members`.
@@ -150,7 +153,8 @@ class server_node::impl {
   void send_global(const runtime::session_ptr& to, std::uint32_t device_id);
   int n_connected() const;
   // Re-splits: announce a new route, switch at the device's Cutover, receive moved blocks.
-  void propose(std::uint32_t device, const split::route& r, const std::string& why);
+  void propose(std::uint32_t device, const split::route& r, const std::vector<core::hop_codecs>& hops,
+               const std::string& why);
   void on_cutover(const runtime::session_ptr& s, const wire::Cutover& c);
   void on_migrate(const runtime::session_ptr& s, transport::message m);
   // A device's compute failed here (bad blocks or steps it or its edge sent): the device's
@@ -165,7 +169,15 @@ class server_node::impl {
   split::route route_for_device(bool behind_edge) const;
   transport::message_builder plan_message(std::uint32_t device, bool resplit = false) const;
   // How a device on route r crosses its cuts (micro-batches, codecs per hop).
-  transport::cut_settings cut_of(const split::route& r) const;
+  // hops: the planner's choice for r (null or not one per hop: the most compact allowed codecs).
+  transport::cut_settings cut_of(const split::route& r, const std::vector<core::hop_codecs>* hops = nullptr) const;
+  // How the devices in `devs` run today: the configured micro-batches, their hops' codecs.
+  std::vector<split::route_choice> running_choices(const std::vector<split::profile_book::device_entry>& devs) const;
+  // What the planner may choose from besides the cuts: codecs (with their measured host cost),
+  // channels at every cut.
+  void add_choices(split::split_problem& p) const;
+  void measure_codecs();
+  std::vector<split::codec_option> codec_options_;
 
   server_config c_;
   runtime::executors ex_;

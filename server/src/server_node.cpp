@@ -56,20 +56,26 @@ transport::message_builder server_node::impl::plan_message(std::uint32_t device,
   p.edge_id = d.behind_edge ? d.via->id : 0;
   p.route = resplit ? *d.rs.next : d.rs.route;
   p.run_id = run_id_;
-  const auto cut = cut_of(p.route);
+  const auto cut = cut_of(p.route, resplit ? &d.next_hops : &d.hops);
   if (std::any_of(cut.hops.begin(), cut.hops.end(), [](const auto& h) { return !(h == core::hop_codecs{}); }))
     p.hops = cut.hops;  // f32 everywhere: nothing to say (plans as before)
   p.topk_fraction = cut.topk_fraction;
   p.stochastic_rounding = cut.stochastic_rounding;
+  p.topk_feedback = cut.topk_feedback;
   return transport::make_plan(p);
 }
 
-transport::cut_settings server_node::impl::cut_of(const split::route& r) const {
+transport::cut_settings server_node::impl::cut_of(const split::route& r,
+                                                  const std::vector<core::hop_codecs>* hops) const {
   transport::cut_settings c;
   c.n_micro_batches = static_cast<std::uint32_t>(c_.micro_batches);
-  c.hops.assign(r.path.size() - 1, core::compact_codecs(c_.codecs));
+  if (hops && hops->size() + 1 == r.path.size())
+    c.hops = *hops;
+  else
+    c.hops.assign(r.path.size() - 1, core::compact_codecs(c_.codecs));
   c.topk_fraction = c_.codecs.topk_fraction;
   c.stochastic_rounding = c_.codecs.stochastic;
+  c.topk_feedback = c_.codecs.topk_feedback;
   return c;
 }
 
@@ -259,7 +265,7 @@ void server_node::impl::on_step(const runtime::session_ptr& s, transport::messag
   if (act && step != d.last_step) {
     d.last_step = step;
     if (c_.force_route && !d.rs.next && c_.mode == training_mode::splitfed)
-      if (auto r = c_.force_route(dev, step, d.rs.route); r && !(*r == d.rs.route)) propose(dev, *r, "forced");
+      if (auto r = c_.force_route(dev, step, d.rs.route); r && !(*r == d.rs.route)) propose(dev, *r, d.hops, "forced");
   }
   auto held = std::make_shared<transport::message>(std::move(m));
   const core::tier from = d.behind_edge ? core::tier::edge : core::tier::device;
@@ -428,6 +434,7 @@ round_report server_node::impl::run() {
     book_ = std::make_unique<split::profile_book>(model_, std::max(1, c_.batch / c_.micro_batches), c_.micro_batches,
                                                   c_.u_shape);
     book_->set_profile({core::tier::server, 0}, runner_->snapshot(memory_budget_));
+    measure_codecs();
   }
   core::train_config tc;
   tc.seed = c_.seed;

@@ -6,11 +6,103 @@
 
 namespace cleave::server {
 
-void server_node::impl::propose(std::uint32_t device, const split::route& r, const std::string& why) {
+namespace {
+
+// "int8/topk" per hop, hops joined by ','.
+std::string codecs_text(const std::vector<core::hop_codecs>& hops) {
+  std::string out;
+  for (const auto& h : hops) {
+    if (!out.empty()) out += ',';
+    out += std::string(core::codec_name(h.up)) + "/" + std::string(core::codec_name(h.down));
+  }
+  return out;
+}
+
+// Seconds per value to encode and decode c on this host (the fastest of three runs over 256 Ki
+// values): what a hop's codec costs besides its bytes.
+double codec_seconds_per_value(const core::codec_set& set, core::codec c) {
+  constexpr std::int64_t n = 1 << 18;
+  std::vector<float> x(static_cast<std::size_t>(n)), y(x.size()), residual(x.size(), 0.0f);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i % 1021) - 510) * 0.01f;
+  const core::channel_layout l{64, 64, n / 4096};
+  std::vector<std::uint16_t> h(x.size());
+  std::vector<std::int8_t> q(x.size());
+  std::vector<float> scales(64);
+  const std::int64_t k = core::topk_count(n, set.topk_fraction);
+  std::vector<float> values(static_cast<std::size_t>(k));
+  std::vector<std::uint32_t> pos(static_cast<std::size_t>(k));
+  double best = 1e30;
+  for (int run = 0; run < 3; ++run) {
+    const auto t0 = std::chrono::steady_clock::now();
+    switch (c) {
+      case core::codec::f32:
+        return 0;
+      case core::codec::f16:
+        core::encode_f16(x.data(), h.data(), n);
+        core::decode_f16(h.data(), y.data(), n);
+        break;
+      case core::codec::bf16:
+        core::encode_bf16(x.data(), h.data(), n);
+        core::decode_bf16(h.data(), y.data(), n);
+        break;
+      case core::codec::int8:
+        core::encode_int8(x.data(), l, q.data(), scales.data(), set.stochastic, 1);
+        core::decode_int8(q.data(), scales.data(), l, y.data());
+        break;
+      case core::codec::topk:
+        core::encode_topk(x.data(), n, k, residual.data(), values.data(), pos.data());
+        core::decode_topk(values.data(), pos.data(), k, y.data(), n);
+        break;
+    }
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best / static_cast<double>(n);
+}
+
+}  // namespace
+
+void server_node::impl::measure_codecs() {
+  codec_options_.clear();
+  for (core::codec c : c_.codecs.allowed) codec_options_.push_back({c, codec_seconds_per_value(c_.codecs, c)});
+  std::string text;
+  for (const auto& o : codec_options_)
+    text += fmt::format("{}{} {:.2f} ns", text.empty() ? "" : ", ", core::codec_name(o.id), o.seconds_per_value * 1e9);
+  if (codec_options_.size() > 1)
+    spdlog::info("server: cut codecs the planner may choose, per value encoded and decoded: {}", text);
+}
+
+void server_node::impl::add_choices(split::split_problem& p) const {
+  p.codecs = codec_options_;
+  p.topk_fraction = c_.codecs.topk_fraction;
+  p.batch = c_.batch;
+  p.micro_batch_options = {c_.micro_batches};  // micro-batches change batch-norm statistics: fixed
+  p.cut_channels.assign(static_cast<std::size_t>(model_.n_blocks() + 1), 1.0);
+  for (int c = 0; c <= model_.n_blocks(); ++c) {
+    const auto& s = c < model_.n_blocks() ? model_.blocks[static_cast<std::size_t>(c)].in : model_.blocks.back().out;
+    if (s.rank() >= 1) p.cut_channels[static_cast<std::size_t>(c)] = static_cast<double>(s[0]);
+  }
+}
+
+std::vector<split::route_choice> server_node::impl::running_choices(
+    const std::vector<split::profile_book::device_entry>& devs) const {
+  std::vector<split::route_choice> out;
+  for (const auto& e : devs) {
+    const auto& d = devices_.at(e.id);
+    out.push_back({c_.micro_batches, cut_of(d.rs.route, &d.hops).hops});
+  }
+  return out;
+}
+
+void server_node::impl::propose(std::uint32_t device, const split::route& r, const std::vector<core::hop_codecs>& hops,
+                                const std::string& why) {
   auto& d = devices_.at(device);
   if (d.rs.next || !d.connected) return;
+  const std::string codecs_before = codecs_text(cut_of(d.rs.route, &d.hops).hops);
   d.rs.announce(r, ++plan_epoch_);
-  spdlog::info("server: re-split device {} ({}): {} -> {} (plan {})", device, why, d.rs.route.str(), r.str(),
+  d.next_hops = hops;
+  const std::string codecs_after = codecs_text(cut_of(r, &d.next_hops).hops);
+  spdlog::info("server: re-split device {} ({}): {} -> {}{} (plan {})", device, why, d.rs.route.str(), r.str(),
+               codecs_before == codecs_after ? std::string() : ", codecs " + codecs_before + " -> " + codecs_after,
                d.rs.next_epoch);
   d.via->post(plan_message(device, true));
 }
@@ -19,12 +111,15 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
   const std::uint32_t dev = c.device_id();
   auto& d = attached(dev, s, "Cutover");
   const split::route from = d.rs.cut_over(c.epoch()), to = d.rs.route;
+  d.hops = std::move(d.next_hops);
+  d.next_hops.clear();
   if (round_.at == phase::collecting) ++round_.n_resplits;
   d.measured = false;
   d.moved_round = round_.number;
   const transport::migrate_desc md{d.rs.epoch, c.step(), dev, d.behind_edge ? s->id : 0, core::tier::server, 0};
   ex_.post_compute(
-      [this, s, dev, from, to, md] {
+      [this, s, dev, from, to, md, cut = cut_of(to, &d.hops)] {
+        runner_->set_cut(dev, cut);
         auto moved = runner_->rehost(dev, from, to, md);
         runtime::count_migration(ex_.metrics(), moved);
         for (auto& [tier, msg] : moved) s->post(std::move(msg));
@@ -88,12 +183,13 @@ double server_node::impl::predicted_step(const std::set<std::uint32_t>& ids) {
   for (const auto& e : planned_devices())
     if (ids.count(e.id)) devs.push_back(e);
   std::string missing;
-  const auto prob = book_->problem(devs, missing);
+  auto prob = book_->problem(devs, missing);
   if (!prob || devs.empty()) return 0;
+  add_choices(*prob);
   std::vector<split::route> routes;
   for (const auto& e : devs) routes.push_back(devices_.at(e.id).rs.route);
   try {
-    return split::evaluate_plan(*prob, routes).step_seconds;
+    return split::evaluate_plan(*prob, routes, running_choices(devs)).step_seconds;
   } catch (const core::error&) {
     return 0;
   }
@@ -112,11 +208,12 @@ void server_node::impl::maybe_replan(const std::string& why) {
     book_->report_link({core::tier::server, 0}, {s->role, s->id}, l.rtt_us * 1e-6, l.bandwidth_bytes_per_s);
   }
   std::string missing;
-  const auto prob = book_->problem(devs, missing);
+  auto prob = book_->problem(devs, missing);
   if (!prob) {
     spdlog::debug("server: no plan yet ({}): waiting for the profile of {}", why, missing);
     return;
   }
+  add_choices(*prob);
   std::vector<split::route> current;
   for (const auto& e : devs) current.push_back(devices_.at(e.id).rs.route);
   split::split_plan best;
@@ -132,9 +229,9 @@ void server_node::impl::maybe_replan(const std::string& why) {
   policy.min_gain = c_.min_gain;
   policy.repay_rounds = c_.repay_rounds;
   policy.steps_per_round = c_.local_steps;
-  // Devices run the configured micro-batches with f32 cuts; the plan says how each could run.
-  std::vector<split::route_choice> running;
-  for (const auto& r : current) running.push_back(split::default_choice(*prob, r.path.size() - 1));
+  // How devices run now (the configured micro-batches, their hops' codecs); the plan says how
+  // each could run.
+  const auto running = running_choices(devs);
   const auto d = split::decide_resplit(*prob, current, running, best, policy);
   if (!d.change) {
     spdlog::debug("server: plan kept ({}): {}", why, d.reason);
@@ -144,11 +241,12 @@ void server_node::impl::maybe_replan(const std::string& why) {
   // Only the devices whose own step gains enough move (or whose route no longer fits): the
   // others would pay a migration for nothing the federation's step time sees.
   for (std::size_t i = 0; i < devs.size(); ++i) {
-    if (best.routes[i] == current[i]) continue;
+    if (best.routes[i] == current[i] && best.choices[i].hops == running[i].hops) continue;
     const auto now = split::evaluate_route(*prob, static_cast<int>(i), current[i], running[i]);
     const double next = best.cost.devices[i].seconds;
     if (now.feasible && now.seconds - next < c_.min_gain * now.seconds) continue;
-    propose(devs[i].id, best.routes[i], fmt::format("its step {:.1f} -> {:.1f} ms", now.seconds * 1e3, next * 1e3));
+    propose(devs[i].id, best.routes[i], best.choices[i].hops,
+            fmt::format("its step {:.1f} -> {:.1f} ms", now.seconds * 1e3, next * 1e3));
   }
 }
 

@@ -31,7 +31,15 @@ TEST_CASE("codec sets parse, print and reject what they do not know") {
   CHECK(s.allows(codec::int8));
   CHECK(s.stochastic);
   CHECK(s.topk_fraction == doctest::Approx(0.05f));
+  CHECK(!s.topk_feedback);
   CHECK(core::parse_codec_set(s.str()).str() == s.str());
+  const auto fb = core::parse_codec_set("topk:0.02:feedback");
+  CHECK(fb.topk_feedback);
+  CHECK(fb.topk_fraction == doctest::Approx(0.02f));
+  CHECK(core::parse_codec_set(fb.str()).str() == fb.str());
+  CHECK(core::parse_codec_set("topk:feedback").topk_fraction == doctest::Approx(0.1f));
+  CHECK(testing::error_of([] { core::parse_codec_set("topk:0.1:back"); }).find("'back' is not in (0, 1]") !=
+        std::string::npos);
   CHECK(testing::error_of([] { core::parse_codec_set("f16,int4"); }).find("unknown codec 'int4'") != std::string::npos);
   CHECK(testing::error_of([] { core::parse_codec_set("topk:1.5"); }).find("'1.5' is not in (0, 1]") !=
         std::string::npos);

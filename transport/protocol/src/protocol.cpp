@@ -63,7 +63,7 @@ message_builder make_plan(const plan_desc& p) {
   const auto devices = f.CreateVector(&dp, 1);
   b.finish(wire::CreatePlan(f, p.epoch, static_cast<std::uint32_t>(p.route.n_blocks), p.route.u_shape(), model,
                             p.micro_batch_size, p.n_micro_batches, devices, training, p.training.seed, p.resplit,
-                            p.run_id, p.topk_fraction, p.stochastic_rounding));
+                            p.run_id, p.topk_fraction, p.stochastic_rounding, p.topk_feedback));
   return b;
 }
 
@@ -166,6 +166,7 @@ cut_settings cut_settings_for(const wire::Plan& p, std::uint32_t device, const s
   c.n_micro_batches = std::max(1u, p.n_micro_batches());
   c.topk_fraction = p.topk_fraction() > 0 ? p.topk_fraction() : 0.1f;
   c.stochastic_rounding = p.stochastic_rounding();
+  c.topk_feedback = p.topk_feedback();
   c.hops.assign(r.path.size() - 1, core::hop_codecs{});
   if (!p.devices()) return c;
   for (const auto* d : *p.devices()) {

@@ -5,8 +5,9 @@
 //   bf16  bfloat16, round to nearest even
 //   int8  per-channel symmetric scale (channel = dim 1 of a rank >= 2 tensor), round to nearest
 //         or, optionally, stochastic rounding
-//   topk  the largest-magnitude fraction of the values with their positions (gradients only;
-//         the sender keeps what it left out and adds it to the next gradient: error feedback)
+//   topk  the largest-magnitude fraction of the values with their positions (gradients only);
+//         optionally with error feedback: the sender keeps what it left out and adds it to the
+//         next gradient of the same stream
 #pragma once
 
 #include <cstdint>
@@ -37,12 +38,14 @@ struct hop_codecs {
 };
 
 // The set of codecs a run may use: "f32", "f32,f16,int8", "topk:0.05" (the fraction kept by
-// topk, default 0.1), "int8:stochastic". Throws core::error naming the text. f32 is always allowed.
+// topk, default 0.1), "topk:0.05:feedback" (with error feedback), "int8:stochastic". Throws
+// core::error naming the text. f32 is always allowed.
 struct codec_set {
   std::vector<codec> allowed{codec::f32};
   float topk_fraction = 0.1f;
 
-  bool stochastic = false;  // "int8:stochastic": int8 rounds stochastically
+  bool stochastic = false;     // "int8:stochastic": int8 rounds stochastically
+  bool topk_feedback = false;  // "topk:feedback": what topk leaves out is added to the next gradient
 
   bool allows(codec c) const;
   std::string str() const;

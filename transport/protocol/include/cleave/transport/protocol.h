@@ -39,6 +39,7 @@ struct plan_desc {
   std::vector<core::hop_codecs> hops;      // per hop of the route; empty: all f32
   float topk_fraction = 0.1f;
   bool stochastic_rounding = false;
+  bool topk_feedback = false;
 };
 // A plan for one device.
 message_builder make_plan(const plan_desc& p);
@@ -52,6 +53,7 @@ struct cut_settings {
   std::vector<core::hop_codecs> hops;
   float topk_fraction = 0.1f;
   bool stochastic_rounding = false;
+  bool topk_feedback = false;
 
   // The codec spec of hop k in direction up (activations) or down (gradients).
   core::codec_spec spec(int hop, bool up, std::uint32_t seed) const;
