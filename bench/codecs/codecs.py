@@ -24,7 +24,7 @@ def codec_flags(codec):
 def run(cleave, model, codec, seed, rounds, steps):
     work = tempfile.mkdtemp(prefix="cleave-codecs-")
     try:
-        cmd = [cleave, "demo", "--no-adapt", "--devices", "4", "--edges", "1", "--partition",
+        cmd = [cleave, "demo", "--no-emulation", "--no-adapt", "--devices", "4", "--edges", "1", "--partition",
                "dirichlet:0.5", "--model", model, "--codecs", codec_flags(codec), "--seed", str(seed),
                "--rounds", str(rounds), "--local-steps", str(steps), "--work", work]
         t0 = time.monotonic()

@@ -23,7 +23,7 @@ for r in "${runs[@]}"; do
   read -r n e rounds <<<"$r"
   dir=$work/scale-$n-$e
   rm -rf "$dir"
-  args=(demo --devices "$n" --rounds "$rounds" --local-steps 1 --work "$dir")
+  args=(demo --no-emulation --devices "$n" --rounds "$rounds" --local-steps 1 --work "$dir")
   if [ "$e" = v ]; then
     args+=(--virtual --edges 0)
     nodes="virtual, no edges"

@@ -241,7 +241,8 @@ void server_node::impl::maybe_replan(const std::string& why) {
   // Only the devices whose own step gains enough move (or whose route no longer fits): the
   // others would pay a migration for nothing the federation's step time sees.
   for (std::size_t i = 0; i < devs.size(); ++i) {
-    if (best.routes[i] == current[i] && best.choices[i].hops == running[i].hops) continue;
+    // (Compared as the nodes run them: the output's hop is always f32.)
+    if (best.routes[i] == current[i] && cut_of(best.routes[i], &best.choices[i].hops).hops == running[i].hops) continue;
     const auto now = split::evaluate_route(*prob, static_cast<int>(i), current[i], running[i]);
     const double next = best.cost.devices[i].seconds;
     if (now.feasible && now.seconds - next < c_.min_gain * now.seconds) continue;

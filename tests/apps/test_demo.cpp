@@ -38,8 +38,8 @@ std::string read_file(const fs::path& p) {
 
 TEST_CASE("a demo of 12 device processes behind 3 edges has every device in every round and reports its figures") {
   const fs::path work = fresh_dir("cleave-demo-edges");
-  const auto r = run_cleave(
-      {"demo", "--devices", "12", "--edges", "3", "--rounds", "2", "--local-steps", "1", "--work", work.string()});
+  const auto r = run_cleave({"demo", "--no-emulation", "--devices", "12", "--edges", "3", "--rounds", "2",
+                             "--local-steps", "1", "--work", work.string()});
   INFO(r.output);
   REQUIRE(r.status == 0);
   CHECK(count(r.output, "round 1/2: 12/12 devices") == 1);
@@ -54,8 +54,8 @@ TEST_CASE("a demo of 12 device processes behind 3 edges has every device in ever
 
 TEST_CASE("40 virtual devices straight to the server train every round and measure their board once") {
   const fs::path work = fresh_dir("cleave-demo-virtual");
-  const auto r = run_cleave({"demo", "--devices", "40", "--edges", "0", "--virtual", "--rounds", "2", "--local-steps",
-                             "1", "--work", work.string()});
+  const auto r = run_cleave({"demo", "--no-emulation", "--devices", "40", "--edges", "0", "--virtual", "--rounds", "2",
+                             "--local-steps", "1", "--work", work.string()});
   INFO(r.output);
   REQUIRE(r.status == 0);
   CHECK(count(r.output, "round 1/2: 40/40 devices") == 1);
@@ -67,6 +67,24 @@ TEST_CASE("40 virtual devices straight to the server train every round and measu
   CHECK(count(devices, ": the block profile of its board") == 39);
   CHECK(count(devices, "training finished after 2 rounds") == 40);
   CHECK(devices.find("warning") == std::string::npos);
+  fs::remove_all(work);
+}
+
+TEST_CASE("the default demo emulates slow boards on Wi-Fi, and its plan keeps blocks on the edge or the server") {
+  const fs::path work = fresh_dir("cleave-demo-emulated");
+  const auto r = run_cleave({"demo", "--rounds", "2", "--local-steps", "30", "--work", work.string()});
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("demo: emulating 4 boards 10x slower than a server core on Wi-Fi links to their edge") !=
+        std::string::npos);
+  const std::string devices = read_file(work / "device-1.log");
+  CHECK(devices.find("round 1: link * <-> edge-1: 50 Mbit/s, 5 ms") != std::string::npos);
+  // The last round's routes: the devices do not hold every block.
+  const auto at = r.output.rfind("round 2: devices 1-4: ");
+  REQUIRE(at != std::string::npos);
+  const std::string routes = r.output.substr(at, r.output.find('\n', at) - at);
+  CHECK(routes.find("device[0,12)") == std::string::npos);
+  CHECK(r.output.find("demo: test accuracy 0.80 ") != std::string::npos);
   fs::remove_all(work);
 }
 

@@ -21,7 +21,7 @@ struct outcome {
 outcome split_demo(const std::string& codecs) {
   const fs::path work = fs::temp_directory_path() / ("cleave-demo-codecs-" + std::to_string(::getpid()));
   fs::remove_all(work);
-  const auto r = run_cleave({"demo", "--no-adapt", "--codecs", codecs, "--work", work.string()});
+  const auto r = run_cleave({"demo", "--no-emulation", "--no-adapt", "--codecs", codecs, "--work", work.string()});
   fs::remove_all(work);
   INFO(r.output);
   REQUIRE(r.status == 0);
