@@ -42,7 +42,8 @@ struct demo_options {
   std::string partition = "dirichlet:0.5", backend = "auto", mode = "splitfed", model = "lenet5";
   std::string lr_schedule = "constant", aggregate = "mean";
   std::string data = "fashion-mnist";
-  std::string codecs = "f32";  // the server's --codecs
+  std::string codecs = "f32";   // the server's --codecs
+  std::string cuts, edge_cuts;  // the server's --cuts and --edge-cuts ("": its defaults)
   bool u_shape = false, keep = false, no_adapt = false, no_emulation = false;
   std::string schedule, device_backends;
   std::string dashboard, metrics;  // the server's
@@ -145,6 +146,8 @@ std::vector<std::string> server_args(const demo_options& o, const demo_plan& p) 
   if (o.no_adapt) a.push_back("--no-adapt");
   if (o.codecs != "f32") a.insert(a.end(), {"--codecs", o.codecs});
   if (o.micro_batches != 1) a.insert(a.end(), {"--micro-batches", std::to_string(o.micro_batches)});
+  if (!o.cuts.empty()) a.insert(a.end(), {"--cuts", o.cuts});
+  if (!o.edge_cuts.empty()) a.insert(a.end(), {"--edge-cuts", o.edge_cuts});
   if (!o.dashboard.empty()) a.insert(a.end(), {"--dashboard", o.dashboard});
   if (!o.metrics.empty()) a.insert(a.end(), {"--metrics", o.metrics});
   if (!o.schedule.empty()) a.insert(a.end(), {"--schedule", o.schedule});
@@ -529,6 +532,8 @@ void register_demo_command(CLI::App& app) {
   d->add_option("--seed", dm.seed, "seed")->capture_default_str();
   d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");
   d->add_flag("--no-adapt", dm.no_adapt, "keep the initial cuts");
+  d->add_option("--cuts", dm.cuts, "initial cuts of devices straight to the server (see cleave server --help)");
+  d->add_option("--edge-cuts", dm.edge_cuts, "initial cuts of devices behind an edge, e.g. 3,8");
   d->add_flag("--no-emulation", dm.no_emulation,
               "run the nodes as they are (by default the demo emulates slow boards on Wi-Fi, see the README)");
   d->add_option("--micro-batches", dm.micro_batches, "micro-batches per step (pipelined across the tiers)")
