@@ -2,6 +2,7 @@
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,8 +37,9 @@ def run(cleave, args, a):
                 reached = (r["round"], trained)
         final = rounds[-1]["test_accuracy"]
         steps = [r.get("step_seconds", 0) for r in rounds]
-        routes = [line for line in p.stdout.splitlines() if ": devices 1-" in line or ": device " in line]
-        last_route = routes[-1].split(": ", 2)[-1] if routes else "?"
+        # The server's per-round route line: "round 8: devices 1-4: device[0,3) edge[3,8) ...".
+        routes = [m.group(1) for m in re.finditer(r"round \d+: devices? [\d,-]+: (.*)", p.stdout)]
+        last_route = routes[-1] if routes else "?"
         return reached, trained, final, sum(steps) / max(1, len(steps)), last_route, wall
     finally:
         shutil.rmtree(work, ignore_errors=True)
