@@ -137,11 +137,10 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
   // Hop k joins segments k and k + 1: the activation goes up hop seg, the gradient down hop seg - 1.
   const auto cut = cut_.find(device);
   const std::uint32_t seed = core::hash32(core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch), device);
-  // The model's output and its gradient cross as computed: they are small, and every gradient
-  // of the step starts from the loss gradient (sparsifying it would starve whole samples).
+  // Decided by the route this step runs under (a re-split's settings may arrive before its
+  // cutover): the output's hop goes f32, see cut_settings::keep_output_exact.
   const auto spec = [&](int hop, bool up) {
-    const int at = r.end(hop);  // the cut hop k crosses
-    return cut == cut_.end() || at == model_.n_blocks() ? core::codec_spec{} : cut->second.spec(hop, up, seed);
+    return cut == cut_.end() || r.end(hop) == r.n_blocks ? core::codec_spec{} : cut->second.spec(hop, up, seed);
   };
   if (o.dir == split::segment_output::direction::up) {
     const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.end(seg))};

@@ -73,9 +73,7 @@ transport::cut_settings server_node::impl::cut_of(const split::route& r,
     c.hops = *hops;
   else
     c.hops.assign(r.path.size() - 1, core::compact_codecs(c_.codecs));
-  // The model's output and its gradient cross as computed (as every node's runner does).
-  for (std::size_t k = 0; k < c.hops.size(); ++k)
-    if (r.end(static_cast<int>(k)) == r.n_blocks) c.hops[k] = {};
+  c.keep_output_exact(r);
   c.topk_fraction = c_.codecs.topk_fraction;
   c.stochastic_rounding = c_.codecs.stochastic;
   c.topk_feedback = c_.codecs.topk_feedback;

@@ -157,18 +157,7 @@ TEST_CASE("the planner finds the same cuts and step time as exhaustive search on
   for (int it = 0; it < 1500; ++it) {
     const auto p = random_problem(r);
     CAPTURE(it);
-    std::string best_err, all_err;
-    split::split_plan best, all;
-    try {
-      best = split::plan_best(p);
-    } catch (const core::error& e) {
-      best_err = e.what();
-    }
-    try {
-      all = split::plan_exhaustive(p);
-    } catch (const core::error& e) {
-      all_err = e.what();
-    }
+    auto [best, all, best_err, all_err] = testing::plan_both(p);
     REQUIRE(best_err == all_err);
     if (!best_err.empty()) {
       ++n_infeasible;
@@ -230,18 +219,7 @@ TEST_CASE("the planner finds the same cuts, micro-batches, codecs and step time 
   for (int it = 0; it < 1500; ++it) {
     const auto p = testing::random_choice_problem(r);
     CAPTURE(it);
-    std::string best_err, all_err;
-    split::split_plan best, all;
-    try {
-      best = split::plan_best(p);
-    } catch (const core::error& e) {
-      best_err = e.what();
-    }
-    try {
-      all = split::plan_exhaustive(p);
-    } catch (const core::error& e) {
-      all_err = e.what();
-    }
+    auto [best, all, best_err, all_err] = testing::plan_both(p);
     REQUIRE(best_err == all_err);
     if (!best_err.empty()) {
       ++n_infeasible;

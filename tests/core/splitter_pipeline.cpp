@@ -286,18 +286,7 @@ TEST_CASE("the planner matches exhaustive search on measured-looking figures") {
     p.codecs = {{codec::f32, 0}, {codec::f16, 0.5e-9}, {codec::int8, 1.5e-9}};
     if (!u) p.codecs.push_back({codec::topk, 6e-9});
     CAPTURE(it);
-    std::string best_err, all_err;
-    split::split_plan best, all;
-    try {
-      best = split::plan_best(p);
-    } catch (const core::error& e) {
-      best_err = e.what();
-    }
-    try {
-      all = split::plan_exhaustive(p);
-    } catch (const core::error& e) {
-      all_err = e.what();
-    }
+    auto [best, all, best_err, all_err] = testing::plan_both(p);
     REQUIRE(best_err == all_err);
     if (!best_err.empty()) continue;
     CHECK(best.cost.step_seconds == all.cost.step_seconds);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "cleave/core/error.h"
@@ -148,6 +149,26 @@ inline split_problem random_choice_problem(core::rng& r) {
     for (auto& d : p.devices) d.link.rtt_seconds += draw(r, 4);
   }
   return p;
+}
+
+// plan_best and plan_exhaustive of one problem, each with the error it threw ("" if none).
+struct both_plans {
+  split::split_plan best, all;
+  std::string best_err, all_err;
+};
+inline both_plans plan_both(const split_problem& p) {
+  both_plans b;
+  try {
+    b.best = split::plan_best(p);
+  } catch (const core::error& e) {
+    b.best_err = e.what();
+  }
+  try {
+    b.all = split::plan_exhaustive(p);
+  } catch (const core::error& e) {
+    b.all_err = e.what();
+  }
+  return b;
 }
 
 }  // namespace cleave::testing

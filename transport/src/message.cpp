@@ -97,8 +97,6 @@ flatbuffers::Offset<wire::Tensor> message_builder::add_encoded_tensor(const core
   const std::int64_t n = s.numel();
   std::int64_t dims[core::shape::max_rank] = {};
   for (int i = 0; i < s.rank(); ++i) dims[i] = s[i];
-  flatbuffers::Offset<flatbuffers::Vector<float>> scales;
-  flatbuffers::Offset<flatbuffers::Vector<std::uint32_t>> positions;
   core::dtype dt = core::dtype::f32;
   switch (spec.id) {
     case core::codec::f32:
@@ -108,24 +106,20 @@ flatbuffers::Offset<wire::Tensor> message_builder::add_encoded_tensor(const core
       dt = spec.id == core::codec::f16 ? core::dtype::f16 : core::dtype::bf16;
       break;
     case core::codec::int8: {
-      dt = core::dtype::i8;
+      // Encoded straight into the frame; the scales follow (data already written stays put).
       const auto l = core::channel_layout_of(dims, s.rank());
       std::vector<float> sc(static_cast<std::size_t>(l.channels));
-      std::vector<std::int8_t> q(static_cast<std::size_t>(n));
-      core::encode_int8(values, l, q.data(), sc.data(), spec.stochastic, spec.seed);
-      scales = fbb_.CreateVector(sc);
-      const pending_tensor p = begin_tensor(dt, s, name);
-      if (n) std::memcpy(p.data, q.data(), q.size());
+      const pending_tensor p = begin_tensor(core::dtype::i8, s, name);
+      core::encode_int8(values, l, reinterpret_cast<std::int8_t*>(p.data), sc.data(), spec.stochastic, spec.seed);
+      const auto scales = fbb_.CreateVector(sc);
       return wire::CreateTensor(fbb_, p.name, wire::DType::i8, p.shape, p.data_vec, wire::Codec::int8, scales);
     }
     case core::codec::topk: {
       const std::int64_t k = core::topk_count(n, spec.topk_fraction);
-      std::vector<float> kept(static_cast<std::size_t>(k));
       std::vector<std::uint32_t> pos(static_cast<std::size_t>(k));
-      core::encode_topk(values, n, k, residual, kept.data(), pos.data());
-      positions = fbb_.CreateVector(pos);
-      const pending_tensor p = begin_tensor(core::dtype::f32, s, name, kept.size() * sizeof(float));
-      if (k) std::memcpy(p.data, kept.data(), kept.size() * sizeof(float));
+      const pending_tensor p = begin_tensor(core::dtype::f32, s, name, static_cast<std::size_t>(k) * sizeof(float));
+      core::encode_topk(values, n, k, residual, reinterpret_cast<float*>(p.data), pos.data());
+      const auto positions = fbb_.CreateVector(pos);
       return wire::CreateTensor(fbb_, p.name, wire::DType::f32, p.shape, p.data_vec, wire::Codec::topk, 0, positions);
     }
   }

@@ -184,6 +184,11 @@ cut_settings cut_settings_for(const wire::Plan& p, std::uint32_t device, const s
   return c;
 }
 
+void cut_settings::keep_output_exact(const split::route& r) {
+  for (std::size_t k = 0; k < hops.size(); ++k)
+    if (r.end(static_cast<int>(k)) == r.n_blocks) hops[k] = {};
+}
+
 core::codec_spec cut_settings::spec(int hop, bool up, std::uint32_t seed) const {
   core::codec_spec s;
   if (hop >= 0 && hop < static_cast<int>(hops.size())) {

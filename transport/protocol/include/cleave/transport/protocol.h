@@ -57,6 +57,10 @@ struct cut_settings {
 
   // The codec spec of hop k in direction up (activations) or down (gradients).
   core::codec_spec spec(int hop, bool up, std::uint32_t seed) const;
+  // The hop of r that carries the model's output and its gradient goes f32: they are small, and
+  // every gradient of the step starts from the loss gradient (sparsifying it starves samples).
+  // Segment runners apply the same rule to the route each step runs under.
+  void keep_output_exact(const split::route& r);
 };
 cut_settings cut_settings_for(const wire::Plan& p, std::uint32_t device, const split::route& r);
 
