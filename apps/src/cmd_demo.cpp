@@ -44,10 +44,11 @@ struct demo_options {
   std::string data = "fashion-mnist";
   std::string codecs = "f32";   // the server's --codecs
   std::string cuts, edge_cuts;  // the server's --cuts and --edge-cuts ("": its defaults)
-  bool u_shape = false, keep = false, no_adapt = false, no_emulation = false;
+  bool u_shape = false, keep = false, no_adapt = false, no_emulation = false, secure = false;
   std::string schedule, device_backends;
   std::string dashboard, metrics;  // the server's
   int slow = 0;
+  int min_device_blocks = 0;  // the server's --min-device-blocks
   double slowdown = 1.0;
   float lr = 0.05f;
   std::uint64_t seed = 1;
@@ -144,6 +145,8 @@ std::vector<std::string> server_args(const demo_options& o, const demo_plan& p) 
                              "--fresh",       "--force"};  // every demo is a run of its own
   if (o.u_shape) a.push_back("--u-shape");
   if (o.no_adapt) a.push_back("--no-adapt");
+  if (o.secure) a.push_back("--secure-aggregation");
+  if (o.min_device_blocks > 0) a.insert(a.end(), {"--min-device-blocks", std::to_string(o.min_device_blocks)});
   if (o.codecs != "f32") a.insert(a.end(), {"--codecs", o.codecs});
   if (o.micro_batches != 1) a.insert(a.end(), {"--micro-batches", std::to_string(o.micro_batches)});
   if (!o.cuts.empty()) a.insert(a.end(), {"--cuts", o.cuts});
@@ -198,6 +201,7 @@ std::vector<std::string> agent_args(const demo_options& o, const demo_plan& p, i
                              "--backend",
                              device_backend(p, i)};
   if (!o.schedule.empty()) a.insert(a.end(), {"--schedule", o.schedule});
+  if (o.secure) a.push_back("--secure-aggregation");
   if (i <= o.slow) a.insert(a.end(), {"--slowdown", std::to_string(o.slowdown)});
   if (o.augment.any()) a.insert(a.end(), {"--augment", core::augment_str(o.augment)});
   return a;
@@ -223,6 +227,7 @@ device::agent_config virtual_agent(const demo_options& o, const demo_plan& p, in
   c.partition = o.partition;
   c.augment = o.augment;
   c.schedule = o.schedule;
+  c.secure_aggregation = o.secure;
   if (i <= o.slow) c.slowdown = o.slowdown;
   c.shared_board = std::move(board);
   return c;
@@ -532,6 +537,9 @@ void register_demo_command(CLI::App& app) {
   d->add_option("--seed", dm.seed, "seed")->capture_default_str();
   d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");
   d->add_flag("--no-adapt", dm.no_adapt, "keep the initial cuts");
+  d->add_option("--min-device-blocks", dm.min_device_blocks,
+                "blocks every device keeps at least (see cleave server --help)");
+  d->add_flag("--secure-aggregation", dm.secure, "devices upload only masked replicas (see cleave server --help)");
   d->add_option("--cuts", dm.cuts, "initial cuts of devices straight to the server (see cleave server --help)");
   d->add_option("--edge-cuts", dm.edge_cuts, "initial cuts of devices behind an edge, e.g. 3,8");
   d->add_flag("--no-emulation", dm.no_emulation,

@@ -273,6 +273,11 @@ void add_server_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   s->add_flag("--no-adapt", so.no_adapt, "keep the initial cuts (no adaptive re-splitting)");
+  s->add_option("--min-device-blocks", so.c.min_device_blocks,
+                "blocks every device keeps at the bottom at least (initial cuts and every re-split)")
+      ->capture_default_str();
+  s->add_flag("--secure-aggregation", so.c.secure_aggregation,
+              "devices upload only masked replicas: the server and edges learn sums, never one device's blocks");
   s->add_option("--min-gain", so.c.min_gain, "re-split only for at least this relative step-time gain")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
@@ -308,6 +313,8 @@ void add_edge_command(CLI::App& app) {
   e->add_option("--server-name", eo.c.upstream_name, "the server's certificate name")->capture_default_str();
   e->add_option("--backend", eo.c.backend, "compute backend")->capture_default_str();
   e->add_option("--memory-budget", eo.memory_budget, "memory its blocks may use, e.g. 2G (default: half the RAM)");
+  e->add_flag("--secure-aggregation", eo.c.secure_aggregation,
+              "relay only masked device replicas; refuse a server that does not aggregate securely");
   e->add_option("--schedule", eo.c.schedule, "emulated link changes by round (text or file)");
   e->add_option("--metrics", eo.c.metrics, metrics_help);
   e->add_option("--idle-timeout", eo.idle_timeout, "seconds without a frame after which a link counts as lost")
@@ -350,6 +357,8 @@ void add_agent_command(CLI::App& app) {
   a->add_option("--profile-every", ao.c.profile_every, "steps between profiles sent upstream")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
+  a->add_flag("--secure-aggregation", ao.c.secure_aggregation,
+              "upload replicas only masked; refuse a server that does not aggregate securely");
   add_augment_option(a, ao.c.augment);
   a->callback([] { run_agent(ao); });
 }

@@ -14,6 +14,8 @@
 #include "cleave/core/dataset.h"
 #include "cleave/core/partition.h"
 #include "cleave/core/random.h"
+#include "cleave/privacy/masked_replica.h"
+#include "cleave/privacy/secagg.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/segment_runner.h"
@@ -72,6 +74,11 @@ class agent::impl {
   void next_batch(std::int64_t n, float* x, std::int32_t* y);
   void send_profile(std::uint64_t step);
   void upload_replicas(std::uint64_t round, std::uint64_t n_samples, const transport::round_stats& stats);
+  // Secure aggregation: a phase message of the server's (roster, a peer's share, the mask set,
+  // the unmask request). A phase that fails leaves this round's masking: the server counts the
+  // device as dropped and recovers the sum of the others.
+  void on_secagg(const wire::SecAgg& m);
+  void post_secagg(const transport::secagg_desc& d);
 
   agent_config c_;
   runtime::executors ex_;
@@ -116,6 +123,16 @@ class agent::impl {
     std::int64_t position = 0;
   };
   std::optional<round_start> started_;
+  // Secure aggregation of the current round: the client's keys and shares, and the device's
+  // blocks and samples as training left them (masked once the server names the mask set).
+  bool secure_plan_ = false;
+  struct secure_round {
+    privacy::secagg_client client;
+    std::vector<privacy::held_segment> held;
+    std::uint64_t n_samples = 0;
+    bool trained = false;
+  };
+  std::optional<secure_round> secure_;
 };
 
 agent::agent(agent_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
@@ -167,6 +184,7 @@ void agent::impl::on_message(transport::message m) {
     case wire::Body::GlobalWeights:
     case wire::Body::Activations:
     case wire::Body::Gradients:
+    case wire::Body::SecAgg:
       break;
     default:
       return;  // Welcome, heartbeats
@@ -185,6 +203,8 @@ void agent::impl::handle(const std::shared_ptr<transport::message>& m) {
       return on_round_start(*m->as<wire::RoundStart>());
     case wire::Body::Migrate:
       return on_migrate(*m->as<wire::Migrate>());
+    case wire::Body::SecAgg:
+      return on_secagg(*m->as<wire::SecAgg>());
     default:
       return on_step(m);
   }
@@ -213,6 +233,14 @@ void agent::impl::on_plan(const wire::Plan& p) {
     model_ = std::move(m);
   }
   const split::route route = transport::route_for(p, c_.id, model_.n_blocks());
+  secure_plan_ = p.secure_aggregation();
+  if (c_.secure_aggregation && !secure_plan_) {
+    auto e = std::make_exception_ptr(
+        core::error("the server does not aggregate securely (its plan would have this device upload its replicas in "
+                    "the clear), and this device runs with --secure-aggregation"));
+    ex_.post_io([this, e] { ex_.fail(e, "joining"); });
+    return;
+  }
   edge_id_ = 0;  // a device that reconnects directly has none
   for (const auto* dp : *p.devices())
     if (dp->device_id() == c_.id && dp->stages())
@@ -279,6 +307,13 @@ void agent::impl::on_round_start(const wire::RoundStart& r) {
   }
   round_ = r.round();
   in_round_ = true;
+  secure_.reset();
+  if (secure_plan_) {
+    secure_.emplace(secure_round{privacy::secagg_client(c_.id, r.round())});
+    const privacy::roster_entry mine{c_.id, secure_->client.mask_public(), secure_->client.encrypt_public()};
+    post_secagg(
+        {.phase = wire::SecAggPhase::keys, .round = r.round(), .device_id = c_.id, .keys = std::span(&mine, 1)});
+  }
   ex_.spawn_compute(run_round(r.round(), r.local_steps(), r.learning_rate(), ++round_gen_), "a round");
 }
 
@@ -429,6 +464,31 @@ void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, 
   const split::route& r = plan_->route;
   const auto segs = r.segments_on(core::tier::device);
   const std::uint32_t me = c_.id;
+  if (secure_plan_) {
+    // The blocks wait here for the mask set; what goes up now is the statistics of the round.
+    if (secure_) {
+      secure_->held.clear();
+      for (int seg : segs) {
+        core::stage& st = runner_->host().stage_of(c_.id, seg);
+        privacy::held_segment h{r.begin(seg), r.end(seg), std::vector<float>(static_cast<std::size_t>(st.n_params())),
+                                std::vector<float>(static_cast<std::size_t>(st.n_buffers()))};
+        if (!h.params.empty()) runner_->backend().download(st.params(), h.params.data());
+        if (!h.buffers.empty()) runner_->backend().download(st.buffers(), h.buffers.data());
+        if (c_.on_upload) c_.on_upload(h.params, h.buffers);
+        secure_->held.push_back(std::move(h));
+      }
+      secure_->n_samples = n_samples;
+      secure_->trained = true;
+    }
+    transport::replica_desc d;
+    d.round = round;
+    d.node_id = c_.id;
+    d.n_samples = n_samples;
+    d.devices = std::span(&me, 1);
+    d.stats = stats;
+    post(transport::make_replica_upload(d, std::span<const float>{}, std::span<const float>{}));
+    return;
+  }
   for (std::size_t i = 0; i < segs.size(); ++i) {
     transport::replica_desc d;
     d.round = round;
@@ -449,6 +509,54 @@ void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, 
     if (!b.empty()) runner_->backend().download(st.buffers(), b.data());
     c_.on_upload(p, b);
     post(transport::make_replica_upload(d, p, b));
+  }
+}
+
+void agent::impl::post_secagg(const transport::secagg_desc& d) {
+  post(transport::make_secagg(d));
+}
+
+void agent::impl::on_secagg(const wire::SecAgg& m) {
+  if (!secure_ || m.round() != secure_->client.round() || m.device_id() != c_.id) return;  // of another round
+  auto& sec = *secure_;
+  const std::uint64_t round = m.round();
+  try {
+    switch (m.phase()) {
+      case wire::SecAggPhase::roster: {
+        const auto blobs = sec.client.share_keys(transport::keys_of(m), static_cast<int>(m.threshold()));
+        post_secagg({.phase = wire::SecAggPhase::shares, .round = round, .device_id = c_.id, .blobs = blobs});
+        return;
+      }
+      case wire::SecAggPhase::shares:
+        for (const auto& b : transport::blobs_of(m))
+          if (!sec.client.receive_share(b.id, b.bytes))
+            spdlog::warn("device {}: round {}: the share from device {} does not open; it is not masked with", c_.id,
+                         round, b.id);
+        return;
+      case wire::SecAggPhase::mask_set: {
+        if (!sec.trained) throw core::error("the mask set came before this device finished training");
+        const auto set = transport::ids_of(m.devices());
+        const auto ranges = transport::block_ranges_of(m, model_.n_blocks());
+        auto words =
+            privacy::encode_replica(core::layout_of(model_), ranges, sec.held, static_cast<double>(sec.n_samples));
+        sec.client.mask(words, set);
+        post_secagg({.phase = wire::SecAggPhase::masked, .round = round, .device_id = c_.id, .words = words});
+        spdlog::debug("device {}: round {}: masked upload of {} words for {} devices", c_.id, round, words.size(),
+                      set.size());
+        return;
+      }
+      case wire::SecAggPhase::unmask: {
+        const auto blobs = sec.client.reveal(transport::ids_of(m.devices()), transport::ids_of(m.dropped()));
+        post_secagg({.phase = wire::SecAggPhase::reveal, .round = round, .device_id = c_.id, .blobs = blobs});
+        return;
+      }
+      default:
+        throw core::error(std::string("a server does not send ") + wire::EnumNameSecAggPhase(m.phase()));
+    }
+  } catch (const core::error& e) {
+    // Nothing more of this round's masking: the server counts this device as dropped.
+    spdlog::warn("device {}: round {}: secure aggregation: {}", c_.id, round, e.what());
+    secure_.reset();
   }
 }
 

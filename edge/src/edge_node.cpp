@@ -108,6 +108,9 @@ class edge_node::impl {
   // The server's aggregation rule needs each device's own replicas (from its Welcome): no
   // pre-average, every device's replicas go up on their own.
   bool per_device_ = false;
+  // The server's plans aggregate device replicas securely: devices upload statistics here, their
+  // blocks go up masked (SecAgg, relayed as they come) and only this edge's own blocks are summed.
+  bool secure_ = false;
   std::uint64_t local_steps_ = 0, batch_ = 0;  // of the round and the plan: the samples a device may claim
   split::replica_ledger uploaded_;             // the blocks each device's upload covered
   std::vector<std::uint32_t> arrived_;         // devices in the order their uploads completed
@@ -184,6 +187,8 @@ void edge_node::impl::on_server(transport::message m) {
       below_->close(it->second.s, "refused by the server");
       return;
     }
+    case wire::Body::SecAgg:
+      return relay_down(m.as<wire::SecAgg>()->device_id(), m);
     case wire::Body::Ping:
     case wire::Body::Pong:
       return;
@@ -211,6 +216,14 @@ void edge_node::impl::on_plan(const transport::message& m) {
       auto snap = runner_->snapshot(memory_budget_);
       ex_.post_io([this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
     });
+  }
+  secure_ = p.secure_aggregation();
+  if (c_.secure_aggregation && !secure_) {
+    ex_.fail(std::make_exception_ptr(core::error(
+                 "the server does not aggregate securely (its devices would upload their replicas in the clear "
+                 "through this edge), and this edge runs with --secure-aggregation")),
+             "relaying");
+    return;
   }
   const std::uint64_t previous_run = std::exchange(run_id_, p.run_id());
   for (const auto* dp : *p.devices()) {
@@ -359,6 +372,10 @@ void edge_node::impl::on_device(const runtime::session_ptr& s, transport::messag
       if (m.as<wire::Profile>()->node_id() != s->id) throw core::error("profile of another node");
       up_->post(transport::copy_of(m));
       return;
+    case wire::Body::SecAgg:
+      if (m.as<wire::SecAgg>()->device_id() != s->id) throw core::error("secure aggregation message of another device");
+      up_->post(transport::copy_of(m));
+      return;
     default:
       throw core::error("unexpected " + std::string(transport::body_name(m.type())) + " from a device");
   }
@@ -370,23 +387,33 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
   if (devs.size() != 1 || devs[0] != id) throw core::error("a device may only upload its own replicas");
   if (!collecting_ || flushing_ || r.round() != round_ || !d.expected) return;
   const auto w = transport::replica_weights_of(r, model_);
-  try {
-    // The route in force now: a device that cut over during the round sent its Cutover first.
-    uploaded_.check(
-        devs, split::device_rights(d.rs.route, local_steps_ * batch_),
-        {static_cast<int>(r.first_block()), static_cast<int>(r.end_block()), r.n_samples(), w.params, w.buffers});
-  } catch (const core::error& e) {
-    // Counted out of the round here: nothing of it goes up.
-    d.parts.clear();
-    d.done = false;
-    throw core::error("device " + std::to_string(id) + ": replica of round " + std::to_string(round_) +
-                      " refused: " + e.what());
-  }
-  d.parts.push_back({static_cast<int>(r.first_block()),
-                     static_cast<int>(r.end_block()),
-                     r.n_samples(),
-                     {w.params.begin(), w.params.end()},
-                     {w.buffers.begin(), w.buffers.end()}});
+  if (secure_) {
+    // Its blocks come masked: this part is its statistics and samples only.
+    if (r.first_block() != r.end_block())
+      throw core::error("device " + std::to_string(id) + ": blocks [" + std::to_string(r.first_block()) + ", " +
+                        std::to_string(r.end_block()) + ") uploaded in the clear under secure aggregation");
+    if (r.n_samples() > local_steps_ * batch_)
+      throw core::error("device " + std::to_string(id) + ": claims " + std::to_string(r.n_samples()) +
+                        " samples; the round's steps allow " + std::to_string(local_steps_ * batch_));
+  } else
+    try {
+      // The route in force now: a device that cut over during the round sent its Cutover first.
+      uploaded_.check(
+          devs, split::device_rights(d.rs.route, local_steps_ * batch_),
+          {static_cast<int>(r.first_block()), static_cast<int>(r.end_block()), r.n_samples(), w.params, w.buffers});
+    } catch (const core::error& e) {
+      // Counted out of the round here: nothing of it goes up.
+      d.parts.clear();
+      d.done = false;
+      throw core::error("device " + std::to_string(id) + ": replica of round " + std::to_string(round_) +
+                        " refused: " + e.what());
+    }
+  if (!secure_)
+    d.parts.push_back({static_cast<int>(r.first_block()),
+                       static_cast<int>(r.end_block()),
+                       r.n_samples(),
+                       {w.params.begin(), w.params.end()},
+                       {w.buffers.begin(), w.buffers.end()}});
   if (!r.final_part()) return;
   const auto s = transport::stats_of(r);
   stats_.device_compute_us += s.compute_us;

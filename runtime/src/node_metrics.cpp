@@ -23,6 +23,9 @@ void declare_node_metrics(metrics::registry& r) {
       {"cleave_compute_seconds_total", kind::counter,
        "Compute time of the model's blocks, by tier (the server reports every tier of its rounds)."},
       {"cleave_checkpoint_failures_total", kind::counter, "Checkpoint writes that failed."},
+      {"cleave_secure_rounds_total", kind::counter, "Rounds whose device blocks were aggregated securely."},
+      {"cleave_secure_aggregation_failures_total", kind::counter,
+       "Rounds whose secure aggregation failed (too few devices shared, uploaded or revealed)."},
       // Devices and the split.
       {"cleave_devices_connected", kind::gauge, "Devices connected to this node (directly or through edges)."},
       {"cleave_devices_participating", kind::gauge, "Devices whose replicas the last round averaged."},
@@ -33,7 +36,8 @@ void declare_node_metrics(metrics::registry& r) {
       {"cleave_resplits_total", kind::counter, "Re-splits (cut moves) this node made or took part in."},
       {"cleave_migration_seconds_total", kind::counter, "Time spent moving blocks at re-splits."},
       {"cleave_migrated_block_ranges_total", kind::counter, "Block ranges this node sent at re-splits."},
-      {"cleave_migrated_bytes_total", kind::counter, "Bytes of the blocks (weights, optimizer state) this node sent at re-splits."},
+      {"cleave_migrated_bytes_total", kind::counter,
+       "Bytes of the blocks (weights, optimizer state) this node sent at re-splits."},
       // Links.
       {"cleave_link_up", kind::gauge, "1 while the link to a peer is connected, else 0."},
       {"cleave_link_sent_bytes_total", kind::counter, "Bytes sent to a peer (frames, all connections)."},
@@ -43,7 +47,7 @@ void declare_node_metrics(metrics::registry& r) {
       {"cleave_link_receive_bandwidth_bytes_per_second", kind::gauge, "Measured receive bandwidth from a peer."},
       {"cleave_connections_total", kind::counter, "Connections this node made to its upstream."},
       {"cleave_refusals_total", kind::counter,
-       "Peers or messages refused, by reason (revoked, hello, admission, message, upload, upstream)."},
+       "Peers or messages refused, by reason (revoked, hello, admission, message, upload, upstream, secagg)."},
       {"cleave_frames_dropped_total", kind::counter, "Messages dropped because the upstream link was down."},
       // The process.
       {"cleave_process_resident_memory_bytes", kind::gauge, "Resident set size of this process."},
@@ -53,7 +57,8 @@ void declare_node_metrics(metrics::registry& r) {
   for (const auto& f : catalogue) r.describe(f.name, f.k, f.help);
 }
 
-void count_migration(metrics::registry& r, const std::vector<std::pair<core::tier, transport::message_builder>>& moved) {
+void count_migration(metrics::registry& r,
+                     const std::vector<std::pair<core::tier, transport::message_builder>>& moved) {
   double bytes = 0;
   for (const auto& [tier, msg] : moved) bytes += static_cast<double>(msg.frame().size());
   r.add("cleave_migrated_block_ranges_total", {}, static_cast<double>(moved.size()));

@@ -20,6 +20,7 @@
 #include "cleave/backend/registry.h"
 #include "cleave/core/checkpoint.h"
 #include "cleave/core/trainer.h"
+#include "cleave/privacy/secagg.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/segment_runner.h"
@@ -87,6 +88,16 @@ class server_node::impl {
     int n_resplits = 0;
     double planner_s = 0;
     std::string refused;  // the last upload refused in this round
+    // Secure aggregation of the device replicas (server_secagg.cpp).
+    struct secure_state {
+      std::map<std::uint32_t, privacy::roster_entry> keys;  // advertised this round
+      std::optional<privacy::secagg_server> agg;            // once the roster is out
+      std::set<std::uint32_t> shared;                       // their shares went out to every member
+      std::vector<std::pair<int, int>> ranges;              // the blocks the masked words cover
+      std::set<std::uint32_t> masked, revealed;             // uploads and reveals in
+      bool masking = false, unmasking = false, unmasked = false;
+      int n_aggregated = 0;  // survivors whose blocks are in the aggregate
+    } secure;
   };
 
   // Sessions and membership (I/O thread).
@@ -102,6 +113,16 @@ class server_node::impl {
   // sender and the fault (the channel closes: its devices are counted out of the round).
   void check_replica(const runtime::session_ptr& s, const std::vector<std::uint32_t>& devs,
                      const wire::ReplicaUpload& r, const transport::weights_view& w);
+  // Secure aggregation (server_secagg.cpp): the messages of its phases, the roster once the
+  // round's devices advertised their keys, and after training the masked uploads unmasked into
+  // the round's aggregate (device blocks keep the global values when that fails, logged).
+  void on_secagg(const runtime::session_ptr& s, const wire::SecAgg& m);
+  void post_secagg(std::uint32_t device, const transport::secagg_desc& d);
+  asio::awaitable<void> secure_roster(clock::time_point deadline);
+  asio::awaitable<void> secure_aggregate();
+  // Throws core::error when an upload under secure aggregation carries device blocks in the clear.
+  void check_secure_part(const runtime::session_ptr& s, const std::vector<std::uint32_t>& devs,
+                         const wire::ReplicaUpload& r);
   // Rounds.
   float round_lr(std::uint64_t r) const;
   asio::awaitable<bool> wait_for_members();

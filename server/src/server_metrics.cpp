@@ -77,6 +77,7 @@ void server_node::impl::observe_round(const round_report& rep) {
                       {"seconds", rep.seconds}});
   if (!run_log_.is_open()) return;
   nlohmann::json j = {
+      {"secure_devices", rep.secure_devices},
       {"round", rep.round},
       {"rounds", c_.rounds},
       {"devices", rep.n_devices},

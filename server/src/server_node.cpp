@@ -40,7 +40,15 @@ const std::vector<float>& server_node::global_buffers() const {
 }
 
 split::route server_node::impl::route_for_device(bool behind_edge) const {
-  return split::configured_route(model_, c_.u_shape, behind_edge, behind_edge ? c_.edge_cuts : c_.cuts);
+  const std::string& cuts = behind_edge ? c_.edge_cuts : c_.cuts;
+  split::route r = split::configured_route(model_, c_.u_shape, behind_edge, cuts);
+  if (r.end(0) >= c_.min_device_blocks) return r;
+  if (!cuts.empty())
+    throw core::error(std::string(behind_edge ? "--edge-cuts" : "--cuts") + " '" + cuts + "' keep " +
+                      std::to_string(r.end(0)) + " blocks on the device, fewer than --min-device-blocks " +
+                      std::to_string(c_.min_device_blocks));
+  for (auto& c : r.cuts) c = std::max(c, c_.min_device_blocks);  // the default cuts, deepened
+  return split::make_route(c_.u_shape, behind_edge, r.cuts, model_.n_blocks());
 }
 
 transport::message_builder server_node::impl::plan_message(std::uint32_t device, bool resplit) const {
@@ -62,6 +70,7 @@ transport::message_builder server_node::impl::plan_message(std::uint32_t device,
   p.topk_fraction = cut.topk_fraction;
   p.stochastic_rounding = cut.stochastic_rounding;
   p.topk_feedback = cut.topk_feedback;
+  p.secure_aggregation = c_.secure_aggregation;
   return transport::make_plan(p);
 }
 
@@ -235,6 +244,8 @@ void server_node::impl::on_message(const runtime::session_ptr& s, transport::mes
     }
     case wire::Body::Cutover:
       return on_cutover(s, *m.as<wire::Cutover>());
+    case wire::Body::SecAgg:
+      return on_secagg(s, *m.as<wire::SecAgg>());
     case wire::Body::Migrate:
       return on_migrate(s, std::move(m));
     case wire::Body::Profile:
@@ -341,7 +352,10 @@ void server_node::impl::on_replica(const runtime::session_ptr& s, const wire::Re
   // averaged. The others are held until the upload's final part: one bad part refuses it all.
   const auto counted = [this](std::uint32_t d) { return round_.members.count(d) > 0; };
   if (std::any_of(devs.begin(), devs.end(), counted)) {
-    check_replica(s, devs, r, w);
+    // Under secure aggregation a device's own upload is its statistics only (its blocks come
+    // masked), and an edge's carries only the edge's blocks.
+    if (c_.secure_aggregation) check_secure_part(s, devs, r);
+    if (!c_.secure_aggregation || s->role == core::tier::edge) check_replica(s, devs, r, w);
     round_.held[s].push_back({devs,
                               static_cast<int>(r.first_block()),
                               static_cast<int>(r.end_block()),
@@ -388,6 +402,11 @@ round_report server_node::impl::run() {
   if (c_.eval_every < 1 || c_.eval_samples < 0)
     throw core::error("eval-every must be >= 1 and eval-samples >= 0 (0: the whole test split)");
   if (!c_.checkpoint.empty()) check_checkpoint_path();
+  if (c_.secure_aggregation &&
+      (c_.aggregate.kind != split::aggregate_kind::mean || c_.mode != training_mode::splitfed || c_.min_devices < 2))
+    throw core::error(
+        "secure aggregation gives the server only the sum of the device replicas: it needs --aggregate mean, "
+        "--mode splitfed and --min-devices >= 2");
   try {
     split::check_rule(c_.aggregate);
   } catch (const core::error& e) {
@@ -422,6 +441,11 @@ round_report server_node::impl::run() {
     order.resize(static_cast<std::size_t>(c_.eval_samples));
     eval_subset_ = core::subset_of(test_, std::move(order));
   }
+  if (const int most = c_.u_shape ? model_.n_blocks() - 1 : model_.n_blocks();
+      c_.min_device_blocks < 0 || c_.min_device_blocks > most)
+    throw core::error("--min-device-blocks " + std::to_string(c_.min_device_blocks) + ": model '" + model_.name +
+                      "' has " + std::to_string(model_.n_blocks()) + " blocks; a device can keep 0 to " +
+                      std::to_string(most) + (c_.u_shape ? " at the bottom in U-shape" : ""));
   // Validate the configured cuts now, not when the first device joins.
   route_for_device(false);
   route_for_device(true);

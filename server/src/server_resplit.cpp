@@ -76,6 +76,7 @@ void server_node::impl::add_choices(split::split_problem& p) const {
   p.topk_fraction = c_.codecs.topk_fraction;
   p.batch = c_.batch;
   p.micro_batch_options = {c_.micro_batches};  // micro-batches change batch-norm statistics: fixed
+  p.min_device_blocks = c_.min_device_blocks;
   p.cut_channels.assign(static_cast<std::size_t>(model_.n_blocks() + 1), 1.0);
   for (int c = 0; c <= model_.n_blocks(); ++c) {
     const auto& s = c < model_.n_blocks() ? model_.blocks[static_cast<std::size_t>(c)].in : model_.blocks.back().out;

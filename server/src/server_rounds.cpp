@@ -118,6 +118,7 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
   };
   if (c_.mode == training_mode::splitfed) {
     for (auto id : participants) start(id);
+    if (c_.secure_aggregation) co_await secure_roster(deadline);
   } else {
     for (auto id : participants) {
       if (!round_.members.count(id)) continue;
@@ -137,6 +138,7 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
     co_return false;
   }
   futile_rounds_ = 0;
+  if (c_.secure_aggregation) co_await secure_aggregate();
   co_await close_round();
   co_return true;
 }
@@ -249,6 +251,7 @@ void server_node::impl::report(const core::eval_report& ev, std::int64_t test_sa
   rep.predicted_step_seconds = predicted_step(round_.done);
   rep.learning_rate = round_.lr;
   rep.n_resplits = round_.n_resplits;
+  rep.secure_devices = round_.secure.n_aggregated;
   rep.planner_seconds = round_.planner_s;
   for (const auto& [id, d] : devices_)
     if (d.connected && round_.done.count(id)) rep.routes.emplace_back(id, d.rs.route.str());

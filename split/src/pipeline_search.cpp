@@ -158,7 +158,7 @@ class searcher {
     const auto& lm = low_max_[1];
     int guess = -1;
     double least = unlimited;
-    for (int c = 1; c <= t_.max_cut(); ++c) {
+    for (int c = t_.min_first; c <= t_.max_cut(); ++c) {
       const auto i = static_cast<std::size_t>(c);
       if (mem[i] > t_.cap[0]) break;
       const double s = t_.first[i], h = t_.hop[0][i];
@@ -179,7 +179,7 @@ class searcher {
     const auto& hop = t_.hop[static_cast<std::size_t>(k)];
     const auto& ts = tail_sum_[static_cast<std::size_t>(k)];
     const auto& tm = tail_max_[static_cast<std::size_t>(k)];
-    for (int c = std::max(b, 1); c <= t_.max_cut(); ++c) {
+    for (int c = std::max(b, k == 0 ? t_.min_first : 1); c <= t_.max_cut(); ++c) {
       const auto i = static_cast<std::size_t>(c);
       if (used + mem[i] > cap) break;  // grows with c
       if (only >= 0 && c != only) {
@@ -213,7 +213,7 @@ class searcher {
     const double* seg = k == 0 ? t_.first.data() : t_.middle[static_cast<std::size_t>(k)]->data() + b * (t_.n + 1);
     const auto& ts = tail_sum_[static_cast<std::size_t>(k)];
     const auto& tm = tail_max_[static_cast<std::size_t>(k)];
-    int c = std::max(b, 1);
+    int c = std::max(b, k == 0 ? t_.min_first : 1);
     while (c <= t_.max_cut() && used_top + tail_mem_[static_cast<std::size_t>(c)] > cap_top) ++c;  // shrinks with c
     for (; c <= t_.max_cut(); ++c) {
       const auto i = static_cast<std::size_t>(c);

@@ -111,7 +111,7 @@ class device_planner {
 
     double m = unlimited;
     int best_c0 = -1, best_c1 = -1;
-    for (int c0 = 1; c0 < n_; ++c0) {
+    for (int c0 = std::max(1, p_.min_device_blocks); c0 < n_; ++c0) {
       if (mem_(0, c0) > cap(0)) break;
       const int lo = lowest_top(c0, c0);
       if (lo >= n_) continue;
@@ -269,6 +269,7 @@ class device_search {
     t.n_segments = static_cast<int>(path_.size());
     t.m = m;
     t.u_shape = p_.u_shape;
+    t.min_first = std::max(1, p_.min_device_blocks);
     t.mem = &shared_.mem;
     const auto w = static_cast<std::size_t>(n + 1);
     t.first.reserve(w);

@@ -38,6 +38,7 @@ class sums {
 // fastest codec each way.
 struct pipeline_tables {
   int n = 0, n_segments = 0, m = 1;
+  int min_first = 1;  // the least first cut (the device keeps at least this many blocks)
   bool u_shape = false;
   std::vector<double> first;  // first[e]: segment 0 = [0, e)
   std::vector<double> last;   // last[b]: the last segment = [b, n)

@@ -61,6 +61,11 @@ void check_step_shape(const split_problem& p) {
         o.begin() + static_cast<std::ptrdiff_t>(i))
       throw core::error("split problem: " + what + " is " + std::to_string(o[i]) + ", listed twice");
   }
+  // A device holds at most n blocks at the bottom (n - 1 in U-shape, where its top holds one).
+  const int most = p.u_shape ? p.n_blocks - 1 : p.n_blocks;
+  if (p.min_device_blocks < 0 || p.min_device_blocks > most)
+    throw core::error("split problem: min_device_blocks is " + std::to_string(p.min_device_blocks) +
+                      " (must be in [0, " + std::to_string(most) + "])");
 }
 
 void check_codecs(const split_problem& p) {

@@ -121,6 +121,12 @@ route_cost evaluate_checked(const split_problem& p, int d, const route& r, const
 
 bool fits_memory(const split_problem& p, int d, const route& r, std::string* why) {
   bool fits = true;
+  if (const int depth = r.end(0); depth < p.min_device_blocks) {
+    fits = false;
+    if (!why) return false;
+    *why += "the device keeps " + std::to_string(depth) + " block" + (depth == 1 ? "" : "s") + ", fewer than the " +
+            std::to_string(p.min_device_blocks) + " it must";
+  }
   for (core::tier t : {core::tier::device, core::tier::edge, core::tier::server}) {
     const auto segs = r.segments_on(t);
     if (segs.empty()) continue;
@@ -178,7 +184,11 @@ void each_cuts(int n, bool u_shape, std::size_t n_cuts, std::vector<int>& cuts,
                                        : std::string("server share")) +
               " " + bytes_str(cap);
   }
-  std::string what = "split problem: device " + std::to_string(d) + ": no route fits its memory (" + shares + "): ";
+  std::string what =
+      "split problem: device " + std::to_string(d) + ": no route fits its memory (" + shares + ")" +
+      (p.min_device_blocks > 1 ? " keeping at least " + std::to_string(p.min_device_blocks) + " blocks on the device"
+                               : std::string()) +
+      ": ";
   const double board = cap_of(dev_of(p, d).board.memory_budget, 1.0);
   if (board_need > board)
     what += "its board needs at least " + bytes_str(board_need) + " for the " +

@@ -412,3 +412,34 @@ TEST_CASE("decide_resplit leaves a plan that no longer fits in memory") {
   CHECK(d.change);
   CHECK(d.reason.find("the current plan does not fit in memory: re-split") != std::string::npos);
 }
+
+TEST_CASE("a minimum of blocks on the device: the planner still matches exhaustive search and keeps it") {
+  core::rng r(20261204), pick(77);
+  int n_feasible = 0, n_moved = 0;
+  for (int it = 0; it < 1200; ++it) {
+    auto p = it % 2 ? testing::random_choice_problem(r) : random_problem(r);
+    const int most = p.u_shape ? p.n_blocks - 1 : p.n_blocks;
+    const auto free_plan = testing::plan_both(p);
+    p.min_device_blocks = static_cast<int>(pick.below(static_cast<std::uint64_t>(most + 1)));
+    CAPTURE(it);
+    CAPTURE(p.min_device_blocks);
+    auto [best, all, best_err, all_err] = testing::plan_both(p);
+    REQUIRE(best_err == all_err);
+    if (!best_err.empty()) continue;
+    ++n_feasible;
+    CHECK(best.cost.step_seconds == all.cost.step_seconds);
+    for (std::size_t d = 0; d < p.devices.size(); ++d) {
+      CHECK(best.routes[d] == all.routes[d]);
+      CHECK(best.choices[d] == all.choices[d]);
+      CHECK(best.routes[d].end(0) >= p.min_device_blocks);
+      if (free_plan.best_err.empty() && free_plan.best.routes[d].end(0) < p.min_device_blocks) ++n_moved;
+    }
+  }
+  MESSAGE("problems solved " << n_feasible << ", devices the minimum moved " << n_moved);
+  CHECK(n_feasible >= 600);
+  CHECK(n_moved >= 100);
+  // Out of range: named.
+  auto p = random_problem(r);
+  p.min_device_blocks = p.n_blocks + 1;
+  CHECK_THROWS_WITH_AS(split::validate(p), doctest::Contains("min_device_blocks"), core::error);
+}

@@ -430,3 +430,179 @@ TEST_CASE("in U-shaped plans no message leaving a device holds labels or raw inp
     }
   }
 }
+
+namespace {
+
+// The frame as a message (the frames a device sent, seen by its on_send hook).
+transport::result<transport::message> decoded(const std::vector<std::byte>& f) {
+  auto buf = transport::aligned_bytes::allocate(f.size());
+  std::memcpy(buf.data(), f.data(), f.size());
+  return transport::decode_frame(std::move(buf), transport::frame_limits{});
+}
+
+}  // namespace
+
+TEST_CASE("under secure aggregation four devices average exactly and no device block leaves a device in the clear") {
+  const std::string be = test_backend();
+  for (bool edge : {false, true}) {
+    SUBCASE(edge ? "behind an edge" : "straight to the server") {
+      workspace w(edge ? "secagg-e" : "secagg", 4);
+      auto sc = server_cfg(w, be);
+      sc.rounds = 1;
+      sc.local_steps = 10;
+      sc.min_devices = 4;
+      sc.secure_aggregation = true;
+      std::mutex mu;
+      std::vector<std::vector<std::byte>> frames;
+      const auto got = run_federation(w, be, sc, 4, edge, [&](device::agent_config& a) {
+        a.secure_aggregation = true;
+        a.on_send = [&](std::span<const std::byte> f) {
+          std::lock_guard lock(mu);
+          frames.emplace_back(f.begin(), f.end());
+        };
+      });
+      std::vector<double> mean(got.size(), 0.0);
+      for (std::uint32_t d = 1; d <= 4; ++d) {
+        const auto p = local_training(w, be, sc.opt, sc.seed, d, 10, sc.batch);
+        for (std::size_t i = 0; i < p.size(); ++i) mean[i] += p[i] / 4.0;
+      }
+      const double diff = max_rel_diff(got, std::vector<float>(mean.begin(), mean.end()));
+      INFO("max relative difference " << diff);
+      CHECK(diff <= 1e-5);
+      int n_uploads = 0, n_masked = 0;
+      for (const auto& f : frames) {
+        auto m = decoded(f);
+        REQUIRE(m.ok());
+        if (const auto* r = m->as<cleave::wire::ReplicaUpload>()) {
+          ++n_uploads;
+          CHECK(r->first_block() == r->end_block());
+          CHECK((r->weights() == nullptr || r->weights()->size() == 0));
+        }
+        if (const auto* s = m->as<cleave::wire::SecAgg>(); s && s->phase() == cleave::wire::SecAggPhase::masked)
+          ++n_masked;
+      }
+      CHECK(n_uploads == 4);
+      CHECK(n_masked == 4);
+    }
+  }
+}
+
+TEST_CASE("a device that drops after masking leaves the secure aggregate of the other three") {
+  const std::string be = test_backend();
+  workspace w("secagg-drop", 4);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 1;
+  sc.local_steps = 6;
+  sc.min_devices = 4;
+  sc.cuts = "4";
+  sc.secure_aggregation = true;
+  std::vector<server::round_report> reports;
+  std::promise<std::uint16_t> port;
+  record(sc, reports, port);
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  std::vector<std::unique_ptr<device::agent>> agents(4);
+  std::vector<std::unique_ptr<runner>> ra;
+  std::thread stopper;
+  for (std::uint32_t id = 1; id <= 4; ++id) {
+    auto ac = agent_cfg(w, id, sp, be, "server");
+    if (id == 4)
+      // Its masked upload never leaves: it goes, as a board losing power after masking would.
+      ac.on_send = [&](std::span<const std::byte> f) {
+        auto m = decoded(std::vector<std::byte>(f.begin(), f.end()));
+        const auto* s = m.ok() ? m->as<cleave::wire::SecAgg>() : nullptr;
+        if (!s || s->phase() != cleave::wire::SecAggPhase::masked) return;
+        stopper = std::thread([&] { agents[3]->stop(); });
+        throw core::error("powered off");
+      };
+    agents[id - 1] = std::make_unique<device::agent>(ac);
+    ra.push_back(std::make_unique<runner>([a = agents[id - 1].get()] { a->run(); }));
+  }
+  rs.join();
+  for (auto& r : ra) r->join();
+  if (stopper.joinable()) stopper.join();
+  CHECK(rs.error() == "");
+  REQUIRE(reports.size() == 1);
+  // Left once it was gone, not at the deadline.
+  CHECK(reports[0].seconds < 0.75 * sc.round_deadline_s);
+  // The device blocks [0, 4): the mean of devices 1-3 only.
+  const auto d = core::load_dataset(w.data.string());
+  const auto lay = core::layout_of(core::zoo_model("lenet5", d.train.item, d.train.n_classes));
+  const auto n_device = static_cast<std::size_t>(lay.param_offset[4]);
+  std::vector<double> mean(n_device, 0.0);
+  for (std::uint32_t dev = 1; dev <= 3; ++dev) {
+    const auto p = local_training(w, be, sc.opt, sc.seed, dev, 6, sc.batch);
+    for (std::size_t i = 0; i < n_device; ++i) mean[i] += p[i] / 3.0;
+  }
+  const auto& got = srv.global_params();
+  const double diff = max_rel_diff(std::vector<float>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n_device)),
+                                   std::vector<float>(mean.begin(), mean.end()));
+  INFO("device blocks: max relative difference " << diff);
+  CHECK(diff <= 1e-5);
+}
+
+TEST_CASE("secure aggregation refuses what would reveal one device's blocks") {
+  const std::string be = test_backend();
+  workspace w("secagg-refuse", 1);
+  SUBCASE("a server aggregating one device, or by a rule that needs every replica") {
+    auto sc = server_cfg(w, be);
+    sc.secure_aggregation = true;
+    sc.min_devices = 1;
+    CHECK_THROWS_WITH_AS(server::server_node(sc).run(), doctest::Contains("--min-devices >= 2"), core::error);
+    sc.min_devices = 2;
+    sc.aggregate = split::parse_aggregate("median");
+    CHECK_THROWS_WITH_AS(server::server_node(sc).run(), doctest::Contains("--aggregate mean"), core::error);
+  }
+  SUBCASE("a device with --secure-aggregation and a server without it") {
+    auto sc = server_cfg(w, be);
+    std::promise<std::uint16_t> port;
+    sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+    server::server_node srv(sc);
+    runner rs([&] { srv.run(); });
+    auto ac = agent_cfg(w, 1, port.get_future().get(), be, "server");
+    ac.secure_aggregation = true;
+    device::agent a(ac);
+    std::string error;
+    try {
+      a.run();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    srv.stop();
+    rs.join();
+    CHECK(error.find("does not aggregate securely") != std::string::npos);
+  }
+}
+
+TEST_CASE("the adaptive splitter keeps --min-device-blocks on a slowed device") {
+  const std::string be = test_backend();
+  workspace w("min-depth", 2);
+  auto sc = server_cfg(w, be);
+  sc.adaptive = true;
+  sc.rounds = 3;
+  sc.local_steps = 12;
+  sc.min_devices = 2;
+  sc.min_device_blocks = 5;  // the default cuts keep fewer: they are deepened
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+  run_federation(w, be, sc, 2, false, [](device::agent_config& a) {
+    a.profile_every = 4;
+    if (a.id == 2) a.slowdown = 40;  // without the minimum its blocks would go to the server
+  });
+  REQUIRE(reports.size() == 3);
+  for (const auto& r : reports)
+    for (const auto& [id, route] : r.routes) {
+      CAPTURE(route);
+      CHECK(std::stoi(route.substr(route.find(',') + 1)) >= 5);
+    }
+  SUBCASE("out of range, or configured cuts below it, are refused naming the option") {
+    auto bad = server_cfg(w, be);
+    bad.min_device_blocks = 13;
+    CHECK_THROWS_WITH_AS(server::server_node(bad).run(), doctest::Contains("--min-device-blocks 13"), core::error);
+    bad.min_device_blocks = 5;
+    bad.cuts = "3";
+    CHECK_THROWS_WITH_AS(server::server_node(bad).run(), doctest::Contains("fewer than --min-device-blocks 5"),
+                         core::error);
+  }
+}

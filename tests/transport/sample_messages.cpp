@@ -4,6 +4,8 @@
 #include <array>
 #include <cmath>
 
+#include "cleave/transport/protocol.h"
+
 namespace cleave::transport::testing {
 
 namespace {
@@ -126,6 +128,25 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
     const auto reason = leave.fbb().CreateString("link lost");
     leave.finish(wire::CreateLeave(leave.fbb(), 3, reason));
     out.emplace_back("Leave", std::move(leave));
+  }
+  {
+    // A mask set and a masked upload of secure aggregation, with every list filled.
+    privacy::roster_entry key{3, {}, {}};
+    for (std::size_t i = 0; i < 32; ++i)
+      key.mask_public[i] = key.encrypt_public[i] = std::to_integer<std::uint8_t>(pattern_byte(i));
+    const privacy::addressed blob{7, {1, 2, 3, 4}};
+    const std::uint32_t ids[] = {3, 7, 9}, dropped[] = {9}, blocks[] = {0, 4};
+    const std::uint64_t words[] = {0x0123456789abcdefULL, 42, ~0ULL};
+    out.emplace_back("SecAgg", make_secagg({.phase = wire::SecAggPhase::mask_set,
+                                            .round = 2,
+                                            .device_id = 3,
+                                            .keys = std::span(&key, 1),
+                                            .threshold = 2,
+                                            .blobs = std::span(&blob, 1),
+                                            .devices = ids,
+                                            .dropped = dropped,
+                                            .blocks = blocks,
+                                            .words = words}));
   }
   return out;
 }

@@ -484,3 +484,39 @@ TEST_CASE("a plan's hop codecs are checked: pairs, known codecs, no topk for act
   p.hops = {{core::codec::topk, core::codec::f32}};
   CHECK(refusal(aligned_copy(make_plan(p).frame())).find("topk for activations") != std::string::npos);
 }
+
+TEST_CASE("secure aggregation messages with malformed keys, blobs or block bounds are refused") {
+  const auto frame = [](auto build) {
+    flatbuffers::FlatBufferBuilder f;
+    const auto body = build(f);
+    return finish_raw(f, wire::Body::SecAgg, body.Union());
+  };
+  const std::vector<std::uint8_t> k31(31, 1), k32(32, 1), big(5000, 1);
+  SUBCASE("a public key that is not 32 bytes") {
+    const auto why = refusal(frame([&](flatbuffers::FlatBufferBuilder& f) {
+      const auto key = wire::CreateSecAggKey(f, 3, f.CreateVector(k31), f.CreateVector(k32));
+      return wire::CreateSecAgg(f, wire::SecAggPhase::keys, 1, 3, f.CreateVector(&key, 1));
+    }));
+    CHECK(why.find("public keys must be 32 bytes") != std::string::npos);
+  }
+  SUBCASE("a blob beyond the size of a sealed share") {
+    const auto why = refusal(frame([&](flatbuffers::FlatBufferBuilder& f) {
+      const auto blob = wire::CreateSecAggBlob(f, 4, f.CreateVector(big));
+      return wire::CreateSecAgg(f, wire::SecAggPhase::shares, 1, 3, 0, 0, f.CreateVector(&blob, 1));
+    }));
+    CHECK(why.find("exceeds 4096 bytes") != std::string::npos);
+  }
+  SUBCASE("an odd number of block bounds") {
+    const std::vector<std::uint32_t> bounds{0, 4, 6};
+    const auto why = refusal(frame([&](flatbuffers::FlatBufferBuilder& f) {
+      return wire::CreateSecAgg(f, wire::SecAggPhase::mask_set, 1, 3, 0, 0, 0, 0, 0, f.CreateVector(bounds));
+    }));
+    CHECK(why.find("odd number of block bounds") != std::string::npos);
+  }
+  SUBCASE("an unknown phase") {
+    const auto why = refusal(frame([&](flatbuffers::FlatBufferBuilder& f) {
+      return wire::CreateSecAgg(f, static_cast<wire::SecAggPhase>(42), 1, 3);
+    }));
+    CHECK(why.find("unknown secure aggregation phase") != std::string::npos);
+  }
+}

@@ -180,6 +180,13 @@ void body(std::string& s, const wire::Cutover* b) {
   add(s, "step", b->step());
 }
 
+void body(std::string& s, const wire::SecAgg* b) {
+  s += std::string(" phase=") + wire::EnumNameSecAggPhase(b->phase());
+  add(s, "round", b->round());
+  add(s, "device", b->device_id());
+  if (b->words()) add(s, "words", b->words()->size());
+}
+
 void body(std::string& s, const wire::Ping* b) {
   add(s, "seq", b->sequence());
 }
@@ -210,7 +217,7 @@ std::string describe(const message& m) {
          describe_as<wire::RoundStart>(s, m) || describe_as<wire::ReplicaUpload>(s, m) ||
          describe_as<wire::GlobalWeights>(s, m) || describe_as<wire::Profile>(s, m) ||
          describe_as<wire::Migrate>(s, m) || describe_as<wire::Cutover>(s, m) || describe_as<wire::Ping>(s, m) ||
-         describe_as<wire::Pong>(s, m) || describe_as<wire::Error>(s, m));
+         describe_as<wire::Pong>(s, m) || describe_as<wire::Error>(s, m) || describe_as<wire::SecAgg>(s, m));
   return s;
 }
 

@@ -317,11 +317,39 @@ class checker {
 
   bool check(const wire::Cutover& m) { return node(m.device_id(), "device id"); }
 
+  bool check(const wire::SecAgg& m) {
+    if (static_cast<unsigned>(m.phase()) > static_cast<unsigned>(wire::SecAggPhase::MAX))
+      return fail("unknown secure aggregation phase " + std::to_string(static_cast<unsigned>(m.phase())));
+    if (!node(m.device_id(), "device id") || !count(m.keys(), lim_.max_list, "keys") ||
+        !count(m.blobs(), lim_.max_list, "blobs") || !nodes(m.devices(), "devices") ||
+        !nodes(m.dropped(), "dropped devices") || !count(m.blocks(), 2 * lim_.max_blocks, "block bounds") ||
+        !count(m.devices(), lim_.max_list, "devices"))
+      return false;
+    if (m.threshold() > lim_.max_list) return fail("threshold " + std::to_string(m.threshold()) + " out of range");
+    if (m.keys())
+      for (const auto* k : *m.keys())
+        if (!node(k->device_id(), "key of device") || !k->mask_public() || k->mask_public()->size() != 32 ||
+            !k->encrypt_public() || k->encrypt_public()->size() != 32)
+          return fail("key of device " + std::to_string(k->device_id()) + ": public keys must be 32 bytes each");
+    if (m.blobs())
+      for (const auto* b : *m.blobs())
+        if (!node(b->device_id(), "blob of device") || (b->data() && b->data()->size() > max_blob_bytes))
+          return fail("blob of device " + std::to_string(b->device_id()) + " exceeds " +
+                      std::to_string(max_blob_bytes) + " bytes");
+    if (m.blocks()) {
+      if (m.blocks()->size() % 2) return fail("an odd number of block bounds");
+      for (auto b : *m.blocks())
+        if (!block(b, "masked block bound")) return false;
+    }
+    return true;
+  }
+
   bool check(const wire::Ping&) { return true; }
   bool check(const wire::Pong&) { return true; }
   bool check(const wire::Error& m) { return string(m.message(), "error text"); }
 
  private:
+  static constexpr std::uint32_t max_blob_bytes = 4096;  // a sealed pair of shares is 116
   const frame_limits& lim_;
   std::string reason_;
   std::uint32_t n_tensors_ = 0;
@@ -405,6 +433,9 @@ std::optional<std::string> check_message(const wire::Message& m, const frame_lim
       break;
     case wire::Body::Cutover:
       ok = check_body<wire::Cutover>(c, m, "Cutover");
+      break;
+    case wire::Body::SecAgg:
+      ok = check_body<wire::SecAgg>(c, m, "SecAgg");
       break;
     case wire::Body::NONE:
     default:

@@ -63,7 +63,7 @@ message_builder make_plan(const plan_desc& p) {
   const auto devices = f.CreateVector(&dp, 1);
   b.finish(wire::CreatePlan(f, p.epoch, static_cast<std::uint32_t>(p.route.n_blocks), p.route.u_shape(), model,
                             p.micro_batch_size, p.n_micro_batches, devices, training, p.training.seed, p.resplit,
-                            p.run_id, p.topk_fraction, p.stochastic_rounding, p.topk_feedback));
+                            p.run_id, p.topk_fraction, p.stochastic_rounding, p.topk_feedback, p.secure_aggregation));
   return b;
 }
 
@@ -289,7 +289,8 @@ std::vector<std::uint32_t> devices_of(const wire::ReplicaUpload& r) {
 }
 
 weights_view replica_weights_of(const wire::ReplicaUpload& r, const core::model_spec& m) {
-  if (r.first_block() == r.end_block() && r.n_samples() == 0) return {};
+  // A part without weights: statistics only (an edge's, or a device's under secure aggregation).
+  if (r.first_block() == r.end_block() && (!r.weights() || r.weights()->size() == 0)) return {};
   if (r.first_block() >= r.end_block() || r.end_block() > static_cast<std::uint32_t>(m.n_blocks()))
     throw core::error("replica of blocks [" + std::to_string(r.first_block()) + "," + std::to_string(r.end_block()) +
                       ") outside the model's " + std::to_string(m.n_blocks()));
@@ -332,6 +333,74 @@ message_builder make_leave(const leave_desc& l) {
   const auto reason = m.fbb().CreateString(l.reason.data(), l.reason.size());
   m.finish(wire::CreateLeave(m.fbb(), l.node_id, reason));
   return m;
+}
+
+message_builder make_secagg(const secagg_desc& d) {
+  std::size_t bytes =
+      256 + d.words.size() * 8 + (d.devices.size() + d.dropped.size() + d.blocks.size()) * 4 + d.keys.size() * 96;
+  for (const auto& b : d.blobs) bytes += b.bytes.size() + 32;
+  message_builder m(bytes);
+  auto& f = m.fbb();
+  std::vector<flatbuffers::Offset<wire::SecAggKey>> keys;
+  for (const auto& k : d.keys)
+    keys.push_back(wire::CreateSecAggKey(f, k.id, f.CreateVector(k.mask_public.data(), k.mask_public.size()),
+                                         f.CreateVector(k.encrypt_public.data(), k.encrypt_public.size())));
+  std::vector<flatbuffers::Offset<wire::SecAggBlob>> blobs;
+  for (const auto& b : d.blobs) blobs.push_back(wire::CreateSecAggBlob(f, b.id, f.CreateVector(b.bytes)));
+  const auto list = [&f](std::span<const std::uint32_t> v) { return f.CreateVector(v.data(), v.size()); };
+  const auto devices = list(d.devices), dropped = list(d.dropped), blocks = list(d.blocks);
+  const auto words = f.CreateVector(d.words.data(), d.words.size());
+  m.finish(wire::CreateSecAgg(f, d.phase, d.round, d.device_id, f.CreateVector(keys), d.threshold,
+                              f.CreateVector(blobs), devices, dropped, blocks, words));
+  return m;
+}
+
+std::vector<privacy::roster_entry> keys_of(const wire::SecAgg& m) {
+  std::vector<privacy::roster_entry> out;
+  if (!m.keys()) return out;
+  for (const auto* k : *m.keys()) {
+    privacy::roster_entry e;
+    e.id = k->device_id();
+    if (!k->mask_public() || !k->encrypt_public() || k->mask_public()->size() != 32 ||
+        k->encrypt_public()->size() != 32)
+      throw core::error("secure aggregation key of device " + std::to_string(e.id) + " is not 32 bytes");
+    std::memcpy(e.mask_public.data(), k->mask_public()->data(), 32);
+    std::memcpy(e.encrypt_public.data(), k->encrypt_public()->data(), 32);
+    out.push_back(e);
+  }
+  return out;
+}
+
+std::vector<privacy::addressed> blobs_of(const wire::SecAgg& m) {
+  std::vector<privacy::addressed> out;
+  if (m.blobs())
+    for (const auto* b : *m.blobs()) {
+      privacy::addressed a;
+      a.id = b->device_id();
+      if (b->data()) a.bytes.assign(b->data()->begin(), b->data()->end());
+      out.push_back(std::move(a));
+    }
+  return out;
+}
+
+std::vector<std::uint32_t> ids_of(const flatbuffers::Vector<std::uint32_t>* v) {
+  if (!v) return {};
+  return {v->begin(), v->end()};
+}
+
+std::vector<std::pair<int, int>> block_ranges_of(const wire::SecAgg& m, int n_blocks) {
+  std::vector<std::pair<int, int>> out;
+  const auto b = ids_of(m.blocks());
+  if (b.size() % 2) throw core::error("mask set: an odd number of block bounds");
+  for (std::size_t i = 0; i < b.size(); i += 2) {
+    const int first = static_cast<int>(b[i]), end = static_cast<int>(b[i + 1]);
+    if (!(first < end && end <= n_blocks) || (!out.empty() && first < out.back().second))
+      throw core::error("mask set: block range [" + std::to_string(first) + ", " + std::to_string(end) +
+                        ") is empty, overlaps the one before or lies beyond the model's " + std::to_string(n_blocks) +
+                        " blocks");
+    out.emplace_back(first, end);
+  }
+  return out;
 }
 
 message_builder copy_of(const message& m) {

@@ -49,6 +49,9 @@ struct agent_config {
   // Compute made this many times slower (sleeping in proportion to measured compute time),
   // to emulate a weaker board.
   double slowdown = 1.0;
+  // Uploads its replicas only masked for secure aggregation (privacy/secagg.h): a server whose
+  // plan does not aggregate securely is refused. Without it the device follows the server's plan.
+  bool secure_aggregation = false;
   runtime::link_settings links;  // idle timeout of the link, reconnection backoff cap
   // Emulated heterogeneity by round (see transport/emulation.h): this device's slowdown and its
   // link to the upstream node. Text or a file.

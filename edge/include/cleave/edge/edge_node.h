@@ -29,6 +29,9 @@ struct edge_config {
   std::string metrics;              // "PORT" or "HOST:PORT" serving /metrics (Prometheus); "" = none
   std::uint64_t memory_budget = 0;  // bytes its blocks may use (0: from the machine)
   int profile_every = 20;           // device steps between the profiles it sends upstream
+  // Relays only masked device replicas (secure aggregation): a server whose plan does not
+  // aggregate securely is refused, and so is a device uploading weights in the clear.
+  bool secure_aggregation = false;
 };
 
 class edge_node {

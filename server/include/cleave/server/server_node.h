@@ -45,6 +45,7 @@ struct round_report {
   double predicted_step_seconds = 0;  // the cost model's figure for the plan in force (0: no profiles yet)
   double learning_rate = 0;           // of this round
   int n_resplits = 0;                 // devices that switched plans during the round
+  int secure_devices = 0;             // devices whose blocks were aggregated securely (0: none, or off)
   double planner_seconds = 0;         // the longest search for a plan during the round
   std::vector<std::pair<std::uint32_t, std::string>> routes;  // device -> its route at the round's end
 };
@@ -83,6 +84,14 @@ struct server_config {
   // weighted mean, or a rule robust to a few hostile replicas. Every rule but the mean has the
   // edges forward each device's replicas instead of pre-averaging them.
   split::aggregate_rule aggregate;
+  // Device replicas reach the server only as masked sums (privacy/secagg.h): it and the edges
+  // learn the sum over a round's devices, never one device's blocks, and the sum survives
+  // devices dropping out after masking. Needs the mean rule, splitfed mode and >= 2 devices.
+  bool secure_aggregation = false;
+  // Blocks every device keeps at the bottom of its route at least: the initial cuts (default
+  // ones are deepened to it, configured ones must respect it) and every re-split. Activations of
+  // shallow cuts are the easiest to invert to the input.
+  int min_device_blocks = 0;
   // Optimizer settings of every replica. Its learning rate is the peak of a per-round schedule:
   // every node trains round r at lr_schedule's rate for step r - 1 of `rounds` (constant: opt.lr;
   // step: x0.1 after every third of the rounds; cosine: down towards 0), after warmup_rounds

@@ -92,6 +92,9 @@ struct split_problem {
   std::vector<node_costs> edges;
   std::vector<link_costs> edge_links;  // edge e <-> server
   std::vector<device_costs> devices;
+  // Blocks every device keeps at the bottom of its route at least (its first cut is >= this):
+  // activations of shallow cuts are the easiest to invert to the input. 0: no minimum.
+  int min_device_blocks = 0;
 };
 
 // Throws core::error naming the first inconsistency (sizes, negative or non-finite values,

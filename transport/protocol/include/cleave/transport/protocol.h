@@ -11,6 +11,7 @@
 #include "cleave/core/codec.h"
 #include "cleave/core/optimizer.h"
 #include "cleave/core/stage.h"
+#include "cleave/privacy/secagg.h"
 #include "cleave/split/pipeline.h"
 #include "cleave/split/plan.h"
 #include "cleave/split/profiler.h"
@@ -40,6 +41,7 @@ struct plan_desc {
   float topk_fraction = 0.1f;
   bool stochastic_rounding = false;
   bool topk_feedback = false;
+  bool secure_aggregation = false;  // device replicas go up masked (SecAgg), never in the clear
 };
 // A plan for one device.
 message_builder make_plan(const plan_desc& p);
@@ -161,6 +163,26 @@ message_builder make_leave(const leave_desc& l);
 
 // A copy of a received message, to pass it on unchanged.
 message_builder copy_of(const message& m);
+
+// ---- secure aggregation (privacy/secagg.h) ----
+struct secagg_desc {
+  wire::SecAggPhase phase = wire::SecAggPhase::keys;
+  std::uint64_t round = 0;
+  std::uint32_t device_id = 0;  // up: the sender; down: the receiver
+  std::span<const privacy::roster_entry> keys;
+  std::uint32_t threshold = 0;
+  std::span<const privacy::addressed> blobs;
+  std::span<const std::uint32_t> devices, dropped;
+  std::span<const std::uint32_t> blocks;  // [first, end) pairs
+  std::span<const std::uint64_t> words;
+};
+message_builder make_secagg(const secagg_desc& d);
+// The keys, blobs and id lists of a SecAgg message (the validator checked their sizes).
+std::vector<privacy::roster_entry> keys_of(const wire::SecAgg& m);
+std::vector<privacy::addressed> blobs_of(const wire::SecAgg& m);
+std::vector<std::uint32_t> ids_of(const flatbuffers::Vector<std::uint32_t>* v);
+// The [first, end) block pairs of a mask set, checked against the model's block count.
+std::vector<std::pair<int, int>> block_ranges_of(const wire::SecAgg& m, int n_blocks);
 
 // ---- profiles ----
 // Times travel as microseconds (float); block_profile::state_bytes as the wire's state_bytes.
