@@ -357,6 +357,10 @@ void add_agent_command(CLI::App& app) {
   a->add_option("--profile-every", ao.c.profile_every, "steps between profiles sent upstream")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
+  a->add_option("--cut-gradient-noise", ao.c.cut_gradient_noise,
+                "U-shaped plans: noise on the gradients sent up at the top cut, S >= 0 (1: every sample's "
+                "expected norm the batch's largest; more hides directions too)")
+      ->check(CLI::Range(0.0, 1000.0));
   a->add_flag("--secure-aggregation", ao.c.secure_aggregation,
               "upload replicas only masked; refuse a server that does not aggregate securely");
   add_augment_option(a, ao.c.augment);

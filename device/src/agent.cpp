@@ -234,6 +234,11 @@ void agent::impl::on_plan(const wire::Plan& p) {
   }
   const split::route route = transport::route_for(p, c_.id, model_.n_blocks());
   secure_plan_ = p.secure_aggregation();
+  if (c_.cut_gradient_noise >= 0 && !route.u_shape() && !plan_)
+    spdlog::warn(
+        "device {}: --cut-gradient-noise protects labels in U-shaped plans only; here the server computes "
+        "the loss",
+        c_.id);
   if (c_.secure_aggregation && !secure_plan_) {
     auto e = std::make_exception_ptr(
         core::error("the server does not aggregate securely (its plan would have this device upload its replicas in "
@@ -585,6 +590,7 @@ int agent::impl::run() {
   n_classes_ = shard_->class_count();
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   runner_.emplace(*be_, core::tier::device, c_.id, c_.slowdown);
+  runner_->set_gradient_noise(c_.cut_gradient_noise, c_.order_seed);
   if (c_.shared_board) runner_->share_board(c_.shared_board);
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_->size(),
                shard_->describe(), c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());

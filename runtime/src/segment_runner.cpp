@@ -148,6 +148,9 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
     res.out = transport::make_activations(key, bi, *b_, o.value, pass_labels ? &labels : nullptr, spec(seg, true));
     res.to = r.path[static_cast<std::size_t>(seg + 1)];
   } else if (o.dir == split::segment_output::direction::down) {
+    if (res.loss_here && gradient_noise_ >= 0)
+      add_gradient_noise(o.value, core::mix64(noise_seed_ ^ core::mix64((std::uint64_t{device} << 40) ^ (id.step << 8) ^
+                                                                        id.micro_batch)));
     const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.begin(seg))};
     const core::codec_spec cs = spec(seg - 1, false);
     std::vector<float>* residual =
@@ -156,6 +159,31 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
     res.to = r.path[static_cast<std::size_t>(seg - 1)];
   }
   return res;
+}
+
+void segment_runner::add_gradient_noise(core::tensor& g, std::uint64_t seed) {
+  const std::int64_t n = g.shape().rank() ? g.shape()[0] : 0;
+  if (n <= 0) return;
+  const std::int64_t d = g.shape().numel() / n;
+  std::vector<float> v(static_cast<std::size_t>(n * d));
+  b_->download(g, v.data());
+  std::vector<double> norm2(static_cast<std::size_t>(n), 0.0);
+  double most = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t k = 0; k < d; ++k) {
+      const double x = v[static_cast<std::size_t>(i * d + k)];
+      norm2[static_cast<std::size_t>(i)] += x * x;
+    }
+    most = std::max(most, norm2[static_cast<std::size_t>(i)]);
+  }
+  const double s2 = gradient_noise_ * gradient_noise_;
+  core::rng r(seed);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double gap = std::max(0.0, most - norm2[static_cast<std::size_t>(i)]);
+    const double sd = std::sqrt(s2 * gap / static_cast<double>(d));
+    for (std::int64_t k = 0; k < d; ++k) v[static_cast<std::size_t>(i * d + k)] += static_cast<float>(sd * r.normal());
+  }
+  b_->upload(g, v.data());
 }
 
 void segment_runner::set_cut(std::uint32_t device, transport::cut_settings c) {

@@ -606,3 +606,55 @@ TEST_CASE("the adaptive splitter keeps --min-device-blocks on a slowed device") 
                          core::error);
   }
 }
+
+TEST_CASE("--cut-gradient-noise adds each sample its gap to the largest gradient norm, repeatably") {
+  const std::string be = test_backend();
+  workspace w("grad-noise", 1);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 1;
+  sc.local_steps = 2;
+  sc.u_shape = true;
+  // The first gradient device 1 sends up: with and without noise computed from the same weights.
+  auto first_gradient = [&](double noise, std::int64_t& rows) {
+    std::mutex mu;
+    std::vector<std::vector<std::byte>> frames;
+    run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
+      a.cut_gradient_noise = noise;
+      a.on_send = [&](std::span<const std::byte> f) {
+        std::lock_guard lock(mu);
+        frames.emplace_back(f.begin(), f.end());
+      };
+    });
+    for (const auto& f : frames) {
+      auto m = decoded(f);
+      REQUIRE(m.ok());
+      if (const auto* g = m->as<cleave::wire::Gradients>()) {
+        const auto v = transport::view_of(*g->gradient());
+        rows = v.shape[0];
+        const auto vals = v.values<float>();
+        return std::vector<double>(vals.begin(), vals.end());
+      }
+    }
+    FAIL("no gradient left the device");
+    return std::vector<double>{};
+  };
+  std::int64_t rows = 0;
+  const auto plain = first_gradient(-1, rows), noisy = first_gradient(2, rows), again = first_gradient(2, rows);
+  REQUIRE(plain.size() == noisy.size());
+  CHECK(noisy == again);  // the same seeds, the same noise
+  const auto n = static_cast<std::size_t>(rows), dim = plain.size() / n;
+  std::vector<double> norm2(n, 0.0), noise2(n, 0.0);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t k = 0; k < dim; ++k) {
+      norm2[i] += plain[i * dim + k] * plain[i * dim + k];
+      const double e = noisy[i * dim + k] - plain[i * dim + k];
+      noise2[i] += e * e;
+    }
+  const std::size_t top = static_cast<std::size_t>(std::max_element(norm2.begin(), norm2.end()) - norm2.begin());
+  double gaps = 0, added = 0;
+  for (std::size_t i = 0; i < n; ++i) gaps += 4 * (norm2[top] - norm2[i]), added += noise2[i];
+  INFO("noise energy " << added << ", expected " << gaps);
+  CHECK(noise2[top] == 0);  // the largest sample is left as it is
+  CHECK(added > 0.7 * gaps);
+  CHECK(added < 1.3 * gaps);
+}

@@ -52,6 +52,11 @@ struct agent_config {
   // Uploads its replicas only masked for secure aggregation (privacy/secagg.h): a server whose
   // plan does not aggregate securely is refused. Without it the device follows the server's plan.
   bool secure_aggregation = false;
+  // In U-shaped plans (the loss here): Gaussian noise on the gradients this device sends up at its
+  // top cut, s^2 times each sample's gap to the batch's largest squared norm (s = 1: max-norm), so
+  // that the server cannot tell labels by gradient norm or direction (segment_runner::set_gradient_noise).
+  // Negative: off.
+  double cut_gradient_noise = -1;
   runtime::link_settings links;  // idle timeout of the link, reconnection backoff cap
   // Emulated heterogeneity by round (see transport/emulation.h): this device's slowdown and its
   // link to the upstream node. Text or a file.

@@ -73,6 +73,16 @@ class segment_runner {
   // How device's activations and gradients leave this node, hop by hop (its plan's cut
   // settings); f32 until set. A step message says how it is encoded, so only senders need this.
   void set_cut(std::uint32_t device, transport::cut_settings c);
+  // A defence of the labels this node holds: every gradient it computes from its own loss (a
+  // U-shaped top on a device, the top on a server) leaves with isotropic Gaussian noise added per
+  // sample, of total expected energy s^2 times the gap between the batch's largest squared norm
+  // and the sample's own (s = 1: every sample's expected squared norm is the largest, Li et al.'s
+  // max-norm; s < 1 less, s > 1 more, hiding directions too). Negative: off. The noise is drawn from (seed, device,
+  // step, micro-batch): runs repeat exactly.
+  void set_gradient_noise(double s, std::uint64_t seed) {
+    gradient_noise_ = s;
+    noise_seed_ = seed;
+  }
 
   // A step message (Activations or Gradients) of `device` under route r (plan epoch `epoch`)
   // that came from tier `from` into a segment on this tier. `labels` (B) i32: a U-shaped top
@@ -139,6 +149,8 @@ class segment_runner {
                      split::micro_batch_id id, const transport::batch_info& bi, split::segment_output o,
                      const core::tensor& labels, double seconds, bool forward);
   double timed(const std::function<void()>& f);
+  // See set_gradient_noise: g (B, ...) on this runner's backend, changed in place.
+  void add_gradient_noise(core::tensor& g, std::uint64_t seed);
   void release(std::uint32_t device);
 
   core::backend* b_;
@@ -160,6 +172,8 @@ class segment_runner {
   std::map<std::tuple<std::uint32_t, int, std::uint32_t>, std::vector<float>> residual_;
   int n_observed_ = 0, n_observed_mark_ = 0;
   double compute_s_ = 0;
+  double gradient_noise_ = -1;
+  std::uint64_t noise_seed_ = 0;
 };
 
 }  // namespace cleave::runtime
