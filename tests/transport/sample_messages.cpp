@@ -4,8 +4,6 @@
 #include <array>
 #include <cmath>
 
-#include "cleave/transport/protocol.h"
-
 namespace cleave::transport::testing {
 
 namespace {
@@ -130,23 +128,21 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
     out.emplace_back("Leave", std::move(leave));
   }
   {
-    // A mask set and a masked upload of secure aggregation, with every list filled.
-    privacy::roster_entry key{3, {}, {}};
-    for (std::size_t i = 0; i < 32; ++i)
-      key.mask_public[i] = key.encrypt_public[i] = std::to_integer<std::uint8_t>(pattern_byte(i));
-    const privacy::addressed blob{7, {1, 2, 3, 4}};
-    const std::uint32_t ids[] = {3, 7, 9}, dropped[] = {9}, blocks[] = {0, 4};
-    const std::uint64_t words[] = {0x0123456789abcdefULL, 42, ~0ULL};
-    out.emplace_back("SecAgg", make_secagg({.phase = wire::SecAggPhase::mask_set,
-                                            .round = 2,
-                                            .device_id = 3,
-                                            .keys = std::span(&key, 1),
-                                            .threshold = 2,
-                                            .blobs = std::span(&blob, 1),
-                                            .devices = ids,
-                                            .dropped = dropped,
-                                            .blocks = blocks,
-                                            .words = words}));
+    // A secure aggregation message with every list filled (built by hand: the network layer
+    // knows the schema, not the protocol's builders).
+    message_builder sa(1024);
+    auto& f = sa.fbb();
+    std::vector<std::uint8_t> key(32);
+    for (std::size_t i = 0; i < key.size(); ++i) key[i] = std::to_integer<std::uint8_t>(pattern_byte(i));
+    const auto k = wire::CreateSecAggKey(f, 3, f.CreateVector(key), f.CreateVector(key));
+    const std::vector<std::uint8_t> blob_bytes{1, 2, 3, 4};
+    const auto blob = wire::CreateSecAggBlob(f, 7, f.CreateVector(blob_bytes));
+    const std::vector<std::uint32_t> ids{3, 7, 9}, dropped{9}, blocks{0, 4};
+    const std::vector<std::uint64_t> words{0x0123456789abcdefULL, 42, ~0ULL};
+    sa.finish(wire::CreateSecAgg(f, wire::SecAggPhase::mask_set, 2, 3, f.CreateVector(&k, 1), 2,
+                                 f.CreateVector(&blob, 1), f.CreateVector(ids), f.CreateVector(dropped),
+                                 f.CreateVector(blocks), f.CreateVector(words)));
+    out.emplace_back("SecAgg", std::move(sa));
   }
   return out;
 }
