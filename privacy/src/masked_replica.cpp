@@ -10,10 +10,16 @@ namespace cleave::privacy {
 
 namespace {
 
-std::size_t block_words(const core::flat_layout& lay, int b) {
+// Block b's parameter and state value counts.
+std::pair<std::size_t, std::size_t> block_sizes(const core::flat_layout& lay, int b) {
   const auto i = static_cast<std::size_t>(b);
-  return static_cast<std::size_t>(1 + (lay.param_offset[i + 1] - lay.param_offset[i]) +
-                                  (lay.buffer_offset[i + 1] - lay.buffer_offset[i]));
+  return {static_cast<std::size_t>(lay.param_offset[i + 1] - lay.param_offset[i]),
+          static_cast<std::size_t>(lay.buffer_offset[i + 1] - lay.buffer_offset[i])};
+}
+
+std::size_t block_words(const core::flat_layout& lay, int b) {
+  const auto [np, nb] = block_sizes(lay, b);
+  return 1 + np + nb;
 }
 
 void check_ranges(const core::flat_layout& lay, const block_ranges& ranges) {
@@ -44,8 +50,7 @@ std::vector<std::uint64_t> encode_replica(const core::flat_layout& lay, const bl
   for (const auto& [f, e] : ranges)
     for (int b = f; b < e; ++b) {
       const auto i = static_cast<std::size_t>(b);
-      const std::size_t np = static_cast<std::size_t>(lay.param_offset[i + 1] - lay.param_offset[i]);
-      const std::size_t nb = static_cast<std::size_t>(lay.buffer_offset[i + 1] - lay.buffer_offset[i]);
+      const auto [np, nb] = block_sizes(lay, b);
       const held_segment* seg = nullptr;
       for (const auto& h : held)
         if (h.first <= b && b < h.end) seg = &h;
@@ -69,16 +74,14 @@ std::vector<std::uint64_t> encode_replica(const core::flat_layout& lay, const bl
 
 std::vector<block_mean> decode_sum(const core::flat_layout& lay, const block_ranges& ranges,
                                    std::span<const std::uint64_t> words) {
-  if (words.size() != replica_words(lay, ranges))
+  if (const std::size_t need = replica_words(lay, ranges); words.size() != need)
     throw core::error("masked sum of " + std::to_string(words.size()) + " words; its blocks need " +
-                      std::to_string(replica_words(lay, ranges)));
+                      std::to_string(need));
   std::vector<block_mean> out;
   std::size_t at = 0;
   for (const auto& [f, e] : ranges)
     for (int b = f; b < e; ++b) {
-      const auto i = static_cast<std::size_t>(b);
-      const std::size_t np = static_cast<std::size_t>(lay.param_offset[i + 1] - lay.param_offset[i]);
-      const std::size_t nb = static_cast<std::size_t>(lay.buffer_offset[i + 1] - lay.buffer_offset[i]);
+      const auto [np, nb] = block_sizes(lay, b);
       const double w = from_fixed(words[at]);
       if (w < 0 || std::abs(w - std::round(w)) > 1e-3)
         throw core::error("block " + std::to_string(b) + ": the summed weight " + std::to_string(w) +
