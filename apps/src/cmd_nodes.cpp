@@ -361,6 +361,29 @@ void add_agent_command(CLI::App& app) {
                 "U-shaped plans: noise on the gradients sent up at the top cut, S >= 0 (1: every sample's "
                 "expected norm the batch's largest; more hides directions too)")
       ->check(CLI::Range(0.0, 1000.0));
+  a->add_option("--activation-clip", ao.c.activation_clip,
+                "clip each sample's activation at the bottom cut to this L2 norm (0: off)")
+      ->check(CLI::Range(0.0, 1e9));
+  a->add_option("--activation-noise", ao.c.activation_noise,
+                "Gaussian noise on the clipped activations, std SIGMA x the clip; epsilon logged every round")
+      ->check(CLI::Range(0.0, 1e6));
+  a->add_option("--dp-delta", ao.c.dp_delta, "delta of the epsilon the activation noise reports")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-300, 0.5));
+  a->add_option("--nopeek", ao.c.nopeek,
+                "weight of the distance correlation of inputs and cut activations in the device's loss (0: off)")
+      ->check(CLI::Range(0.0, 1e6));
+  a->add_option("--gradient-check", ao.c.gradient_check,
+                "off, warn or refuse: gradients from upstream that do not follow the labels (a server steering "
+                "this device's features)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"off", "warn", "refuse"}));
+  a->add_option("--gradient-check-window", ao.c.gradient_check_window, "micro-batches the gradient check averages")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  a->add_option("--gradient-check-threshold", ao.c.gradient_check_threshold,
+                "label alignment below which the gradient check alarms")
+      ->capture_default_str();
   a->add_flag("--secure-aggregation", ao.c.secure_aggregation,
               "upload replicas only masked; refuse a server that does not aggregate securely");
   add_augment_option(a, ao.c.augment);

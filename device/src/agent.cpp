@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -14,6 +15,7 @@
 #include "cleave/core/dataset.h"
 #include "cleave/core/partition.h"
 #include "cleave/core/random.h"
+#include "cleave/privacy/cut_defence.h"
 #include "cleave/privacy/masked_replica.h"
 #include "cleave/privacy/secagg.h"
 #include "cleave/runtime/executors.h"
@@ -46,6 +48,15 @@ class agent::impl {
     if (c_.upstream_role == core::tier::device) throw core::error("a device's upstream is a server or an edge");
     if (!(c_.slowdown >= 1.0)) throw core::error("slowdown must be >= 1");
     if (c_.order_seed == 0) c_.order_seed = default_order_seed(c_.partition_seed, c_.id);
+    if (!(c_.activation_clip >= 0) || !(c_.activation_noise >= 0) || !(c_.nopeek >= 0))
+      throw core::error("--activation-clip, --activation-noise and --nopeek must be >= 0");
+    if (c_.activation_noise > 0 && c_.activation_clip <= 0)
+      throw core::error("--activation-noise " + std::to_string(c_.activation_noise) +
+                        " needs --activation-clip: the noise is scaled to the clipping bound");
+    if (!(c_.dp_delta > 0 && c_.dp_delta < 1)) throw core::error("--dp-delta must be in (0, 1)");
+    if (c_.gradient_check != "off" && c_.gradient_check != "warn" && c_.gradient_check != "refuse")
+      throw core::error("--gradient-check '" + c_.gradient_check + "': expected off, warn or refuse");
+    if (c_.gradient_check_window < 1) throw core::error("--gradient-check-window must be >= 1");
   }
   int run();
   void stop() { ex_.stop("stopped"); }
@@ -71,6 +82,8 @@ class agent::impl {
   bool over(std::uint64_t gen) const { return gen != round_gen_; }
   void abandon(const std::string& why);
   void forward_step(std::uint64_t step);
+  void report_privacy(std::uint64_t round);
+  void check_gradients();
   void next_batch(std::int64_t n, float* x, std::int32_t* y);
   void send_profile(std::uint64_t step);
   void upload_replicas(std::uint64_t round, std::uint64_t n_samples, const transport::round_stats& stats);
@@ -113,7 +126,12 @@ class agent::impl {
   std::vector<std::int64_t> order_;
   std::int64_t order_epoch_ = -1;
   std::map<split::micro_batch_id, core::tensor> labels_;  // U-shape: labels waiting for the top
-  std::uint64_t run_id_ = 0;                              // of the plan in force
+  // With activation noise: how often each sample of the shard left through the cut this round,
+  // and the privacy spent over the run.
+  std::vector<std::uint32_t> releases_;
+  privacy::rdp_accountant spent_;
+  std::uint64_t warned_round_ = 0;  // the last round the gradient check warned in
+  std::uint64_t run_id_ = 0;        // of the plan in force
   // What the last round started from (its segments' optimizer state, the data position): a round
   // run again (the server resumed from the checkpoint before it) starts from it too.
   struct round_start {
@@ -351,6 +369,7 @@ void agent::impl::on_step(const std::shared_ptr<transport::message>& m) {
       n_loss_ += static_cast<std::uint64_t>(res.n_samples);
       n_correct_ += res.n_correct;
     }
+    if (back) check_gradients();
     if (back && ++back_ >= n_micro_batches_) wake_.notify();
   };
   runner_->submit(c_.id, std::move(task));
@@ -390,6 +409,7 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
   spdlog::info("device {}: round {}: {} steps in {:.1f} s (compute {:.1f} s), loss {:.4f}", c_.id, round, steps, secs,
                static_cast<double>(stats.compute_us) * 1e-6, loss);
   auto& m = ex_.metrics();
+  report_privacy(round);
   m.add("cleave_rounds_completed_total", {});
   m.set("cleave_round", {}, static_cast<double>(round));
   m.add("cleave_steps_total", {}, static_cast<double>(steps));
@@ -440,6 +460,55 @@ void agent::impl::forward_step(std::uint64_t step) {
   }
 }
 
+void agent::impl::report_privacy(std::uint64_t round) {
+  if (c_.activation_noise > 0) {
+    // Each release of a sample's clipped activation is a Gaussian mechanism on that input of
+    // sensitivity 2 C and noise std sigma C; the sample released most often this round bounds
+    // every sample's loss (a release of a step later abandoned counts too).
+    const std::uint64_t most = releases_.empty() ? 0 : *std::max_element(releases_.begin(), releases_.end());
+    std::fill(releases_.begin(), releases_.end(), 0u);
+    privacy::rdp_accountant this_round;
+    this_round.add_gaussian(c_.activation_noise / 2.0, most);
+    spent_.add_gaussian(c_.activation_noise / 2.0, most);
+    const double eps = this_round.epsilon(c_.dp_delta), total = spent_.epsilon(c_.dp_delta);
+    spdlog::info(
+        "device {}: round {}: activation privacy epsilon {:.3g} this round ({} releases of a sample at most), "
+        "{:.3g} over the run (delta {:g}, per input sample, Renyi DP)",
+        c_.id, round, eps, most, total, c_.dp_delta);
+    ex_.metrics().set("cleave_privacy_epsilon", {{"scope", "round"}}, eps);
+    ex_.metrics().set("cleave_privacy_epsilon", {{"scope", "run"}}, total);
+  }
+  if (const auto [sum, n] = runner_->take_nopeek(); n > 0) {
+    spdlog::info("device {}: round {}: distance correlation of inputs and cut activations {:.4f} (NoPeek weight {:g})",
+                 c_.id, round, sum / static_cast<double>(n), c_.nopeek);
+    ex_.metrics().set("cleave_cut_distance_correlation", {}, sum / static_cast<double>(n));
+  }
+  if (const auto* g = runner_->gradient_check(); g && g->ready()) {
+    spdlog::debug("device {}: round {}: label alignment of the gradients from upstream {:.4f}", c_.id, round,
+                  g->mean());
+    ex_.metrics().set("cleave_gradient_label_alignment", {}, g->mean());
+  }
+}
+
+void agent::impl::check_gradients() {
+  const auto* g = runner_->gradient_check();
+  if (!g || !g->suspicious() || warned_round_ == round_) return;
+  warned_round_ = round_;
+  ex_.metrics().add("cleave_gradient_check_alarms_total", {});
+  const std::string what = fmt::format(
+      "the gradients from upstream do not follow this device's labels (label alignment {:.4f} over the last {} "
+      "micro-batches, below {:g}): the server may be steering this device's features instead of training on its "
+      "labels (feature-space hijacking)",
+      g->mean(), g->window(), g->threshold());
+  if (c_.gradient_check != "refuse") {
+    spdlog::warn("device {}: round {}: {}", c_.id, round_, what);
+    return;
+  }
+  auto e =
+      std::make_exception_ptr(core::error(what + "; refusing to train with this server (--gradient-check refuse)"));
+  ex_.post_io([this, e] { ex_.fail(e, "training"); });
+}
+
 void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
   const std::int64_t size = shard_->size();
   for (std::int64_t i = 0; i < n; ++i, ++position_) {
@@ -449,6 +518,10 @@ void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
       order_epoch_ = epoch;
     }
     const std::int64_t idx = order_[static_cast<std::size_t>(position_ % size)];
+    if (c_.activation_noise > 0) {
+      if (releases_.size() != static_cast<std::size_t>(size)) releases_.assign(static_cast<std::size_t>(size), 0);
+      ++releases_[static_cast<std::size_t>(idx)];
+    }
     shard_->fetch_augmented(&idx, 1, x + i * item_.numel(), y + i, c_.augment, c_.order_seed, epoch);
   }
 }
@@ -591,6 +664,14 @@ int agent::impl::run() {
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   runner_.emplace(*be_, core::tier::device, c_.id, c_.slowdown);
   runner_->set_gradient_noise(c_.cut_gradient_noise, c_.order_seed);
+  runner_->set_cut_defence({c_.activation_clip, c_.activation_noise, c_.nopeek, c_.order_seed});
+  if (c_.on_gradient) runner_->set_gradient_hook(c_.on_gradient);
+  if (c_.gradient_check != "off") runner_->set_gradient_check(c_.gradient_check_window, c_.gradient_check_threshold);
+  if (c_.activation_clip > 0)
+    spdlog::info("device {}: activations leave clipped to L2 norm {:g}{}", c_.id, c_.activation_clip,
+                 c_.activation_noise > 0
+                     ? fmt::format(" with Gaussian noise of std {:g}", c_.activation_noise * c_.activation_clip)
+                     : std::string());
   if (c_.shared_board) runner_->share_board(c_.shared_board);
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_->size(),
                shard_->describe(), c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());

@@ -26,6 +26,15 @@ void declare_node_metrics(metrics::registry& r) {
       {"cleave_secure_rounds_total", kind::counter, "Rounds whose device blocks were aggregated securely."},
       {"cleave_secure_aggregation_failures_total", kind::counter,
        "Rounds whose secure aggregation failed (too few devices shared, uploaded or revealed)."},
+      {"cleave_privacy_epsilon", kind::gauge,
+       "Epsilon (Renyi DP, per input sample) of the noised activations this device sent: this round, and over the "
+       "run."},
+      {"cleave_cut_distance_correlation", kind::gauge,
+       "Mean distance correlation of inputs and cut activations in the last round (NoPeek)."},
+      {"cleave_gradient_label_alignment", kind::gauge,
+       "Label alignment of the gradients that came back through the device's cut (recent micro-batches)."},
+      {"cleave_gradient_check_alarms_total", kind::counter,
+       "Rounds in which the gradients from upstream did not follow the device's labels."},
       // Devices and the split.
       {"cleave_devices_connected", kind::gauge, "Devices connected to this node (directly or through edges)."},
       {"cleave_devices_participating", kind::gauge, "Devices whose replicas the last round averaged."},

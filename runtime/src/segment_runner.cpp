@@ -90,7 +90,8 @@ step_result segment_runner::run(std::uint32_t device, const split::route& r, std
   if (!g) throw core::error("not a step message: " + std::string(transport::body_name(m.type())));
   const int seg = segment_at(r, g->block(), from, false);
   const split::micro_batch_id id{g->step(), g->micro_batch()};
-  const core::tensor dy = transport::to_backend(*b_, transport::view_of(*g->gradient()));
+  core::tensor dy = transport::to_backend(*b_, transport::view_of(*g->gradient()));
+  if (here_ == core::tier::device && seg == 0) dy = defend_gradient(device, id, dy);
   split::segment_output o;
   const double secs = timed([&] { o = host_->backward(device, seg, id, dy); });
   // The loss computed above travels down with the gradient, to whoever reports it.
@@ -110,6 +111,9 @@ step_result segment_runner::run_input(std::uint32_t device, const split::route& 
                        bi.n_micro_batches, core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch));
   });
   batch_[device] = bi;
+  if (here_ == core::tier::device && o.dir == split::segment_output::direction::up &&
+      (defence_.any() || monitor_ || hostile_))
+    defend_output(device, id, x, y, bi, o.value);
   return finish(device, r, epoch, 0, id, bi, std::move(o), y, secs, true);
 }
 
@@ -186,6 +190,78 @@ void segment_runner::add_gradient_noise(core::tensor& g, std::uint64_t seed) {
   b_->upload(g, v.data());
 }
 
+void segment_runner::set_gradient_check(int window, double threshold) {
+  if (window > 0)
+    monitor_.emplace(window, threshold);
+  else
+    monitor_.reset();
+}
+
+void segment_runner::defend_output(std::uint32_t device, split::micro_batch_id id, const core::tensor& x,
+                                   const core::tensor& y, const transport::batch_info& bi, core::tensor& o) {
+  const std::int64_t n = o.shape().rank() ? o.shape()[0] : 0;
+  if (n <= 0) return;
+  defended& st = defended_[{device, id.step, id.micro_batch}];
+  if (monitor_) {
+    st.labels.resize(static_cast<std::size_t>(n));
+    b_->download(y, st.labels.data());
+  }
+  if (!defence_.any() && !hostile_) return;
+  std::vector<float> v(static_cast<std::size_t>(o.numel()));
+  b_->download(o, v.data());
+  if (!defence_.any()) {
+    st.sent = std::move(v);
+    return;
+  }
+  if (defence_.nopeek > 0 && n >= 2) {
+    std::vector<float> xv(static_cast<std::size_t>(x.numel()));
+    b_->download(x, xv.data());
+    st.nopeek_grad.resize(v.size());
+    const double r = privacy::distance_correlation(xv, x.numel() / n, v, o.numel() / n, n, st.nopeek_grad);
+    dcor_sum_ += r;
+    ++dcor_n_;
+    // A term of the loss, which is the batch's mean: each micro-batch its share.
+    const float w =
+        static_cast<float>(defence_.nopeek * static_cast<double>(n) / static_cast<double>(std::max(1u, bi.batch_size)));
+    for (float& gv : st.nopeek_grad) gv *= w;
+  }
+  if (defence_.clip <= 0) return;
+  st.scale = privacy::clip_rows(v, n, defence_.clip);
+  st.clipped = v;
+  if (defence_.noise > 0) {
+    core::rng r(core::mix64(defence_.seed ^ 0x6163746976617465ULL ^
+                            core::mix64((std::uint64_t{device} << 40) ^ (id.step << 8) ^ id.micro_batch)));
+    const double sd = defence_.noise * defence_.clip;
+    for (float& e : v) e += static_cast<float>(sd * r.normal());
+  }
+  if (hostile_) st.sent = v;
+  // A tensor of its own: the segment may keep its output for the backward pass.
+  core::tensor out = b_->empty(o.shape());
+  b_->upload(out, v.data());
+  o = out;
+}
+
+core::tensor segment_runner::defend_gradient(std::uint32_t device, split::micro_batch_id id, const core::tensor& dy) {
+  const auto it = defended_.find({device, id.step, id.micro_batch});
+  if (it == defended_.end()) return dy;
+  const defended st = std::move(it->second);
+  defended_.erase(it);
+  const std::int64_t n = dy.shape().rank() ? dy.shape()[0] : 0;
+  if (n <= 0) return dy;
+  std::vector<float> g(static_cast<std::size_t>(dy.numel()));
+  b_->download(dy, g.data());
+  if (hostile_) hostile_(g, st.sent, n);
+  if (monitor_ && st.labels.size() == static_cast<std::size_t>(n))
+    monitor_->add(privacy::label_alignment(g, n, st.labels));
+  if (st.clipped.empty() && st.nopeek_grad.empty() && !hostile_) return dy;
+  if (st.clipped.size() == g.size()) privacy::clip_rows_backward(g, st.clipped, st.scale, n, defence_.clip);
+  if (st.nopeek_grad.size() == g.size())
+    for (std::size_t k = 0; k < g.size(); ++k) g[k] += st.nopeek_grad[k];
+  core::tensor out = b_->empty(dy.shape());
+  b_->upload(out, g.data());
+  return out;
+}
+
 void segment_runner::set_cut(std::uint32_t device, transport::cut_settings c) {
   cut_[device] = std::move(c);
 }
@@ -208,6 +284,7 @@ void segment_runner::release(std::uint32_t device) {
 
 void segment_runner::discard(std::uint32_t device, bool segments) {
   held_.erase(device);
+  std::erase_if(defended_, [device](const auto& kv) { return std::get<0>(kv.first) == device; });
   std::erase_if(seg_seconds_, [device](const auto& kv) { return kv.first.first == device; });
   if (!host_) return;
   if (segments) {

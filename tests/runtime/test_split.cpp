@@ -658,3 +658,124 @@ TEST_CASE("--cut-gradient-noise adds each sample its gap to the largest gradient
   CHECK(added > 0.7 * gaps);
   CHECK(added < 1.3 * gaps);
 }
+
+namespace {
+
+// Device 1's Activations frames, in the order sent, as (rows, values).
+struct sent_activations {
+  std::mutex mu;
+  std::vector<std::pair<std::int64_t, std::vector<float>>> frames;
+  std::function<void(std::span<const std::byte>)> hook() {
+    return [this](std::span<const std::byte> f) {
+      auto m = decoded(std::vector<std::byte>(f.begin(), f.end()));
+      if (!m.ok()) return;
+      if (const auto* a = m->as<cleave::wire::Activations>()) {
+        const auto v = transport::view_of(*a->activation());
+        const auto vals = v.values<float>();
+        std::lock_guard lock(mu);
+        frames.emplace_back(v.shape[0], std::vector<float>(vals.begin(), vals.end()));
+      }
+    };
+  }
+};
+
+double norm_of_row(const std::vector<float>& v, std::int64_t rows, std::int64_t i) {
+  const auto d = static_cast<std::int64_t>(v.size()) / rows;
+  double s = 0;
+  for (std::int64_t k = 0; k < d; ++k) s += double(v[i * d + k]) * v[i * d + k];
+  return std::sqrt(s);
+}
+
+}  // namespace
+
+TEST_CASE("--activation-clip bounds each sample at the cut and --activation-noise adds noise of its std, repeatably") {
+  const std::string be = test_backend();
+  workspace w("act-noise", 1);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 1;
+  sc.local_steps = 1;  // the first step's activations come from the same initial weights every run
+  auto first = [&](double clip, double noise) {
+    sent_activations s;
+    run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
+      a.activation_clip = clip;
+      a.activation_noise = noise;
+      a.on_send = s.hook();
+    });
+    REQUIRE(!s.frames.empty());
+    return s.frames.front();
+  };
+  const auto [rows, plain] = first(0, 0);
+  double mean_norm = 0;
+  for (std::int64_t i = 0; i < rows; ++i) mean_norm += norm_of_row(plain, rows, i) / static_cast<double>(rows);
+  const double c = mean_norm;  // about half the rows above it
+  const auto clipped = first(c, 0).second;
+  REQUIRE(clipped.size() == plain.size());
+  const auto d = static_cast<std::int64_t>(plain.size()) / rows;
+  int n_clipped = 0;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const double n = norm_of_row(plain, rows, i);
+    const double s = n > c ? c / n : 1.0;
+    n_clipped += n > c;
+    CHECK(norm_of_row(clipped, rows, i) <= c * (1 + 1e-5));
+    for (std::int64_t k = 0; k < d; ++k)
+      CHECK(clipped[i * d + k] == doctest::Approx(plain[i * d + k] * s).epsilon(1e-5));
+  }
+  CHECK(n_clipped > 0);
+  CHECK(n_clipped < rows);
+  const double sigma = 0.5;
+  const auto noisy = first(c, sigma).second, again = first(c, sigma).second;
+  CHECK(noisy == again);
+  double e2 = 0;
+  for (std::size_t k = 0; k < noisy.size(); ++k) e2 += double(noisy[k] - clipped[k]) * (noisy[k] - clipped[k]);
+  const double sd = std::sqrt(e2 / static_cast<double>(noisy.size()));
+  CHECK(sd == doctest::Approx(sigma * c).epsilon(0.05));
+
+  SUBCASE("noise without a clipping bound is refused naming both options") {
+    auto a = agent_cfg(w, 1, 1, be, "server");
+    a.activation_noise = 1;
+    CHECK_THROWS_WITH_AS(device::agent{a}, doctest::Contains("--activation-noise 1.000000 needs --activation-clip"),
+                         core::error);
+  }
+}
+
+TEST_CASE("the gradient check stays quiet under an honest server and refuses one whose gradients ignore the labels") {
+  const std::string be = test_backend();
+  workspace w("grad-check", 1);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 2;
+  sc.local_steps = 20;
+  // Honest: two rounds with --gradient-check refuse finish.
+  run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
+    a.gradient_check = "refuse";
+    a.gradient_check_window = 8;
+  });
+  // A server steering the device's features towards targets of its own (FSHA-style): it sends
+  // back the gradient of |z - t|^2 / 2 for fixed random targets t, whatever the labels.
+  sc.rounds = 1;
+  std::promise<std::uint16_t> port;
+  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  auto ac = agent_cfg(w, 1, port.get_future().get(), be, "server");
+  ac.gradient_check = "refuse";
+  ac.gradient_check_window = 8;
+  ac.on_gradient = [](std::vector<float>& g, const std::vector<float>& sent, std::int64_t n) {
+    REQUIRE(sent.size() == g.size());
+    const auto d = static_cast<std::int64_t>(g.size()) / n;
+    for (std::int64_t i = 0; i < n; ++i) {
+      core::rng r(core::mix64(static_cast<std::uint64_t>(i) + 77));
+      for (std::int64_t k = 0; k < d; ++k) g[i * d + k] = (sent[i * d + k] - r.normal()) * 1e-3f;
+    }
+  };
+  device::agent a(ac);
+  std::string error;
+  try {
+    a.run();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  srv.stop();
+  rs.join();
+  CHECK(error.find("do not follow this device's labels") != std::string::npos);
+  CHECK(error.find("--gradient-check refuse") != std::string::npos);
+}

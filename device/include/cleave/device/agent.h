@@ -57,6 +57,22 @@ struct agent_config {
   // that the server cannot tell labels by gradient norm or direction (segment_runner::set_gradient_noise).
   // Negative: off.
   double cut_gradient_noise = -1;
+  // Defences of the activations this device sends up at its bottom cut
+  // (segment_runner::set_cut_defence): each sample's activation clipped to L2 norm `activation_clip`,
+  // then Gaussian noise of std activation_noise * activation_clip per value, with the privacy it
+  // gives (epsilon at `dp_delta` per input sample, Renyi DP) logged every round; `nopeek` > 0:
+  // the weight of the distance correlation of inputs and activations in the device's loss. 0: off.
+  double activation_clip = 0;
+  double activation_noise = 0;
+  double dp_delta = 1e-5;
+  double nopeek = 0;
+  // The check of the gradients that come back through the bottom cut: "off", "warn" (a warning
+  // when their label alignment over the last `gradient_check_window` micro-batches falls below
+  // `gradient_check_threshold`: the server may be steering the device's features rather than
+  // training on its labels), or "refuse" (the device stops training with that server).
+  std::string gradient_check = "warn";
+  int gradient_check_window = 64;
+  double gradient_check_threshold = 0.1;
   runtime::link_settings links;  // idle timeout of the link, reconnection backoff cap
   // Emulated heterogeneity by round (see transport/emulation.h): this device's slowdown and its
   // link to the upstream node. Text or a file.
@@ -76,6 +92,9 @@ struct agent_config {
   // For tests of hostile devices only: may change the values of every replica this device
   // uploads (a segment's flat parameters and state) just before they are encoded.
   std::function<void(std::vector<float>& params, std::vector<float>& buffers)> on_upload;
+  // For tests of hostile servers only: may change every gradient that comes back through the
+  // bottom cut (segment_runner::set_gradient_hook).
+  runtime::segment_runner::gradient_hook on_gradient;
 };
 
 class agent {

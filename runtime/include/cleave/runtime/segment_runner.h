@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "cleave/privacy/cut_defence.h"
 #include "cleave/runtime/route_state.h"
 #include "cleave/split/pipeline.h"
 #include "cleave/split/profiler.h"
@@ -83,6 +84,33 @@ class segment_runner {
     gradient_noise_ = s;
     noise_seed_ = seed;
   }
+
+  // Defences of what a device sends up at its bottom cut (the output of its route's first
+  // segment), see privacy/cut_defence.h: each sample's activation clipped to L2 norm `clip`, then
+  // Gaussian noise of standard deviation noise * clip added to every value (drawn from seed,
+  // device, step and micro-batch); `nopeek` > 0 adds that weight times the distance correlation
+  // of the micro-batch's inputs and activations to the device's loss (its gradient joins the one
+  // that comes back). The gradients pass back through the clipping exactly, and around the noise.
+  struct cut_defence {
+    double clip = 0;
+    double noise = 0;
+    double nopeek = 0;
+    std::uint64_t seed = 0;
+    bool any() const { return clip > 0 || nopeek > 0; }
+  };
+  void set_cut_defence(const cut_defence& d) { defence_ = d; }
+  // The check of the gradients that come back to a device's bottom cut: their label alignment
+  // (privacy::label_alignment) over the last `window` micro-batches; suspicious below
+  // `threshold`. window 0: off.
+  void set_gradient_check(int window, double threshold);
+  const privacy::gradient_monitor* gradient_check() const { return monitor_ ? &*monitor_ : nullptr; }
+  // For tests of hostile servers only: changes every gradient that comes back through a device's
+  // bottom cut (n rows), given the activations sent for it, before anything here uses it.
+  using gradient_hook =
+      std::function<void(std::vector<float>& gradient, const std::vector<float>& sent, std::int64_t n)>;
+  void set_gradient_hook(gradient_hook h) { hostile_ = std::move(h); }
+  // Since the last call: the distance correlations measured for NoPeek (their sum and count).
+  std::pair<double, std::uint64_t> take_nopeek() { return {std::exchange(dcor_sum_, 0.0), std::exchange(dcor_n_, 0)}; }
 
   // A step message (Activations or Gradients) of `device` under route r (plan epoch `epoch`)
   // that came from tier `from` into a segment on this tier. `labels` (B) i32: a U-shaped top
@@ -152,6 +180,11 @@ class segment_runner {
   // See set_gradient_noise: g (B, ...) on this runner's backend, changed in place.
   void add_gradient_noise(core::tensor& g, std::uint64_t seed);
   void release(std::uint32_t device);
+  // See set_cut_defence: a device's bottom-cut output o (of inputs x, labels y) as it leaves, and
+  // what its gradient needs on the way back.
+  void defend_output(std::uint32_t device, split::micro_batch_id id, const core::tensor& x, const core::tensor& y,
+                     const transport::batch_info& bi, core::tensor& o);
+  core::tensor defend_gradient(std::uint32_t device, split::micro_batch_id id, const core::tensor& dy);
 
   core::backend* b_;
   core::tier here_;
@@ -174,6 +207,16 @@ class segment_runner {
   double compute_s_ = 0;
   double gradient_noise_ = -1;
   std::uint64_t noise_seed_ = 0;
+  cut_defence defence_;
+  std::optional<privacy::gradient_monitor> monitor_;
+  gradient_hook hostile_;
+  struct defended {  // a micro-batch that left through the bottom cut, until its gradient is back
+    std::vector<float> clipped, scale, nopeek_grad, sent;
+    std::vector<std::int32_t> labels;
+  };
+  std::map<std::tuple<std::uint32_t, std::uint64_t, std::uint32_t>, defended> defended_;
+  double dcor_sum_ = 0;
+  std::uint64_t dcor_n_ = 0;
 };
 
 }  // namespace cleave::runtime
