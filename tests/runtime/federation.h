@@ -197,13 +197,15 @@ struct test_edge {
   std::unique_ptr<runner> thread;
   std::uint16_t port = 0;  // where its devices connect
 };
-inline test_edge start_edge(const workspace& w, const std::string& backend, std::uint16_t server_port) {
+inline test_edge start_edge(const workspace& w, const std::string& backend, std::uint16_t server_port,
+                            const std::function<void(edge::edge_config&)>& customise = {}) {
   edge::edge_config ec;
   ec.certs = w.certs;
   ec.name = "edge-1";
   ec.port = 0;
   ec.upstream_port = server_port;
   ec.backend = backend;
+  if (customise) customise(ec);
   test_edge e;
   e.node = std::make_unique<edge::edge_node>(ec);
   e.thread = std::make_unique<runner>([n = e.node.get()] { n->run(); });

@@ -573,6 +573,23 @@ TEST_CASE("secure aggregation refuses what would reveal one device's blocks") {
     rs.join();
     CHECK(error.find("does not aggregate securely") != std::string::npos);
   }
+  SUBCASE("an edge with --secure-aggregation and a server without it") {
+    auto sc = server_cfg(w, be);
+    std::promise<std::uint16_t> port;
+    sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+    server::server_node srv(sc);
+    runner rs([&] { srv.run(); });
+    auto en = start_edge(w, be, port.get_future().get(), [](edge::edge_config& ec) { ec.secure_aggregation = true; });
+    device::agent a(agent_cfg(w, 1, en.port, be, "edge-1"));
+    runner ra([&] { a.run(); });
+    en.thread->join();  // it stops at the first plan it relays
+    a.stop();
+    srv.stop();
+    ra.join();
+    rs.join();
+    CHECK(en.thread->error().find("does not aggregate securely") != std::string::npos);
+    CHECK(en.thread->error().find("this edge runs with --secure-aggregation") != std::string::npos);
+  }
 }
 
 TEST_CASE("the adaptive splitter keeps --min-device-blocks on a slowed device") {
