@@ -51,8 +51,10 @@ class agent::impl {
     if (!(c_.activation_clip >= 0) || !(c_.activation_noise >= 0) || !(c_.nopeek >= 0))
       throw core::error("--activation-clip, --activation-noise and --nopeek must be >= 0");
     if (c_.activation_noise > 0 && c_.activation_clip <= 0)
-      throw core::error("--activation-noise " + std::to_string(c_.activation_noise) +
-                        " needs --activation-clip: the noise is scaled to the clipping bound");
+      throw core::error(
+          fmt::format("--activation-noise {:g} needs --activation-clip: the noise is scaled to the "
+                      "clipping bound",
+                      c_.activation_noise));
     if (!(c_.dp_delta > 0 && c_.dp_delta < 1)) throw core::error("--dp-delta must be in (0, 1)");
     if (c_.gradient_check != "off" && c_.gradient_check != "warn" && c_.gradient_check != "refuse")
       throw core::error("--gradient-check '" + c_.gradient_check + "': expected off, warn or refuse");

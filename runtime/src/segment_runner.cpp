@@ -225,7 +225,10 @@ void segment_runner::defend_output(std::uint32_t device, split::micro_batch_id i
         static_cast<float>(defence_.nopeek * static_cast<double>(n) / static_cast<double>(std::max(1u, bi.batch_size)));
     for (float& gv : st.nopeek_grad) gv *= w;
   }
-  if (defence_.clip <= 0) return;
+  if (defence_.clip <= 0) {
+    if (hostile_) st.sent = std::move(v);
+    return;
+  }
   st.scale = privacy::clip_rows(v, n, defence_.clip);
   st.clipped = v;
   if (defence_.noise > 0) {

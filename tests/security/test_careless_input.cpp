@@ -240,3 +240,24 @@ TEST_CASE("certs renew and revoke name what is wrong: no node, an unknown node o
   CHECK_MESSAGE(has(revoked, "revocation list " + certs + "/ca.crl (1 revoked)"), revoked.output);
   CHECK(has(run_cleave({"certs", "revoke", "device-1", "--dir", certs}), "was already revoked"));
 }
+
+TEST_CASE("bad cut codecs and cut defences are refused naming the option") {
+  scratch s;
+  const std::string certs = (s.dir / "none").string();
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"server", "--certs", certs, "--codecs", "f32,f8"},
+            "--codecs: codec list 'f32,f8': unknown codec 'f8' (known: f32, f16, bf16, int8, topk)"},
+           {{"server", "--certs", certs, "--codecs", "f16:0.5"},
+            "--codecs: codec list 'f16:0.5': 'f16:0.5': only topk takes a fraction"},
+           {{"demo", "--codecs", "int9"}, "unknown codec 'int9'"},
+           {{"agent", "--certs", certs, "--id", "1", "--activation-noise", "1"},
+            "--activation-noise 1 needs --activation-clip: the noise is scaled to the clipping bound"},
+           {{"agent", "--certs", certs, "--gradient-check", "loud"}, "--gradient-check: loud not in {off,warn,refuse}"},
+           {{"agent", "--certs", certs, "--activation-clip", "-1"}, "--activation-clip: Value -1 not in range"},
+       }) {
+    CAPTURE(args[args.size() - 2] + " " + args.back());
+    const auto o = run_cleave(args);
+    CHECK(o.status != 0);
+    CHECK_MESSAGE(has(o, says), o.output);
+  }
+}
