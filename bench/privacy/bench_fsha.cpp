@@ -33,37 +33,14 @@
 #include "cleave/core/stage.h"
 #include "cleave/federation/local_federation.h"
 #include "cleave/transport/protocol.h"
+#include "image_quality.h"
 
 namespace fs = std::filesystem;
 using namespace cleave;
+using cleave::bench::psnr;
+using cleave::bench::ssim;
 
 namespace {
-
-double psnr(const float* a, const float* b, std::int64_t n) {
-  double mse = 0;
-  for (std::int64_t k = 0; k < n; ++k) mse += double(a[k] - b[k]) * (a[k] - b[k]);
-  return 10.0 * std::log10(1.0 / std::max(mse / static_cast<double>(n), 1e-12));
-}
-
-double ssim(const float* a, const float* b, int h, int w) {  // 7x7 uniform windows, range 1
-  const double c1 = 1e-4, c2 = 9e-4;
-  double sum = 0;
-  int n = 0;
-  for (int y = 0; y + 7 <= h; ++y)
-    for (int x = 0; x + 7 <= w; ++x) {
-      double ma = 0, mb = 0, vaa = 0, vbb = 0, vab = 0;
-      for (int j = 0; j < 7; ++j)
-        for (int i = 0; i < 7; ++i) {
-          const double p = a[(y + j) * w + x + i], q = b[(y + j) * w + x + i];
-          ma += p, mb += q, vaa += p * p, vbb += q * q, vab += p * q;
-        }
-      ma /= 49, mb /= 49;
-      vaa = vaa / 49 - ma * ma, vbb = vbb / 49 - mb * mb, vab = vab / 49 - ma * mb;
-      sum += ((2 * ma * mb + c1) * (2 * vab + c2)) / ((ma * ma + mb * mb + c1) * (vaa + vbb + c2));
-      ++n;
-    }
-  return n ? sum / n : 0.0;
-}
 
 // A network of the attacker's with its optimizer.
 struct net {

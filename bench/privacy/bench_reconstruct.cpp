@@ -36,9 +36,12 @@
 #include "cleave/privacy/cut_defence.h"
 #include "cleave/transport/message.h"
 #include "cleave/transport/protocol.h"
+#include "image_quality.h"
 
 namespace fs = std::filesystem;
 using namespace cleave;
+using cleave::bench::psnr;
+using cleave::bench::ssim;
 
 namespace {
 
@@ -58,36 +61,6 @@ std::vector<float> images_of(const core::dataset& d, const std::vector<std::int6
     for (std::int64_t k = 0; k < per; ++k)
       out[i * per + k] = d.pixels[static_cast<std::size_t>(idx[i] * per + k)] / 255.0f;
   return out;
-}
-
-double psnr(const float* a, const float* b, std::int64_t n) {
-  double mse = 0;
-  for (std::int64_t k = 0; k < n; ++k) mse += double(a[k] - b[k]) * (a[k] - b[k]);
-  mse /= static_cast<double>(n);
-  return 10.0 * std::log10(1.0 / std::max(mse, 1e-12));
-}
-
-// Mean SSIM over 7x7 windows (uniform, stride 1), dynamic range 1 (Wang et al., 2004).
-double ssim(const float* a, const float* b, int h, int w) {
-  const double c1 = 0.01 * 0.01, c2 = 0.03 * 0.03;
-  const int win = 7;
-  double sum = 0;
-  int n = 0;
-  for (int y = 0; y + win <= h; ++y)
-    for (int x = 0; x + win <= w; ++x) {
-      double ma = 0, mb = 0, vaa = 0, vbb = 0, vab = 0;
-      for (int j = 0; j < win; ++j)
-        for (int i = 0; i < win; ++i) {
-          const double p = a[(y + j) * w + x + i], q = b[(y + j) * w + x + i];
-          ma += p, mb += q, vaa += p * p, vbb += q * q, vab += p * q;
-        }
-      const double m = win * win;
-      ma /= m, mb /= m;
-      vaa = vaa / m - ma * ma, vbb = vbb / m - mb * mb, vab = vab / m - ma * mb;
-      sum += ((2 * ma * mb + c1) * (2 * vab + c2)) / ((ma * ma + mb * mb + c1) * (vaa + vbb + c2));
-      ++n;
-    }
-  return n ? sum / n : 0.0;
 }
 
 // Kernel ridge regression with a Gaussian kernel: fit on (features f, targets y) of n rows,
