@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -303,7 +304,9 @@ struct node_usage {
 };
 
 // Waits for the server, then gives the other nodes a moment to end (the server tells them
-// training is over) before stopping them; returns the server's wait status.
+// training is over) before stopping them; returns the server's wait status. An edge or a device
+// that fails before the server ends (its error is in its log) stops every node: the server would
+// wait for it to the end of its join timeout.
 int wait_for_demo(pid_t server, const std::vector<pid_t>& edges, const std::vector<pid_t>& devices, node_usage& u) {
   static std::vector<pid_t> all;
   all = edges;
@@ -316,12 +319,42 @@ int wait_for_demo(pid_t server, const std::vector<pid_t>& edges, const std::vect
   std::signal(SIGTERM, forward);
   int status = 0;
   rusage ru{};
-  while (::wait4(server, &status, 0, &ru) < 0 && errno == EINTR) {
+  std::map<pid_t, long> early;  // nodes reaped before the server: their peak RSS
+  bool failed = false;
+  for (;;) {
+    int st = 0;
+    rusage r{};
+    const pid_t p = ::wait4(-1, &st, 0, &r);
+    if (p < 0) {
+      if (errno == EINTR) continue;
+      break;  // no child left
+    }
+    if (p == server) {
+      status = st;
+      ru = r;
+      break;
+    }
+    if (std::find(all.begin(), all.end(), p) == all.end()) continue;
+    early[p] = r.ru_maxrss;
+    if ((!WIFEXITED(st) || WEXITSTATUS(st) != 0) && !failed) {
+      failed = true;
+      const bool edge = std::find(edges.begin(), edges.end(), p) != edges.end();
+      spdlog::error(
+          "demo: {} (pid {}) failed ({}) before training finished: see its log; stopping every node",
+          edge ? "an edge" : "a device", p,
+          WIFEXITED(st) ? fmt::format("exit status {}", WEXITSTATUS(st)) : fmt::format("signal {}", WTERMSIG(st)));
+      forward(SIGTERM);
+    }
   }
+  if (failed) status = 1 << 8;  // the run failed whatever the server's own status
   u.server_kib = ru.ru_maxrss;
   const auto until = clock::now() + std::chrono::seconds(10);
   auto reap = [&](const std::vector<pid_t>& pids, std::vector<long>& kib) {
     for (pid_t p : pids) {
+      if (const auto it = early.find(p); it != early.end()) {
+        kib.push_back(it->second);
+        continue;
+      }
       int st = 0;
       rusage r{};
       while (::wait4(p, &st, WNOHANG, &r) == 0) {
@@ -412,9 +445,10 @@ demo_plan plan_demo(const demo_options& o) {
   p.certs = p.work / "certs";
   p.data = demo_data(o.data, p.work);
   p.level = spdlog::level::to_string_view(spdlog::get_level()).data();
-  p.server_addr = "127.0.0.1:" + std::to_string(transport::free_loopback_port());
+  const auto ports = transport::free_loopback_ports(1 + o.edges);  // distinct
+  p.server_addr = "127.0.0.1:" + std::to_string(ports[0]);
   for (int e = 1; e <= o.edges; ++e)
-    p.edge_addrs.push_back("127.0.0.1:" + std::to_string(transport::free_loopback_port()));
+    p.edge_addrs.push_back("127.0.0.1:" + std::to_string(ports[static_cast<std::size_t>(e)]));
   // Virtual devices share this process's cores as threads: one each, as processes get.
   const int n_nodes = o.devices + o.edges + 1;
   p.backend = node_backend(o.backend, n_nodes);
@@ -501,7 +535,7 @@ void run_demo(const demo_options& o) {
   if (virt) virt->stop();
   spdlog::set_default_logger(terminal);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    throw core::error("the server failed (see above; the other nodes' logs are in " + p.work.string() + ")");
+    throw core::error("the run failed (see above; the nodes' logs are in " + p.work.string() + ")");
   summarise(o, p, started_at, u);
   spdlog::info("demo: done; global model in {}, logs in {}", (p.work / "global.ckpt").string(), p.work.string());
 }

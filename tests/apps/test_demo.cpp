@@ -3,10 +3,13 @@
 // Every device is in every round, and the run ends with its figures.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "run_cleave.h"
 
@@ -102,4 +105,30 @@ TEST_CASE("the demo refuses sizes it cannot run, naming the option") {
   r = run_cleave({"demo", "--edges", "65"});
   CHECK(r.status != 0);
   CHECK(r.output.find("--edges") != std::string::npos);
+}
+
+TEST_CASE("a demo whose edge is killed stops every node and fails naming it") {
+  const fs::path work = fresh_dir("cleave-demo-edge-killed");
+  // Kills edge-1 once its log shows a device connected, from a thread, while the demo runs.
+  std::thread killer([&] {
+    for (int i = 0; i < 600; ++i) {
+      if (read_file(work / "edge-1.log").find("connected") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    // ("[e]" keeps the pattern from matching the shell that runs it.)
+    const std::string cmd = "pkill -9 -f '" + (work / "certs").string() + " --name [e]dge-1 '";
+    CHECK(std::system(cmd.c_str()) == 0);
+  });
+  const auto r = run_cleave({"demo", "--no-emulation", "--devices", "4", "--edges", "2", "--rounds", "200",
+                             "--local-steps", "50", "--work", work.string()});
+  killer.join();
+  INFO(r.output);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("demo: an edge (pid ") != std::string::npos);
+  CHECK(r.output.find("failed (signal 9) before training finished") != std::string::npos);
+  CHECK(r.output.find("the run failed") != std::string::npos);
+  // No node of the run is left behind.
+  const std::string left = "pgrep -f '" + (work / "cert[s]").string() + "' > /dev/null";
+  CHECK(std::system(left.c_str()) != 0);
+  fs::remove_all(work);
 }

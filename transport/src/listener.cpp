@@ -11,6 +11,7 @@
 #include <deque>
 #include <list>
 #include <unordered_map>
+#include <vector>
 
 #include "channel_impl.h"
 #include "cleave/transport/log.h"
@@ -304,14 +305,24 @@ std::uint64_t listener::n_refused() const {
   return impl_->n_refused_.load();
 }
 
-std::uint16_t free_loopback_port() {
+std::vector<std::uint16_t> free_loopback_ports(int n) {
   asio::io_context io;
-  asio::ip::tcp::acceptor a(io);
-  asio::error_code ec;
-  a.open(asio::ip::tcp::v4(), ec);
-  if (!ec) a.bind({asio::ip::make_address_v4("127.0.0.1"), 0}, ec);
-  if (ec) throw core::error("no free port on loopback: " + ec.message());
-  return a.local_endpoint().port();
+  // All bound at once: the kernel cannot hand out one of them twice.
+  std::vector<asio::ip::tcp::acceptor> held;
+  std::vector<std::uint16_t> ports;
+  for (int i = 0; i < n; ++i) {
+    auto& a = held.emplace_back(io);
+    asio::error_code ec;
+    a.open(asio::ip::tcp::v4(), ec);
+    if (!ec) a.bind({asio::ip::make_address_v4("127.0.0.1"), 0}, ec);
+    if (ec) throw core::error("no free port on loopback: " + ec.message());
+    ports.push_back(a.local_endpoint().port());
+  }
+  return ports;
+}
+
+std::uint16_t free_loopback_port() {
+  return free_loopback_ports(1).front();
 }
 
 }  // namespace cleave::transport

@@ -64,5 +64,7 @@ class listener {
 // A TCP port free on loopback now, for a node that must be found at the same port again after a
 // restart (another process may take it meanwhile). Throws core::error when none can be had.
 std::uint16_t free_loopback_port();
+// n distinct ports free on loopback now (picked one at a time, two may come out the same).
+std::vector<std::uint16_t> free_loopback_ports(int n);
 
 }  // namespace cleave::transport
