@@ -23,16 +23,15 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "capture.h"
 #include "cleave/backend/registry.h"
 #include "cleave/core/dataset.h"
 #include "cleave/core/random.h"
 #include "cleave/core/stage.h"
-#include "cleave/federation/local_federation.h"
 #include "cleave/privacy/cut_defence.h"
 #include "cleave/transport/message.h"
 #include "cleave/transport/protocol.h"
@@ -142,62 +141,32 @@ struct outcome {
 };
 
 outcome run(const fs::path& work, const setting& st) {
-  federation::local_config c;
-  c.certs = work / "certs";
-  federation::provision_local(c.certs, 2, 0);
-  c.use_edge = false;
-  auto& s = c.server;
-  s.model = st.model;
-  s.data = st.data;
-  s.backend = st.backend;
-  s.rounds = 1;
-  s.local_steps = st.steps;
-  s.min_devices = 2;
-  s.adaptive = false;
-  s.cuts = std::to_string(st.cut);
-  s.opt.lr = 0.05f;
-  std::mutex mu;
-  std::vector<std::vector<std::byte>> frames;
-  for (std::uint32_t id = 1; id <= 2; ++id) {
-    device::agent_config a;
-    a.id = id;
-    a.data = st.data;
-    a.backend = st.backend;
-    a.partition = "all";
-    a.activation_clip = st.clip;
-    a.activation_noise = st.noise;
-    a.nopeek = st.nopeek;
-    a.gradient_check = "off";
-    if (id == 1)
-      a.on_send = [&](std::span<const std::byte> f) {
-        std::lock_guard lock(mu);
-        frames.emplace_back(f.begin(), f.end());
-      };
-    c.devices.push_back(a);
-  }
+  bench::frame_capture cap;
+  auto c = bench::capturing_federation(work, st.model, st.data, st.backend, 2, 1, st.steps, cap,
+                                       [&](device::agent_config& a) {
+                                         a.activation_clip = st.clip;
+                                         a.activation_noise = st.noise;
+                                         a.nopeek = st.nopeek;
+                                         a.gradient_check = "off";
+                                       });
+  const auto& s = c.server;
+  c.server.cuts = std::to_string(st.cut);
   const auto result = federation::run_local(c);
   outcome out;
   out.accuracy = result.rounds.back().test_accuracy;
 
   const auto d = core::load_dataset(st.data);
-  const std::int64_t n = d.train.size(), per = d.train.item.numel();
-  const std::uint64_t order_seed = device::default_order_seed(1, 1);
-  std::vector<std::int64_t> order;
-  std::int64_t order_epoch = -1;
-  auto index_at = [&](std::int64_t pos) {
-    if (pos / n != order_epoch) order = core::epoch_order(n, order_seed, order_epoch = pos / n);
-    return order[static_cast<std::size_t>(pos % n)];
-  };
+  const std::int64_t per = d.train.item.numel();
+  bench::sample_stream stream(d.train.size(), device::default_order_seed(1, 1));
   // The victim: the last activation frames device 1 sent, and the inputs behind them.
   std::vector<float> victim;
   std::vector<std::int64_t> victim_idx;
   std::int64_t dim = 0;
   std::uint64_t max_releases = 0;
   std::map<std::int64_t, std::uint64_t> releases;
-  for (auto it = frames.rbegin(); it != frames.rend() && static_cast<int>(victim_idx.size()) < st.n_victims; ++it) {
-    auto buf = transport::aligned_bytes::allocate(it->size());
-    std::memcpy(buf.data(), it->data(), it->size());
-    auto m = transport::decode_frame(std::move(buf), transport::frame_limits{});
+  for (auto it = cap.frames.rbegin(); it != cap.frames.rend() && static_cast<int>(victim_idx.size()) < st.n_victims;
+       ++it) {
+    auto m = bench::decode_captured(*it);
     const auto* a = m.ok() ? m->as<wire::Activations>() : nullptr;
     if (!a) continue;
     const auto v = transport::view_of(*a->activation());
@@ -207,12 +176,12 @@ outcome run(const fs::path& work, const setting& st) {
     // Round 1's steps are numbered from local_steps on; the device's stream starts with them.
     const std::int64_t first = (static_cast<std::int64_t>(a->step()) - st.steps) * s.batch + a->micro_batch() * rows;
     for (std::int64_t i = 0; i < rows; ++i) {
-      victim_idx.push_back(index_at(first + i));
+      victim_idx.push_back(stream.index_at(first + i));
       victim.insert(victim.end(), vals.begin() + i * dim, vals.begin() + (i + 1) * dim);
     }
   }
   for (std::int64_t pos = 0; pos < static_cast<std::int64_t>(st.steps) * s.batch; ++pos)
-    max_releases = std::max(max_releases, ++releases[index_at(pos)]);
+    max_releases = std::max(max_releases, ++releases[stream.index_at(pos)]);
   const std::int64_t nv = static_cast<std::int64_t>(victim_idx.size());
   out.dim = dim;
   if (nv == 0) throw core::error("no activation frames from device 1");

@@ -127,8 +127,9 @@ TEST_CASE(
     "log has one line per round") {
   const std::string be = test_backend();
   workspace w("metrics", 2, 1024, 256);
-  const std::uint16_t server_metrics = transport::free_loopback_port();
-  const std::uint16_t agent_metrics = transport::free_loopback_port();
+  const auto metrics_ports = transport::free_loopback_ports(2);
+  const std::uint16_t server_metrics = metrics_ports[0];
+  const std::uint16_t agent_metrics = metrics_ports[1];
   auto sc = server_cfg(w, be);
   sc.rounds = 4;
   sc.local_steps = 30;
