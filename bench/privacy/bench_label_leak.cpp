@@ -5,8 +5,10 @@
 // micro-batch by (a) its gradient's norm (the better of both orientations) and (b) its cosine
 // with the gradient of one sample of that class in the same micro-batch whose label it knows
 // (Li et al., ICLR'22); printed: the AUC of each score averaged over classes, and the final
-// test accuracy, without and with --cut-gradient-noise at each level, side by side.
-// Usage: bench_label_leak [--data D] [--rounds R] [--steps N] [--noise 0.25,0.5,1,2] [--backend B]
+// test accuracy, without and with --cut-gradient-noise at each level, side by side, each the
+// mean of --seeds runs (seeds 1..K: initial weights, partition and data order), the accuracy
+// cost against the same seeds.
+// Usage: bench_label_leak [--data D] [--rounds R] [--steps N] [--noise 0.25,0.5,1,2] [--seeds K] [--backend B]
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -14,14 +16,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "cleave/core/dataset.h"
-#include "cleave/federation/local_federation.h"
-#include "cleave/transport/message.h"
+#include "capture.h"
 
 namespace fs = std::filesystem;
 using namespace cleave;
@@ -51,59 +50,28 @@ struct outcome {
 };
 
 outcome run(const fs::path& work, const std::string& data, const std::string& backend, int rounds, int steps,
-            double noise) {
-  federation::local_config c;
-  c.certs = work / "certs";
-  federation::provision_local(c.certs, 2, 0);
-  c.use_edge = false;
-  auto& s = c.server;
-  s.model = "lenet5";
-  s.data = data;
-  s.backend = backend;
-  s.u_shape = true;
-  s.rounds = rounds;
-  s.local_steps = steps;
-  s.min_devices = 2;
-  s.adaptive = false;
-  s.opt.lr = 0.05f;
-  std::mutex mu;
-  std::vector<std::vector<std::byte>> frames;
-  for (std::uint32_t id = 1; id <= 2; ++id) {
-    device::agent_config a;
-    a.id = id;
-    a.data = data;
-    a.backend = backend;
-    a.partition = "all";
-    a.cut_gradient_noise = noise;
-    if (id == 1)
-      a.on_send = [&](std::span<const std::byte> f) {
-        std::lock_guard lock(mu);
-        frames.emplace_back(f.begin(), f.end());
-      };
-    c.devices.push_back(a);
-  }
+            double noise, std::uint64_t seed) {
+  bench::frame_capture cap;
+  auto c =
+      bench::capturing_federation(work, "lenet5", data, backend, 2, rounds, steps, cap, [&](device::agent_config& a) {
+        a.cut_gradient_noise = noise;
+        a.partition_seed = seed;
+      });
+  c.server.u_shape = true;
+  c.server.seed = seed;
   const auto result = federation::run_local(c);
   outcome out;
   out.accuracy = result.rounds.back().test_accuracy;
 
-  // Device 1's data stream ("all": the whole training split, its own order): the labels of
-  // step s, micro-batch m, as the device drew them.
+  // Device 1's data stream: the labels of step s, micro-batch m, as the device drew them.
   const auto d = core::load_dataset(data);
-  const std::int64_t n = d.train.size();
-  const std::uint64_t order_seed = device::default_order_seed(1, 1);
-  std::vector<std::int64_t> order;
-  std::int64_t order_epoch = -1;
-  auto label_at = [&](std::int64_t pos) {
-    if (pos / n != order_epoch) order = core::epoch_order(n, order_seed, order_epoch = pos / n);
-    return d.train.y[static_cast<std::size_t>(order[static_cast<std::size_t>(pos % n)])];
-  };
+  bench::sample_stream stream(d.train.size(), device::default_order_seed(seed, 1));
+  auto label_at = [&](std::int64_t pos) { return d.train.y[static_cast<std::size_t>(stream.index_at(pos))]; };
   std::vector<std::vector<std::pair<double, bool>>> norm_scores(static_cast<std::size_t>(d.train.n_classes)),
       cos_scores(norm_scores.size());
-  const std::int64_t batch = s.batch;
-  for (const auto& f : frames) {
-    auto buf = transport::aligned_bytes::allocate(f.size());
-    std::memcpy(buf.data(), f.data(), f.size());
-    auto m = transport::decode_frame(std::move(buf), transport::frame_limits{});
+  const std::int64_t batch = c.server.batch;
+  for (const auto& f : cap.frames) {
+    auto m = bench::decode_captured(f);
     const auto* g = m.ok() ? m->as<wire::Gradients>() : nullptr;
     if (!g) continue;
     // Only the last round: what the attacker sees of a trained model.
@@ -149,19 +117,21 @@ outcome run(const fs::path& work, const std::string& data, const std::string& ba
 
 int main(int argc, char** argv) {
   std::string data = "fashion-mnist", backend = "auto", noise_list = "0.25,0.5,1,2";
-  int rounds = 3, steps = 100;
+  int rounds = 3, steps = 100, seeds = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
+    const std::string a = argv[i], v = argv[i + 1];
     if (a == "--data")
-      data = argv[i + 1];
+      data = v;
     else if (a == "--backend")
-      backend = argv[i + 1];
+      backend = v;
     else if (a == "--rounds")
-      rounds = std::stoi(argv[i + 1]);
+      rounds = std::stoi(v);
     else if (a == "--steps")
-      steps = std::stoi(argv[i + 1]);
+      steps = std::stoi(v);
     else if (a == "--noise")
-      noise_list = argv[i + 1];
+      noise_list = v;
+    else if (a == "--seeds")
+      seeds = std::max(1, std::stoi(v));
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -169,22 +139,41 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::warn);
   std::vector<double> levels{-1};
-  std::stringstream ss(noise_list);
-  for (std::string t; std::getline(ss, t, ',');) levels.push_back(std::stod(t));
+  try {
+    std::stringstream ss(noise_list);
+    for (std::string t; std::getline(ss, t, ',');) levels.push_back(std::stod(t));
+  } catch (const std::exception&) {
+    std::fprintf(stderr, "--noise: '%s' is not a list of numbers\n", noise_list.c_str());
+    return 2;
+  }
   const fs::path work = fs::temp_directory_path() / ("cleave-label-leak-" + std::to_string(::getpid()));
   std::printf(
       "label inference from the gradients device 1 sends up (U-shaped LeNet-5, 2 devices, %d rounds x %d "
-      "steps, last round attacked)\n",
-      rounds, steps);
-  std::printf("%-22s %10s %12s %10s %10s\n", "defence", "norm AUC", "cosine AUC", "accuracy", "cost");
-  double base = 0;
-  for (const double s : levels) {
-    const auto o = run(work, data, backend, rounds, steps, s);
-    if (s < 0) base = o.accuracy;
+      "steps, last round attacked, mean of %d seeds)\n",
+      rounds, steps, seeds);
+  std::printf("%-24s %10s %12s %10s %10s\n", "defence", "norm AUC", "cosine AUC", "accuracy", "cost");
+  std::vector<double> base(static_cast<std::size_t>(seeds), 0.0);
+  for (const double noise : levels) {
     char name[64];
-    std::snprintf(name, sizeof name, s < 0 ? "none" : "gradient noise %g", s);
-    std::printf("%-22s %10.3f %12.3f %10.4f %+9.2f  (%zu samples)\n", name, o.norm_auc, o.cosine_auc, o.accuracy,
-                (o.accuracy - base) * 100.0, o.n_samples);
+    std::snprintf(name, sizeof name, noise < 0 ? "none" : "gradient noise %g", noise);
+    outcome mean;
+    std::string per_seed;
+    for (int k = 0; k < seeds; ++k) {
+      const auto o = run(work, data, backend, rounds, steps, noise, static_cast<std::uint64_t>(k + 1));
+      if (noise < 0) base[static_cast<std::size_t>(k)] = o.accuracy;
+      mean.norm_auc += o.norm_auc / seeds;
+      mean.cosine_auc += o.cosine_auc / seeds;
+      mean.accuracy += o.accuracy / seeds;
+      mean.n_samples += o.n_samples;
+      char one[48];
+      std::snprintf(one, sizeof one, "%s%+.2f", per_seed.empty() ? "" : " ",
+                    (o.accuracy - base[static_cast<std::size_t>(k)]) * 100.0);
+      per_seed += one;
+    }
+    double base_mean = 0;
+    for (const double b : base) base_mean += b / seeds;
+    std::printf("%-24s %10.3f %12.3f %10.4f %+9.2f  (%zu samples; per seed %s)\n", name, mean.norm_auc, mean.cosine_auc,
+                mean.accuracy, (mean.accuracy - base_mean) * 100.0, mean.n_samples, per_seed.c_str());
     std::fflush(stdout);
   }
   std::printf("target: AUC <= 0.6 with the defence at <= 1 point of accuracy\n");

@@ -457,7 +457,8 @@ void agent::impl::forward_step(std::uint64_t step) {
     be.upload(x, xb.data() + mb * mbs * per);
     be.upload(y, yb.data() + mb * mbs);
     if (plan_->route.u_shape()) labels_[{step, mb}] = y;
-    auto res = runner_->run_input(c_.id, plan_->route, plan_->epoch, {step, mb}, x, y, {mbs * n_mb, n_mb});
+    auto res = runner_->run_input(c_.id, plan_->route, plan_->epoch, {step, mb}, x, y, {mbs * n_mb, n_mb},
+                                  std::span<const std::int32_t>(yb.data() + mb * mbs, mbs));
     if (res.out) post(std::move(*res.out));
   }
 }

@@ -104,7 +104,7 @@ step_result segment_runner::run(std::uint32_t device, const split::route& r, std
 
 step_result segment_runner::run_input(std::uint32_t device, const split::route& r, std::uint32_t epoch,
                                       split::micro_batch_id id, const core::tensor& x, const core::tensor& y,
-                                      const transport::batch_info& bi) {
+                                      const transport::batch_info& bi, std::span<const std::int32_t> host_y) {
   split::segment_output o;
   const double secs = timed([&] {
     o = host_->forward(device, 0, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size),
@@ -113,7 +113,7 @@ step_result segment_runner::run_input(std::uint32_t device, const split::route& 
   batch_[device] = bi;
   if (here_ == core::tier::device && o.dir == split::segment_output::direction::up &&
       (defence_.any() || monitor_ || hostile_))
-    defend_output(device, id, x, y, bi, o.value);
+    defend_output(device, id, x, y, host_y, bi, o.value);
   return finish(device, r, epoch, 0, id, bi, std::move(o), y, secs, true);
 }
 
@@ -198,13 +198,20 @@ void segment_runner::set_gradient_check(int window, double threshold) {
 }
 
 void segment_runner::defend_output(std::uint32_t device, split::micro_batch_id id, const core::tensor& x,
-                                   const core::tensor& y, const transport::batch_info& bi, core::tensor& o) {
+                                   const core::tensor& y, std::span<const std::int32_t> host_y,
+                                   const transport::batch_info& bi, core::tensor& o) {
   const std::int64_t n = o.shape().rank() ? o.shape()[0] : 0;
   if (n <= 0) return;
+  const bool check = monitor_ && (!monitor_->ready() || checked_++ % check_stride == 0);
+  if (!check && !defence_.any() && !hostile_) return;
   defended& st = defended_[{device, id.step, id.micro_batch}];
-  if (monitor_) {
-    st.labels.resize(static_cast<std::size_t>(n));
-    b_->download(y, st.labels.data());
+  if (check) {
+    if (host_y.size() == static_cast<std::size_t>(n)) {
+      st.labels.assign(host_y.begin(), host_y.end());
+    } else {
+      st.labels.resize(static_cast<std::size_t>(n));
+      b_->download(y, st.labels.data());
+    }
   }
   if (!defence_.any() && !hostile_) return;
   std::vector<float> v(static_cast<std::size_t>(o.numel()));
@@ -237,7 +244,7 @@ void segment_runner::defend_output(std::uint32_t device, split::micro_batch_id i
     const double sd = defence_.noise * defence_.clip;
     for (float& e : v) e += static_cast<float>(sd * r.normal());
   }
-  if (hostile_) st.sent = v;
+  if (hostile_ && defence_.noise > 0) st.sent = v;  // else what was sent is st.clipped
   // A tensor of its own: the segment may keep its output for the backward pass.
   core::tensor out = b_->empty(o.shape());
   b_->upload(out, v.data());
@@ -253,7 +260,7 @@ core::tensor segment_runner::defend_gradient(std::uint32_t device, split::micro_
   if (n <= 0) return dy;
   std::vector<float> g(static_cast<std::size_t>(dy.numel()));
   b_->download(dy, g.data());
-  if (hostile_) hostile_(g, st.sent, n);
+  if (hostile_) hostile_(g, st.sent.empty() ? st.clipped : st.sent, n);
   if (monitor_ && st.labels.size() == static_cast<std::size_t>(n))
     monitor_->add(privacy::label_alignment(g, n, st.labels));
   if (st.clipped.empty() && st.nopeek_grad.empty() && !hostile_) return dy;

@@ -91,6 +91,28 @@ std::vector<float> run_federation(const workspace& w, const std::string& be, ser
   return srv.global_params();
 }
 
+// Runs one device against a server of its own until the device stops, then stops the server;
+// returns the device's error ("" when it finished).
+std::string run_one_device(const workspace& w, const std::string& be, server::server_config sc,
+                           const std::function<void(device::agent_config&)>& customise) {
+  std::promise<std::uint16_t> port;
+  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  auto ac = agent_cfg(w, 1, port.get_future().get(), be, "server");
+  if (customise) customise(ac);
+  device::agent a(ac);
+  std::string error;
+  try {
+    a.run();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  srv.stop();
+  rs.join();
+  return error;
+}
+
 }  // namespace
 
 TEST_CASE("split training with one device equals local training in 2-tier, 3-tier and U-shaped plans") {
@@ -555,22 +577,8 @@ TEST_CASE("secure aggregation refuses what would reveal one device's blocks") {
     CHECK_THROWS_WITH_AS(server::server_node(sc).run(), doctest::Contains("--aggregate mean"), core::error);
   }
   SUBCASE("a device with --secure-aggregation and a server without it") {
-    auto sc = server_cfg(w, be);
-    std::promise<std::uint16_t> port;
-    sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
-    server::server_node srv(sc);
-    runner rs([&] { srv.run(); });
-    auto ac = agent_cfg(w, 1, port.get_future().get(), be, "server");
-    ac.secure_aggregation = true;
-    device::agent a(ac);
-    std::string error;
-    try {
-      a.run();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    srv.stop();
-    rs.join();
+    const std::string error =
+        run_one_device(w, be, server_cfg(w, be), [](device::agent_config& a) { a.secure_aggregation = true; });
     CHECK(error.find("does not aggregate securely") != std::string::npos);
   }
   SUBCASE("an edge with --secure-aggregation and a server without it") {
@@ -624,6 +632,36 @@ TEST_CASE("the adaptive splitter keeps --min-device-blocks on a slowed device") 
   }
 }
 
+namespace {
+
+// The first gradient device 1 sends up in a one-round U-shaped run of sc, with
+// --cut-gradient-noise `noise`: (rows, values).
+std::pair<std::int64_t, std::vector<double>> first_gradient(const workspace& w, const std::string& be,
+                                                            const server::server_config& sc, double noise) {
+  std::mutex mu;
+  std::vector<std::vector<std::byte>> frames;
+  run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
+    a.cut_gradient_noise = noise;
+    a.on_send = [&](std::span<const std::byte> f) {
+      std::lock_guard lock(mu);
+      frames.emplace_back(f.begin(), f.end());
+    };
+  });
+  for (const auto& f : frames) {
+    auto m = decoded(f);
+    REQUIRE(m.ok());
+    if (const auto* g = m->as<cleave::wire::Gradients>()) {
+      const auto v = transport::view_of(*g->gradient());
+      const auto vals = v.values<float>();
+      return {v.shape[0], std::vector<double>(vals.begin(), vals.end())};
+    }
+  }
+  FAIL("no gradient left the device");
+  return {};
+}
+
+}  // namespace
+
 TEST_CASE("--cut-gradient-noise adds each sample its gap to the largest gradient norm, repeatably") {
   const std::string be = test_backend();
   workspace w("grad-noise", 1);
@@ -631,32 +669,9 @@ TEST_CASE("--cut-gradient-noise adds each sample its gap to the largest gradient
   sc.rounds = 1;
   sc.local_steps = 2;
   sc.u_shape = true;
-  // The first gradient device 1 sends up: with and without noise computed from the same weights.
-  auto first_gradient = [&](double noise, std::int64_t& rows) {
-    std::mutex mu;
-    std::vector<std::vector<std::byte>> frames;
-    run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
-      a.cut_gradient_noise = noise;
-      a.on_send = [&](std::span<const std::byte> f) {
-        std::lock_guard lock(mu);
-        frames.emplace_back(f.begin(), f.end());
-      };
-    });
-    for (const auto& f : frames) {
-      auto m = decoded(f);
-      REQUIRE(m.ok());
-      if (const auto* g = m->as<cleave::wire::Gradients>()) {
-        const auto v = transport::view_of(*g->gradient());
-        rows = v.shape[0];
-        const auto vals = v.values<float>();
-        return std::vector<double>(vals.begin(), vals.end());
-      }
-    }
-    FAIL("no gradient left the device");
-    return std::vector<double>{};
-  };
-  std::int64_t rows = 0;
-  const auto plain = first_gradient(-1, rows), noisy = first_gradient(2, rows), again = first_gradient(2, rows);
+  // With and without noise computed from the same weights.
+  const auto [rows, plain] = first_gradient(w, be, sc, -1);
+  const auto noisy = first_gradient(w, be, sc, 2).second, again = first_gradient(w, be, sc, 2).second;
   REQUIRE(plain.size() == noisy.size());
   CHECK(noisy == again);  // the same seeds, the same noise
   const auto n = static_cast<std::size_t>(rows), dim = plain.size() / n;
@@ -769,30 +784,18 @@ TEST_CASE("the gradient check stays quiet under an honest server and refuses one
   // A server steering the device's features towards targets of its own (FSHA-style): it sends
   // back the gradient of |z - t|^2 / 2 for fixed random targets t, whatever the labels.
   sc.rounds = 1;
-  std::promise<std::uint16_t> port;
-  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
-  server::server_node srv(sc);
-  runner rs([&] { srv.run(); });
-  auto ac = agent_cfg(w, 1, port.get_future().get(), be, "server");
-  ac.gradient_check = "refuse";
-  ac.gradient_check_window = 8;
-  ac.on_gradient = [](std::vector<float>& g, const std::vector<float>& sent, std::int64_t n) {
-    REQUIRE(sent.size() == g.size());
-    const auto d = static_cast<std::int64_t>(g.size()) / n;
-    for (std::int64_t i = 0; i < n; ++i) {
-      core::rng r(core::mix64(static_cast<std::uint64_t>(i) + 77));
-      for (std::int64_t k = 0; k < d; ++k) g[i * d + k] = (sent[i * d + k] - r.normal()) * 1e-3f;
-    }
-  };
-  device::agent a(ac);
-  std::string error;
-  try {
-    a.run();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  srv.stop();
-  rs.join();
+  const std::string error = run_one_device(w, be, sc, [](device::agent_config& ac) {
+    ac.gradient_check = "refuse";
+    ac.gradient_check_window = 8;
+    ac.on_gradient = [](std::vector<float>& g, const std::vector<float>& sent, std::int64_t n) {
+      REQUIRE(sent.size() == g.size());
+      const auto d = static_cast<std::int64_t>(g.size()) / n;
+      for (std::int64_t i = 0; i < n; ++i) {
+        core::rng r(core::mix64(static_cast<std::uint64_t>(i) + 77));
+        for (std::int64_t k = 0; k < d; ++k) g[i * d + k] = (sent[i * d + k] - r.normal()) * 1e-3f;
+      }
+    };
+  });
   CHECK(error.find("do not follow this device's labels") != std::string::npos);
   CHECK(error.find("--gradient-check refuse") != std::string::npos);
 }

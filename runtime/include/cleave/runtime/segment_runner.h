@@ -100,8 +100,8 @@ class segment_runner {
   };
   void set_cut_defence(const cut_defence& d) { defence_ = d; }
   // The check of the gradients that come back to a device's bottom cut: their label alignment
-  // (privacy::label_alignment) over the last `window` micro-batches; suspicious below
-  // `threshold`. window 0: off.
+  // (privacy::label_alignment) over the last `window` micro-batches it scored (each one until the
+  // window is full, then every check_stride-th); suspicious below `threshold`. window 0: off.
   void set_gradient_check(int window, double threshold);
   const privacy::gradient_monitor* gradient_check() const { return monitor_ ? &*monitor_ : nullptr; }
   // For tests of hostile servers only: changes every gradient that comes back through a device's
@@ -118,8 +118,11 @@ class segment_runner {
   step_result run(std::uint32_t device, const split::route& r, std::uint32_t epoch, core::tier from,
                   const transport::message& m, const core::tensor* labels = nullptr);
   // The bottom of a device's route: inputs x (B, ...) and labels y (B) i32 of micro-batch id.
+  // `host_y`: the same labels on the host where the caller has them (saves the gradient check
+  // a download).
   step_result run_input(std::uint32_t device, const split::route& r, std::uint32_t epoch, split::micro_batch_id id,
-                        const core::tensor& x, const core::tensor& y, const transport::batch_info& bi);
+                        const core::tensor& x, const core::tensor& y, const transport::batch_info& bi,
+                        std::span<const std::int32_t> host_y = {});
 
   // Work for `device` runs now, or once the blocks migrating here for it are all in (in order).
   void submit(std::uint32_t device, std::function<void()> task);
@@ -183,7 +186,7 @@ class segment_runner {
   // See set_cut_defence: a device's bottom-cut output o (of inputs x, labels y) as it leaves, and
   // what its gradient needs on the way back.
   void defend_output(std::uint32_t device, split::micro_batch_id id, const core::tensor& x, const core::tensor& y,
-                     const transport::batch_info& bi, core::tensor& o);
+                     std::span<const std::int32_t> host_y, const transport::batch_info& bi, core::tensor& o);
   core::tensor defend_gradient(std::uint32_t device, split::micro_batch_id id, const core::tensor& dy);
 
   core::backend* b_;
@@ -209,6 +212,9 @@ class segment_runner {
   std::uint64_t noise_seed_ = 0;
   cut_defence defence_;
   std::optional<privacy::gradient_monitor> monitor_;
+  // Once its window is full the gradient check scores every check_stride-th micro-batch.
+  static constexpr std::uint64_t check_stride = 4;
+  std::uint64_t checked_ = 0;
   gradient_hook hostile_;
   struct defended {  // a micro-batch that left through the bottom cut, until its gradient is back
     std::vector<float> clipped, scale, nopeek_grad, sent;
