@@ -93,14 +93,14 @@ std::vector<transport::emulation_event> link_schedule::advance(std::uint64_t rou
     }
     links_.push_back(ev);
     for (const auto& s : open)
-      if (s && transport::name_matches(ev.b, s->identity)) s->ch.emulator().set(ev.caps);
+      if (s && transport::name_matches(ev.b, s->identity)) s->ch.emulate(ev.caps);
   }
   return others;
 }
 
 void link_schedule::apply(session& s) const {
   for (const auto& ev : links_)
-    if (transport::name_matches(ev.b, s.identity)) s.ch.emulator().set(ev.caps);
+    if (transport::name_matches(ev.b, s.identity)) s.ch.emulate(ev.caps);
 }
 
 acceptor::acceptor(executors& ex, const transport::tls_context& tls, const std::string& host, std::uint16_t port,

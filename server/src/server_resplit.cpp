@@ -211,7 +211,7 @@ void server_node::impl::maybe_replan(const std::string& why) {
   std::string missing;
   auto prob = book_->problem(devs, missing);
   if (!prob) {
-    spdlog::debug("server: no plan yet ({}): waiting for the profile of {}", why, missing);
+    spdlog::debug("server: no plan yet ({}): waiting for {}", why, missing);
     return;
   }
   add_choices(*prob);

@@ -83,13 +83,22 @@ inline double direction_seconds(double total, int m) {
   return total / static_cast<double>(m);
 }
 
-// A hop's stage from its two directions: one round trip per micro-batch.
-inline double hop_stage(const link_costs& l, double up, double down) {
-  return (up + down) + l.rtt_seconds;
+// A hop's stage from its two directions. Its latency is not part of the stage: micro-batches
+// are in flight on a link at once, so it delays the pipeline's fill only (path_latency).
+inline double hop_stage(double up, double down) {
+  return up + down;
+}
+
+// The round trips of d's path (one per hop, added from the top of the path down): what the
+// links' latency adds to every step, whatever the cuts, M and codecs.
+inline double path_latency(const split_problem& p, int d, const std::vector<core::tier>& path) {
+  double sum = 0;
+  for (std::size_t k = path.size() - 1; k-- > 0;) sum = link_between(p, d, path[k], path[k + 1]).rtt_seconds + sum;
+  return sum;
 }
 
 // The pipeline's step time from its stages' sum (added from the last stage down, see
-// splitter.cpp) and their maximum.
+// splitter.cpp) and their maximum, before the path's latency.
 inline double pipeline_seconds(double sum, double bottleneck, int m) {
   return sum + static_cast<double>(m - 1) * bottleneck;
 }

@@ -44,10 +44,8 @@ void each_choice(const split_problem& p, int d, const route& r, const std::vecto
       bool ok = true;
       for (std::size_t k = 0; k < n_hops && ok; ++k) ok = core::codec_for_activations(codecs[slot[2 * k]].id);
       if (ok) {
-        for (std::size_t k = 0; k < n_hops; ++k) {
-          const auto& link = link_between(p, d, r.path[k], r.path[k + 1]);
-          stages[2 * k + 1] = hop_stage(link, dir[k * nc + slot[2 * k]], dir[k * nc + slot[2 * k + 1]]);
-        }
+        for (std::size_t k = 0; k < n_hops; ++k)
+          stages[2 * k + 1] = hop_stage(dir[k * nc + slot[2 * k]], dir[k * nc + slot[2 * k + 1]]);
         const double t = stages_seconds(stages.data(), stages.size(), m);
         if (t < best.seconds) {
           best.r = r;
@@ -85,7 +83,7 @@ split_plan plan_exhaustive(const split_problem& p) {
       each_choice(p, di, r, codecs, best);
     });
     if (!found) throw_infeasible(p, di);
-    CLEAVE_ASSERT(evaluate_checked(p, di, best.r, best.c).seconds == best.seconds,
+    CLEAVE_ASSERT(evaluate_checked(p, di, best.r, best.c).seconds == best.seconds + path_latency(p, di, r.path),
                   "exhaustive search and oracle disagree");
     out.routes.push_back(best.r);
     out.choices.push_back(best.c);

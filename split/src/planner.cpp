@@ -291,7 +291,7 @@ class device_search {
       t.hop[k].reserve(w);
       for (int c = 0; c <= n; ++c) {
         const auto i = static_cast<std::size_t>(c);
-        t.hop[k].push_back(hop_stage(*links_[k], direction_seconds(up_[k][i], m), direction_seconds(down_[k][i], m)));
+        t.hop[k].push_back(hop_stage(direction_seconds(up_[k][i], m), direction_seconds(down_[k][i], m)));
       }
     }
     return t;
@@ -337,7 +337,7 @@ route_choice device_search::best_choice() const {
       const int e = k + 1 == best_tables_.n_segments ? p_.n_blocks : best_.cuts[static_cast<std::size_t>(k)];
       stages.push_back(best_tables_.segment(k, b, e));
       const auto h = static_cast<std::size_t>(k);
-      if (h < n_hops) stages.push_back(hop_stage(*links_[h], dir[h * nc + slot[2 * h]], dir[h * nc + slot[2 * h + 1]]));
+      if (h < n_hops) stages.push_back(hop_stage(dir[h * nc + slot[2 * h]], dir[h * nc + slot[2 * h + 1]]));
     }
     return stages_seconds(stages.data(), stages.size(), m);
   };

@@ -181,6 +181,17 @@ void profile_book::read(const std::map<std::string, std::string>& meta, std::str
   *this = std::move(out);
 }
 
+namespace {
+
+// A link whose bandwidth neither end has measured yet is not priced as free: no plan until it is.
+bool measured(const link_costs& l, node_key a, node_key b, std::string& missing) {
+  if (l.bytes_per_second > 0) return true;
+  missing = "a bandwidth of the link " + name_of(a) + " - " + name_of(b);
+  return false;
+}
+
+}  // namespace
+
 link_costs profile_book::link_of(node_key a, node_key b) const {
   // Both ends' views: the slower measured direction and the longer round trip.
   link_costs l;
@@ -210,7 +221,7 @@ std::optional<split_problem> profile_book::problem(const std::vector<device_entr
   const node_key server{core::tier::server, 0};
   const auto sp = profiles_.find(server);
   if (sp == profiles_.end()) {
-    missing = name_of(server);
+    missing = "the profile of " + name_of(server);
     return std::nullopt;
   }
   split_problem p;
@@ -232,7 +243,7 @@ std::optional<split_problem> profile_book::problem(const std::vector<device_entr
     const node_key dk{core::tier::device, d.id};
     const auto dp = profiles_.find(dk);
     if (dp == profiles_.end()) {
-      missing = name_of(dk);
+      missing = "the profile of " + name_of(dk);
       return std::nullopt;
     }
     device_costs dc;
@@ -243,17 +254,20 @@ std::optional<split_problem> profile_book::problem(const std::vector<device_entr
       if (it == edge_index.end()) {
         const auto ep = profiles_.find(ek);
         if (ep == profiles_.end()) {
-          missing = name_of(ek);
+          missing = "the profile of " + name_of(ek);
           return std::nullopt;
         }
         it = edge_index.emplace(d.edge, static_cast<int>(p.edges.size())).first;
         p.edges.push_back(costs_of(ep->second));
         p.edge_links.push_back(link_of(ek, server));
+        if (!measured(p.edge_links.back(), ek, server, missing)) return std::nullopt;
       }
       dc.edge = it->second;
       dc.link = link_of(dk, ek);
+      if (!measured(dc.link, dk, ek, missing)) return std::nullopt;
     } else {
       dc.link = link_of(dk, server);
+      if (!measured(dc.link, dk, server, missing)) return std::nullopt;
     }
     p.devices.push_back(std::move(dc));
   }

@@ -24,7 +24,8 @@ using namespace detail;
 //   - add a route's stages from the top of the path down:
 //       sum = s_0 + (s_1 + (s_2 + ... + s_last))
 //     which is the order a dynamic programme over suffixes accumulates in, then add
-//     (M - 1) * max (pipeline_seconds);
+//     (M - 1) * max (pipeline_seconds), and the path's latency last (path_latency): searches
+//     compare T before it, which is the same for every route and choice of a device;
 //   - sum a node's memory per segment the same way, then the segments in path order.
 // IEEE addition, multiplication by a number >= 0 and max are monotone (a <= b implies
 // fl(a + x) <= fl(b + x)), so T never decreases when one stage grows: the least T over the codecs
@@ -70,7 +71,7 @@ stage_list stages_of(const split_problem& p, int d, const route& r, const route_
       const auto& codecs = c.hops[static_cast<std::size_t>(k)];
       const double up = direction_seconds(p, link, *find_codec(p, codecs.up), cut, m);
       const double down = direction_seconds(p, link, *find_codec(p, codecs.down), cut, m);
-      out.s.push_back(hop_stage(link, up, down));
+      out.s.push_back(hop_stage(up, down));
       out.transfer += out.s.back() * static_cast<double>(m);
     }
   }
@@ -108,13 +109,15 @@ route_cost evaluate_checked(const split_problem& p, int d, const route& r, const
   route_cost out;
   out.compute_seconds = st.compute;
   out.transfer_seconds = st.transfer;
-  out.fill_seconds = st.s.back();
+  double sum = st.s.back();
   out.bottleneck_seconds = st.s.back();
   for (std::size_t j = st.s.size() - 1; j-- > 0;) {
-    out.fill_seconds = st.s[j] + out.fill_seconds;
+    sum = st.s[j] + sum;
     out.bottleneck_seconds = std::max(out.bottleneck_seconds, st.s[j]);
   }
-  out.seconds = pipeline_seconds(out.fill_seconds, out.bottleneck_seconds, c.n_micro_batches);
+  const double latency = path_latency(p, d, r.path);
+  out.fill_seconds = sum + latency;
+  out.seconds = pipeline_seconds(sum, out.bottleneck_seconds, c.n_micro_batches) + latency;
   out.feasible = fits_memory(p, d, r, &out.why);
   return out;
 }

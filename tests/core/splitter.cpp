@@ -29,19 +29,19 @@ TEST_CASE("evaluate_route gives the hand-computed step time of a 2-tier route") 
   p.devices[0].link = {100.0, 0.25};
   p.n_micro_batches = 2;
   const auto c = split::evaluate_route(p, 0, split::make_route(false, false, {1}, 3));
-  // device 1; hop 2 * 100 / 100 + 2 * 0.25 = 2.5; server (0.5 + 0.5) * 2 devices = 2.
+  // device 1; hop 2 * 100 / 100 = 2 (and its latency 0.25); server (0.5 + 0.5) * 2 devices = 2.
   CHECK(c.compute_seconds == 3.0);
-  CHECK(c.transfer_seconds == 2.5);
-  // Two micro-batches: stages 0.5, 1 + 0.25, 1; fill 2.75, then one more bottleneck period 1.25.
+  CHECK(c.transfer_seconds == 2.0);
+  // Two micro-batches: stages 0.5, 1, 1; fill 2.5 + 0.25, then one more bottleneck period 1.
   CHECK(c.fill_seconds == 2.75);
-  CHECK(c.bottleneck_seconds == 1.25);
-  CHECK(c.seconds == 4.0);
+  CHECK(c.bottleneck_seconds == 1.0);
+  CHECK(c.seconds == 3.75);
   CHECK(c.feasible);
   // Everything on the device: 6 seconds, the loss's output still crosses (10 bytes): stages 3,
-  // 0.1 + 0.25, 0: 3.35 + 3.
+  // 0.1, 0: 3.1 + 0.25 + 3.
   const auto all = split::evaluate_route(p, 0, split::make_route(false, false, {3}, 3));
   CHECK(all.seconds == doctest::Approx(6.35));
-  // One micro-batch: the sequential sum, 1 + (2 + 0.25) + 2 and 6 + (0.2 + 0.25) + 0.
+  // One micro-batch: the sequential sum, 1 + 2 + 2 + 0.25 and 6 + 0.2 + 0 + 0.25.
   p.n_micro_batches = 1;
   CHECK(split::evaluate_route(p, 0, split::make_route(false, false, {1}, 3)).seconds == 5.25);
   CHECK(split::evaluate_route(p, 0, split::make_route(false, false, {3}, 3)).seconds == doctest::Approx(6.45));
@@ -58,9 +58,10 @@ TEST_CASE("evaluate_route uses the device link next to the device and the edge l
   p.edge_links[1] = {20.0, 0.5};
   const auto c = split::evaluate_route(p, 0, split::make_route(true, true, {1, 2, 3, 4}, 5));
   // compute: 1 + 2*2 (edge share 2) + 5*3 (server share 3) + 3*2 + 7 = 33
-  // hops: D-E at 1: 2*10/10 + 1 = 3; E-S at 2: 2*20/20 + 0.5 = 2.5; S-E at 3: 3 + 0.5; E-D at 4: 8 + 1
+  // hops: D-E at 1: 2*10/10 = 2; E-S at 2: 2*20/20 = 2; S-E at 3: 3; E-D at 4: 8; their latency
+  // 1 + 0.5 + 0.5 + 1
   CHECK(c.compute_seconds == 33.0);
-  CHECK(c.transfer_seconds == 3.0 + 2.5 + 3.5 + 9.0);
+  CHECK(c.transfer_seconds == 2.0 + 2.0 + 3.0 + 8.0);
   CHECK(c.seconds == 51.0);
 }
 
@@ -240,7 +241,13 @@ TEST_CASE("the planner finds the same cuts, micro-batches, codecs and step time 
       CHECK(c.feasible);
       const auto& ch = best.choices[d];
       n_m_above_1 += ch.n_micro_batches > 1;
-      n_m_below_max += ch.n_micro_batches < most;
+      if (ch.n_micro_batches < most) {
+        // More micro-batches never lengthen a step (latency fills once): only a tie keeps fewer.
+        ++n_m_below_max;
+        auto at_most = ch;
+        at_most.n_micro_batches = most;
+        CHECK(split::evaluate_route(p, static_cast<int>(d), best.routes[d], at_most).seconds == c.seconds);
+      }
       bool any = false, all_f32 = true;
       for (const auto& h : ch.hops) {
         any = any || h.up != core::codec::f32 || h.down != core::codec::f32;
@@ -259,7 +266,7 @@ TEST_CASE("the planner finds the same cuts, micro-batches, codecs and step time 
   CHECK(n_feasible >= 1000);
   CHECK(n_u3 > 50);
   CHECK(n_m_above_1 > 100);
-  CHECK(n_m_below_max > 100);
+  CHECK(n_m_below_max > 20);  // ties, broken towards fewer
   CHECK(n_compressed > 100);
 }
 

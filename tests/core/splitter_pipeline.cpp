@@ -18,7 +18,7 @@ using testing::random_problem;
 namespace {
 
 // One block on the device (6 s), its 20-byte output over a 10 B/s link (2 s each way, rtt 0.5 s)
-// to a server with nothing to run: stages 6 / M, 4 / M + 0.5 and 0.
+// to a server with nothing to run: stages 6 / M, 4 / M and 0, and the link's 0.5 s latency once.
 split_problem two_stage() {
   auto p = blank(1, false, {-1}, 0);
   p.devices[0].board.block_seconds = {6.0};
@@ -31,11 +31,11 @@ route_choice choice(int m, std::vector<core::hop_codecs> hops) {
   return route_choice{m, std::move(hops)};
 }
 
-// The sequential model: segments times shares, 2 * bytes / bandwidth + one rtt per hop, added
-// from the top of the path down.
+// The sequential model: segments times shares and 2 * bytes / bandwidth per hop, added from the
+// top of the path down, then one rtt per hop (added the same way).
 double sequential_seconds(const split_problem& p, int d, const route& r) {
   const auto& dev = p.devices[static_cast<std::size_t>(d)];
-  std::vector<double> terms;
+  std::vector<double> terms, rtts;
   for (int k = 0; k < r.n_segments(); ++k) {
     const auto t = r.path[static_cast<std::size_t>(k)];
     const auto& node = t == core::tier::device ? dev.board
@@ -55,11 +55,14 @@ double sequential_seconds(const split_problem& p, int d, const route& r) {
                         ? dev.link
                         : p.edge_links[static_cast<std::size_t>(dev.edge)];
     const double bytes = p.cut_bytes[static_cast<std::size_t>(r.end(k))];
-    terms.push_back((l.bytes_per_second > 0 ? 2.0 * bytes / l.bytes_per_second : 0.0) + 1.0 * l.rtt_seconds);
+    terms.push_back(l.bytes_per_second > 0 ? 2.0 * bytes / l.bytes_per_second : 0.0);
+    rtts.push_back(l.rtt_seconds);
   }
   double total = terms.back();
   for (std::size_t j = terms.size() - 1; j-- > 0;) total = terms[j] + total;
-  return total;
+  double latency = 0;
+  for (std::size_t j = rtts.size(); j-- > 0;) latency = rtts[j] + latency;
+  return total + latency;
 }
 
 }  // namespace
@@ -68,36 +71,46 @@ TEST_CASE("a step of M micro-batches is the pipeline's fill plus M - 1 bottlenec
   const auto p = two_stage();
   const auto r = split::make_route(false, false, {1}, 1);
   const core::hop_codecs f32{};
-  // M = 1: 6 + (4 + 0.5) + 0.
+  // M = 1: 6 + 4 + 0, and the latency.
   auto c = split::evaluate_route(p, 0, r, choice(1, {f32}));
   CHECK(c.seconds == 10.5);
-  // M = 2: stages 3, 2.5, 0: fill 5.5, bottleneck 3.
+  // M = 2: stages 3, 2, 0: fill 5 + 0.5, bottleneck 3.
   c = split::evaluate_route(p, 0, r, choice(2, {f32}));
   CHECK(c.fill_seconds == 5.5);
   CHECK(c.bottleneck_seconds == 3.0);
   CHECK(c.seconds == 5.5 + 1 * 3.0);
-  // M = 4: stages 1.5, 1.5, 0: 3 + 3 * 1.5. Busy times stay whole steps (4 round trips).
+  // M = 4: stages 1.5, 1, 0: 3 + 0.5 + 3 * 1.5. Busy times stay whole steps.
   c = split::evaluate_route(p, 0, r, choice(4, {f32}));
   CHECK(c.seconds == 7.5);
   CHECK(c.compute_seconds == 6.0);
-  CHECK(c.transfer_seconds == 4.0 + 4 * 0.5);
-  // M = 8: stages 0.75, 1, 0: the link is the bottleneck, 1.75 + 7 * 1.
-  c = split::evaluate_route(p, 0, r, choice(8, {f32}));
-  CHECK(c.bottleneck_seconds == 1.0);
-  CHECK(c.seconds == 8.75);
+  CHECK(c.transfer_seconds == 4.0);
+  // The link the bottleneck: 40 bytes each way, 8 s per step; at M = 4 stages 1.5, 2, 0:
+  // 3.5 + 0.5 + 3 * 2.
+  auto slow = p;
+  slow.cut_bytes = {0, 40};
+  c = split::evaluate_route(slow, 0, r, choice(4, {f32}));
+  CHECK(c.bottleneck_seconds == 2.0);
+  CHECK(c.seconds == 10.0);
 }
 
-TEST_CASE("the planner picks the micro-batch count, and fewer when round trips dominate") {
+TEST_CASE("the planner picks the micro-batch count; latency delays the fill once whatever it is") {
   auto p = two_stage();
   p.micro_batch_options = {8, 1, 4, 2};
+  // M = 8: stages 0.75, 0.5, 0: 1.25 + 0.5 + 7 * 0.75.
   auto plan = split::plan_best(p);
-  CHECK(plan.choices[0] == choice(4, {{}}));
-  CHECK(plan.cost.step_seconds == 7.5);
-  // rtt 5 s: M = 1 costs 6 + 4 + 5 = 15, M = 2 costs 3 + 7 + 0 + 7 = 17.
+  CHECK(plan.choices[0] == choice(8, {{}}));
+  CHECK(plan.cost.step_seconds == 7.0);
+  // rtt 5 s: every M pays it once (M = 1: 10 + 5; M = 8: 6.5 + 5).
   p.devices[0].link.rtt_seconds = 5.0;
   plan = split::plan_best(p);
+  CHECK(plan.choices[0].n_micro_batches == 8);
+  CHECK(plan.cost.step_seconds == 11.5);
+  // Nothing to pipeline (no compute, nothing on the wire): every M ties, the fewest wins.
+  p.devices[0].board.block_seconds = {0.0};
+  p.cut_bytes = {0, 0};
+  plan = split::plan_best(p);
   CHECK(plan.choices[0].n_micro_batches == 1);
-  CHECK(plan.cost.step_seconds == 15.0);
+  CHECK(plan.cost.step_seconds == 5.0);
 }
 
 TEST_CASE("one micro-batch with f32 both ways is the sequential model") {

@@ -382,6 +382,9 @@ channel_stats channel::stats() const {
 net_emulator& channel::emulator() {
   return impl_->emulator();
 }
+void channel::emulate(const link_caps& caps) {
+  impl_->emulate(caps);
+}
 asio::any_io_executor channel::get_executor() const {
   return impl_->executor();
 }

@@ -105,6 +105,11 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   const std::string& remote() const { return stream_->remote(); }
   channel_stats stats() const;
   net_emulator& emulator() { return emulator_; }
+  void emulate(const link_caps& caps) {
+    emulator_.set(caps);
+    send_bps_.store(0);
+    receive_bps_.store(0);
+  }
   const asio::any_io_executor& executor() const { return ex_; }
 
  private:

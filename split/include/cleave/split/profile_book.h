@@ -65,7 +65,8 @@ class profile_book {
     bool behind_edge = false;
   };
   // The cost model's problem over these devices (in this order), or nullopt with `missing`
-  // naming the first node without a profile.
+  // naming what it lacks first: a node's profile, or a link's bandwidth (neither end measured it
+  // yet; a link is never priced as free).
   std::optional<split_problem> problem(const std::vector<device_entry>& devices, std::string& missing) const;
 
  private:

@@ -11,13 +11,13 @@
 //     (their node relays).
 //   hop k (between segments k and k+1, at cut c): the activation up and the gradient down, each
 //     encoded_bytes(codec, numel, channels) / bandwidth plus seconds_per_value(codec) * numel of
-//     encoding and decoding, plus one round trip; numel = cut_bytes[c] / 4, channels =
-//     cut_channels[c].
+//     encoding and decoding; numel = cut_bytes[c] / 4, channels = cut_channels[c]; and the
+//     link's round trip.
 // With M micro-batches (a route_choice picks M and the codecs of every hop) a stage handles one
-// micro-batch at a time: s_i(M) = segment / M for a segment, and (up + down) / M + rtt for a hop
-// (the round trip is paid per micro-batch). The stages form a pipeline (fill, then one
-// micro-batch per bottleneck period):
-//   T_d = sum_i s_i(M) + (M - 1) * max_i s_i(M).
+// micro-batch at a time: s_i(M) = segment / M for a segment, and (up + down) / M for a hop. The
+// stages form a pipeline (fill, then one micro-batch per bottleneck period); micro-batches are
+// in flight on a link at once, so its latency delays the fill only, once per hop:
+//   T_d = sum_i s_i(M) + L_d + (M - 1) * max_i s_i(M),   L_d = sum over the hops of rtt.
 // With M = 1 and f32 both ways this is the sequential model: segments + 2 * cut_bytes /
 // bandwidth + rtt per hop.
 //   step time of the plan = max over devices of T_d.
@@ -29,7 +29,8 @@
 // independent of the route_choice.
 //
 // Costs are separable per device, so the best plan is the best route and choice of every device
-// on its own. Ties (equal T_d, compared exactly) go to the smallest cuts compared
+// on its own. Ties (equal T_d - L_d, compared exactly; L_d is the same for every route and
+// choice of device d) go to the smallest cuts compared
 // lexicographically, then the smallest M, then the codecs compared lexicographically as the
 // sequence (hop 0 up, hop 0 down, hop 1 up, ...) in the order of split_problem::codecs.
 // plan_best finds that choice exactly (see planner.cpp and pipeline_search.cpp).
@@ -116,9 +117,9 @@ route_choice default_choice(const split_problem& p, std::size_t n_hops);
 
 struct route_cost {
   double seconds = 0;  // T_d
-  // Busy time over the whole step: of the nodes (segments) and of the links (hops, M round trips).
+  // Busy time over the whole step: of the nodes (segments) and of the links (hops' bytes and codecs).
   double compute_seconds = 0, transfer_seconds = 0;
-  double fill_seconds = 0;        // sum_i s_i(M)
+  double fill_seconds = 0;        // sum_i s_i(M) + L_d
   double bottleneck_seconds = 0;  // max_i s_i(M)
   bool feasible = true;           // within every memory share
   std::string why;                // when not feasible: which node's memory is exceeded
