@@ -19,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -46,6 +47,7 @@ struct demo_options {
   std::string codecs = "f32";   // the server's --codecs
   std::string cuts, edge_cuts;  // the server's --cuts and --edge-cuts ("": its defaults)
   bool u_shape = false, keep = false, no_adapt = false, no_emulation = false, secure = false;
+  bool no_compare = false;  // no second run on the first plan kept
   std::string schedule, device_backends;
   std::string dashboard, metrics;  // the server's
   int slow = 0;
@@ -385,14 +387,47 @@ std::string mean_max(const std::vector<long>& kib) {
                      mib(static_cast<double>(*std::max_element(kib.begin(), kib.end()))));
 }
 
-// What the run took: from the server's run log, the processes' peak memory and this process's.
-void summarise(const demo_options& o, const demo_plan& p, double started_at, const node_usage& u) {
+// The rounds of the server's run log.
+std::vector<nlohmann::json> read_rounds(const demo_plan& p) {
   std::ifstream in(p.work / "rounds.jsonl");
   std::vector<nlohmann::json> rounds;
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) rounds.push_back(nlohmann::json::parse(line, nullptr, false));
   std::erase_if(rounds, [](const nlohmann::json& j) { return !j.is_object() || !j.contains("started_at"); });
-  if (rounds.empty()) return;
+  return rounds;
+}
+
+// How long training took to reach a useful accuracy (the figure split learning is judged by).
+constexpr double target_accuracy = 0.80;
+struct time_to_target {
+  int round = 0;  // 0: not reached
+  double seconds = 0, best = 0;
+  std::string text() const {
+    return round ? fmt::format("reached in round {} after {:.1f} s of training", round, seconds)
+                 : fmt::format("not reached (best {:.4f})", best);
+  }
+};
+
+time_to_target reach(const std::vector<nlohmann::json>& rounds) {
+  time_to_target t;
+  double trained = 0;
+  for (const auto& r : rounds) {
+    trained += r["seconds"].get<double>();
+    const auto it = r.find("test_accuracy");  // not evaluated every round with --eval-every
+    const double acc = it != r.end() && it->is_number() ? it->get<double>() : 0.0;
+    t.best = std::max(t.best, acc);
+    if (!t.round && acc >= target_accuracy) {
+      t.round = r.value("round", 0);
+      t.seconds = trained;
+    }
+  }
+  return t;
+}
+
+// What the run took: from the server's run log, the processes' peak memory and this process's.
+time_to_target summarise(const demo_options& o, const demo_plan& p, double started_at, const node_usage& u) {
+  const auto rounds = read_rounds(p);
+  if (rounds.empty()) return {};
   const double join = rounds.front()["started_at"].get<double>() - started_at;
   double secs = 0;
   for (const auto& r : rounds) secs += r["seconds"].get<double>();
@@ -402,20 +437,8 @@ void summarise(const demo_options& o, const demo_plan& p, double started_at, con
                    ? std::string("no edges")
                    : fmt::format("{} edge{}", p.edge_addrs.size(), p.edge_addrs.size() == 1 ? "" : "s"),
                join, rounds.size(), secs / static_cast<double>(rounds.size()));
-  // How long training took to reach a useful accuracy (the figure split learning is judged by).
-  constexpr double target = 0.80;
-  double trained = 0, best = 0;
-  std::string reached;
-  for (const auto& r : rounds) {
-    trained += r["seconds"].get<double>();
-    const auto it = r.find("test_accuracy");  // not evaluated every round with --eval-every
-    const double acc = it != r.end() && it->is_number() ? it->get<double>() : 0.0;
-    best = std::max(best, acc);
-    if (reached.empty() && acc >= target)
-      reached = fmt::format("reached in round {} after {:.1f} s of training", r.value("round", 0), trained);
-  }
-  spdlog::info("demo: test accuracy {:.2f} {}", target,
-               reached.empty() ? fmt::format("not reached (best {:.4f})", best) : reached);
+  const time_to_target reached = reach(rounds);
+  spdlog::info("demo: test accuracy {:.2f} {}", target_accuracy, reached.text());
   // The server's resident set at the end of each round, from round 3 on (after the first
   // rounds have sized its buffers).
   const std::size_t from = std::min<std::size_t>(2, rounds.size() - 1);
@@ -435,6 +458,16 @@ void summarise(const demo_options& o, const demo_plan& p, double started_at, con
   else
     spdlog::info("demo: device processes peaked at {}", mean_max(u.device_kib));
   if (!u.edge_kib.empty()) spdlog::info("demo: edge processes peaked at {}", mean_max(u.edge_kib));
+  return reached;
+}
+
+// Loopback addresses for the server and each edge, distinct.
+void take_ports(demo_plan& p, int edges) {
+  const auto ports = transport::free_loopback_ports(1 + edges);
+  p.server_addr = "127.0.0.1:" + std::to_string(ports[0]);
+  p.edge_addrs.clear();
+  for (int e = 1; e <= edges; ++e)
+    p.edge_addrs.push_back("127.0.0.1:" + std::to_string(ports[static_cast<std::size_t>(e)]));
 }
 
 demo_plan plan_demo(const demo_options& o) {
@@ -445,10 +478,7 @@ demo_plan plan_demo(const demo_options& o) {
   p.certs = p.work / "certs";
   p.data = demo_data(o.data, p.work);
   p.level = spdlog::level::to_string_view(spdlog::get_level()).data();
-  const auto ports = transport::free_loopback_ports(1 + o.edges);  // distinct
-  p.server_addr = "127.0.0.1:" + std::to_string(ports[0]);
-  for (int e = 1; e <= o.edges; ++e)
-    p.edge_addrs.push_back("127.0.0.1:" + std::to_string(ports[static_cast<std::size_t>(e)]));
+  take_ports(p, o.edges);
   // Virtual devices share this process's cores as threads: one each, as processes get.
   const int n_nodes = o.devices + o.edges + 1;
   p.backend = node_backend(o.backend, n_nodes);
@@ -485,20 +515,11 @@ void emulate_deployment(demo_options& o, const CLI::App& cmd) {
   o.schedule = s;
 }
 
-void run_demo(const demo_options& o) {
-  core::parse_schedule_kind(o.lr_schedule);  // named now, not in the server's log
-  parse_aggregate_option(o.aggregate);
-  if (o.slow > o.devices) throw core::error("--slow " + std::to_string(o.slow) + ": more than --devices");
-  const demo_plan p = plan_demo(o);
-  spdlog::info("demo: 1 server, {} edge{}, {} {}devices on loopback; work directory {}", o.edges,
-               o.edges == 1 ? "" : "s", o.devices, o.virtual_devices ? "virtual " : "", p.work.string());
-  federation::provision_local(p.certs, o.devices, o.edges);
-  spdlog::info("demo: certificates for the CA, server, {}device-1..{} in {}",
-               o.edges ? fmt::format("edge-1..{}, ", o.edges) : std::string(), o.devices, p.certs.string());
-  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);  // idle OpenMP threads sleep
-  const double started_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  // The server's log (one line per round) goes to this terminal; the others to files.
-  const pid_t server = spawn(server_args(o, p), {});
+// Starts the nodes of p and waits for them to end; throws when the run failed. The server's log
+// (one line per round) goes to this terminal, or with quiet_server to server.log as the others'
+// go to files.
+node_usage run_nodes(const demo_options& o, const demo_plan& p, bool quiet_server) {
+  const pid_t server = spawn(server_args(o, p), quiet_server ? p.work / "server.log" : fs::path{});
   std::vector<pid_t> edges, devices;
   bool up = wait_listening(server, p.server_addr);
   for (int e = 1; e <= o.edges; ++e)
@@ -536,7 +557,53 @@ void run_demo(const demo_options& o) {
   spdlog::set_default_logger(terminal);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     throw core::error("the run failed (see above; the nodes' logs are in " + p.work.string() + ")");
-  summarise(o, p, started_at, u);
+  return u;
+}
+
+// The same federation on the plan it started from, kept (--no-adapt): what the splitter is
+// judged against. Splits do not change the math, so it reaches the target in about the same
+// round; what differs is the time. It runs a round past the adaptive run's.
+void compare_kept(const demo_options& o, const demo_plan& p, const time_to_target& adaptive) {
+  demo_options k = o;
+  k.no_adapt = true;
+  k.dashboard.clear();
+  k.metrics.clear();
+  if (adaptive.round) k.rounds = std::min(o.rounds, adaptive.round + 1);
+  demo_plan kp = p;  // its certificates and data
+  kp.work = p.work / "kept";
+  fs::create_directories(kp.work);
+  take_ports(kp, o.edges);
+  spdlog::info("demo: now the plan it started from, kept, for comparison ({} round{}; logs in {})", k.rounds,
+               k.rounds == 1 ? "" : "s", kp.work.string());
+  run_nodes(k, kp, true);
+  const auto rounds = read_rounds(kp);
+  std::set<std::string> routes;
+  if (!rounds.empty())
+    for (const auto& r : rounds.front().value("routes", nlohmann::json::array())) routes.insert(r.value("route", ""));
+  std::string plan;
+  for (const auto& r : routes) plan += (plan.empty() ? "" : ", ") + r;
+  const time_to_target kept = reach(rounds);
+  spdlog::info("demo: the plan it started from ({}), kept: test accuracy {:.2f} {}", plan, target_accuracy,
+               kept.text());
+  if (kept.round && adaptive.round)
+    spdlog::info("demo: adaptive splitting reached it {:.2f}x as fast ({:.1f} s against {:.1f} s)",
+                 kept.seconds / adaptive.seconds, adaptive.seconds, kept.seconds);
+}
+
+void run_demo(const demo_options& o) {
+  core::parse_schedule_kind(o.lr_schedule);  // named now, not in the server's log
+  parse_aggregate_option(o.aggregate);
+  if (o.slow > o.devices) throw core::error("--slow " + std::to_string(o.slow) + ": more than --devices");
+  const demo_plan p = plan_demo(o);
+  spdlog::info("demo: 1 server, {} edge{}, {} {}devices on loopback; work directory {}", o.edges,
+               o.edges == 1 ? "" : "s", o.devices, o.virtual_devices ? "virtual " : "", p.work.string());
+  federation::provision_local(p.certs, o.devices, o.edges);
+  spdlog::info("demo: certificates for the CA, server, {}device-1..{} in {}",
+               o.edges ? fmt::format("edge-1..{}, ", o.edges) : std::string(), o.devices, p.certs.string());
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);  // idle OpenMP threads sleep
+  const double started_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const time_to_target adaptive = summarise(o, p, started_at, run_nodes(o, p, false));
+  if (!o.no_emulation && !o.no_adapt && !o.no_compare) compare_kept(o, p, adaptive);
   spdlog::info("demo: done; global model in {}, logs in {}", (p.work / "global.ckpt").string(), p.work.string());
 }
 
@@ -571,6 +638,8 @@ void register_demo_command(CLI::App& app) {
   d->add_option("--seed", dm.seed, "seed")->capture_default_str();
   d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");
   d->add_flag("--no-adapt", dm.no_adapt, "keep the initial cuts");
+  d->add_flag("--no-compare", dm.no_compare,
+              "emulating, do not rerun the federation on its first plan kept to compare the time to 0.80");
   d->add_option("--min-device-blocks", dm.min_device_blocks,
                 "blocks every device keeps at least (see cleave server --help)");
   d->add_flag("--secure-aggregation", dm.secure, "devices upload only masked replicas (see cleave server --help)");

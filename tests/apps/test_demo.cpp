@@ -73,7 +73,9 @@ TEST_CASE("40 virtual devices straight to the server train every round and measu
   fs::remove_all(work);
 }
 
-TEST_CASE("the default demo emulates slow boards on Wi-Fi, and its plan keeps blocks on the edge or the server") {
+TEST_CASE(
+    "the default demo emulates slow boards on Wi-Fi, keeps blocks on the edge or the server, and compares the plan it "
+    "started from") {
   const fs::path work = fresh_dir("cleave-demo-emulated");
   const auto r = run_cleave({"demo", "--rounds", "2", "--local-steps", "30", "--work", work.string()});
   INFO(r.output);
@@ -95,6 +97,10 @@ TEST_CASE("the default demo emulates slow boards on Wi-Fi, and its plan keeps bl
   CHECK(route_lines >= 1);
   CHECK(split_lines >= 1);
   CHECK(r.output.find("demo: test accuracy 0.80 ") != std::string::npos);
+  // Then the same federation on its first plan, kept, for the time to 0.80 side by side.
+  CHECK(r.output.find("demo: the plan it started from (device[0,3) edge[3,8) server[8,12)), kept: test accuracy "
+                      "0.80 ") != std::string::npos);
+  CHECK(read_file(work / "kept" / "server.log").find("training finished after 2 rounds") != std::string::npos);
   fs::remove_all(work);
 }
 
