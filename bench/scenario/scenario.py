@@ -14,7 +14,7 @@ def run(cleave, args, a):
     work = tempfile.mkdtemp(prefix="cleave-scenario-")
     try:
         cmd = [cleave, "demo", "--rounds", str(a.rounds), "--local-steps", str(a.local_steps), "--seed",
-               str(a.seed), "--work", work] + args
+               str(a.seed), "--work", work, "--no-compare"] + args
         t0 = time.monotonic()
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         wall = time.monotonic() - t0
