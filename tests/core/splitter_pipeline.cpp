@@ -93,7 +93,7 @@ TEST_CASE("a step of M micro-batches is the pipeline's fill plus M - 1 bottlenec
   CHECK(c.seconds == 10.0);
 }
 
-TEST_CASE("the planner picks the micro-batch count; latency delays the fill once whatever it is") {
+TEST_CASE("the planner picks the micro-batch count, and latency delays the fill once whatever it is") {
   auto p = two_stage();
   p.micro_batch_options = {8, 1, 4, 2};
   // M = 8: stages 0.75, 0.5, 0: 1.25 + 0.5 + 7 * 0.75.
