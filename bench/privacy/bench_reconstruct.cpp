@@ -149,8 +149,8 @@ outcome run(const fs::path& work, const setting& st) {
                                          a.nopeek = st.nopeek;
                                          a.gradient_check = "off";
                                        });
-  const auto& s = c.server;
   c.server.cuts = std::to_string(st.cut);
+  const auto& s = c.server;
   const auto result = federation::run_local(c);
   outcome out;
   out.accuracy = result.rounds.back().test_accuracy;

@@ -632,36 +632,6 @@ TEST_CASE("the adaptive splitter keeps --min-device-blocks on a slowed device") 
   }
 }
 
-namespace {
-
-// The first gradient device 1 sends up in a one-round U-shaped run of sc, with
-// --cut-gradient-noise `noise`: (rows, values).
-std::pair<std::int64_t, std::vector<double>> first_gradient(const workspace& w, const std::string& be,
-                                                            const server::server_config& sc, double noise) {
-  std::mutex mu;
-  std::vector<std::vector<std::byte>> frames;
-  run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
-    a.cut_gradient_noise = noise;
-    a.on_send = [&](std::span<const std::byte> f) {
-      std::lock_guard lock(mu);
-      frames.emplace_back(f.begin(), f.end());
-    };
-  });
-  for (const auto& f : frames) {
-    auto m = decoded(f);
-    REQUIRE(m.ok());
-    if (const auto* g = m->as<cleave::wire::Gradients>()) {
-      const auto v = transport::view_of(*g->gradient());
-      const auto vals = v.values<float>();
-      return {v.shape[0], std::vector<double>(vals.begin(), vals.end())};
-    }
-  }
-  FAIL("no gradient left the device");
-  return {};
-}
-
-}  // namespace
-
 TEST_CASE("--cut-gradient-noise adds each sample its gap to the largest gradient norm, repeatably") {
   const std::string be = test_backend();
   workspace w("grad-noise", 1);
@@ -669,9 +639,32 @@ TEST_CASE("--cut-gradient-noise adds each sample its gap to the largest gradient
   sc.rounds = 1;
   sc.local_steps = 2;
   sc.u_shape = true;
-  // With and without noise computed from the same weights.
-  const auto [rows, plain] = first_gradient(w, be, sc, -1);
-  const auto noisy = first_gradient(w, be, sc, 2).second, again = first_gradient(w, be, sc, 2).second;
+  // The first gradient device 1 sends up: with and without noise computed from the same weights.
+  auto first_gradient = [&](double noise, std::int64_t& rows) {
+    std::mutex mu;
+    std::vector<std::vector<std::byte>> frames;
+    run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
+      a.cut_gradient_noise = noise;
+      a.on_send = [&](std::span<const std::byte> f) {
+        std::lock_guard lock(mu);
+        frames.emplace_back(f.begin(), f.end());
+      };
+    });
+    for (const auto& f : frames) {
+      auto m = decoded(f);
+      REQUIRE(m.ok());
+      if (const auto* g = m->as<cleave::wire::Gradients>()) {
+        const auto v = transport::view_of(*g->gradient());
+        rows = v.shape[0];
+        const auto vals = v.values<float>();
+        return std::vector<double>(vals.begin(), vals.end());
+      }
+    }
+    FAIL("no gradient left the device");
+    return std::vector<double>{};
+  };
+  std::int64_t rows = 0;
+  const auto plain = first_gradient(-1, rows), noisy = first_gradient(2, rows), again = first_gradient(2, rows);
   REQUIRE(plain.size() == noisy.size());
   CHECK(noisy == again);  // the same seeds, the same noise
   const auto n = static_cast<std::size_t>(rows), dim = plain.size() / n;

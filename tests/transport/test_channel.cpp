@@ -516,8 +516,10 @@ TEST_CASE("emulated latency shows in the measured round-trip time") {
     connect_options co;
     co.channel.heartbeat = 50ms;
     auto p = co_await open_pair(lis, tls_context(pki().device()), co);
-    p.client.emulator().set_latency(30ms);
-    p.server.emulator().set_latency(30ms);
+    link_caps slow;
+    slow.latency = 30ms;
+    p.client.emulate(slow);
+    p.server.emulate(slow);
     co_await sleep_for(600ms);
     // Every Ping and Pong now waits 30 ms in each direction; lower bounds only.
     CHECK(p.client.stats().last_rtt_us >= 60000);
@@ -541,7 +543,9 @@ TEST_CASE("an emulated bandwidth cap, changed while the channel runs, paces the 
     co_await exchange(p.client, p.server, 1);
 
     constexpr double rate = 4e6;  // 4 MB/s: 1 MiB takes at least (1 MiB - burst) / rate
-    p.client.emulator().set_bandwidth(rate);
+    link_caps capped;
+    capped.bytes_per_second = rate;
+    p.client.emulate(capped);
     const auto t0 = std::chrono::steady_clock::now();
     REQUIRE((co_await p.client.send(make_global_weights(info, std::span(&t, 1)))).ok());
     auto got = co_await p.server.receive();
@@ -556,7 +560,7 @@ TEST_CASE("an emulated bandwidth cap, changed while the channel runs, paces the 
     const auto v = view_of(*got->as<wire::GlobalWeights>()->weights()->Get(0)).values<float>();
     CHECK(v[12345] == 12345.f);
 
-    p.client.emulator().set_bandwidth(0);
+    p.client.emulate(link_caps{});
     co_await exchange(p.client, p.server, 2);
   }());
 }

@@ -379,9 +379,6 @@ const std::string& channel::remote() const {
 channel_stats channel::stats() const {
   return impl_ ? impl_->stats() : channel_stats{};
 }
-net_emulator& channel::emulator() {
-  return impl_->emulator();
-}
 void channel::emulate(const link_caps& caps) {
   impl_->emulate(caps);
 }

@@ -104,7 +104,6 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   const std::string& peer_serial() const { return stream_->peer_serial(); }
   const std::string& remote() const { return stream_->remote(); }
   channel_stats stats() const;
-  net_emulator& emulator() { return emulator_; }
   void emulate(const link_caps& caps) {
     emulator_.set(caps);
     send_bps_.store(0);

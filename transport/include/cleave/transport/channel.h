@@ -69,7 +69,7 @@ namespace detail {
 class channel_impl;
 }
 
-// A handle to a connection. All members except post(), stats(), emulator(), emulate(), is_open() and
+// A handle to a connection. All members except post(), stats(), emulate(), is_open() and
 // close_reason() must be called on the channel's executor (its io_context thread); post() may be
 // called from any thread while no thread modifies the handle. Dropping the handle closes the
 // channel cleanly in the background (queued messages are still sent, within close_timeout) and
@@ -114,10 +114,8 @@ class channel {
   // "address:port" of the peer.
   const std::string& remote() const;
   channel_stats stats() const;
-  // Emulation of this side's outgoing traffic; thread-safe, effective immediately.
-  net_emulator& emulator();
-  // Emulates another link from now on (thread-safe): the caps as emulator().set(), and the
-  // bandwidths measured so far, which were another link's, are dropped.
+  // Emulates this link for this side's outgoing traffic from now on (thread-safe, effective
+  // immediately): the bandwidths measured so far, which were another link's, are dropped.
   void emulate(const link_caps& caps);
   asio::any_io_executor get_executor() const;
 
