@@ -106,7 +106,9 @@ class server_node::impl {
   void on_closed(const runtime::session_ptr& s, const std::string& why);
   void register_device(const runtime::session_ptr& via, const wire::Hello& h);
   void device_gone(std::uint32_t id, const std::string& reason);
-  device_state& attached(std::uint32_t dev, const runtime::session_ptr& s, const char* what);
+  // The device a message from s is about, attached through s; nullptr when it left through that
+  // very edge (the edge sent it before it knew); throws core::error when s has no business with it.
+  device_state* attached(std::uint32_t dev, const runtime::session_ptr& s, const char* what);
   void on_step(const runtime::session_ptr& s, transport::message m);
   void on_replica(const runtime::session_ptr& s, const wire::ReplicaUpload& r);
   // Checks a part of an upload against the sender's plan and steps; throws core::error naming the

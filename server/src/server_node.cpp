@@ -203,15 +203,18 @@ void server_node::impl::on_closed(const runtime::session_ptr& s, const std::stri
   for (auto id : gone) device_gone(id, reason);
 }
 
-server_node::impl::device_state& server_node::impl::attached(std::uint32_t dev, const runtime::session_ptr& s,
+server_node::impl::device_state* server_node::impl::attached(std::uint32_t dev, const runtime::session_ptr& s,
                                                              const char* what) {
   const auto it = devices_.find(dev);
+  // A device that left its edge is still named in what the edge sent before it knew: dropped.
+  if (it != devices_.end() && s->role == core::tier::edge && it->second.via == s && !it->second.connected)
+    return nullptr;
   if (it == devices_.end() || it->second.via != s || !it->second.connected)
     throw core::error(std::string(what) + " for device " + std::to_string(dev) + ", which is not attached through " +
                       s->identity);
   if (s->role == core::tier::device && dev != s->id)
     throw core::error("device " + std::to_string(s->id) + " sent a " + what + " for device " + std::to_string(dev));
-  return it->second;
+  return &it->second;
 }
 
 void server_node::impl::on_message(const runtime::session_ptr& s, transport::message m) {
@@ -264,7 +267,9 @@ void server_node::impl::on_step(const runtime::session_ptr& s, transport::messag
   const auto key = *transport::step_key_of(m);
   const std::uint32_t dev = key.device_id, epoch = key.epoch;
   const std::uint64_t step = key.step;
-  auto& d = attached(dev, s, "step message");
+  auto* at = attached(dev, s, "step message");
+  if (!at) return;
+  auto& d = *at;
   if (epoch != d.rs.epoch) {
     s->post(transport::make_error(wire::ErrorCode::stale_epoch, "plan epoch " + std::to_string(epoch) + " of device " +
                                                                     std::to_string(dev) + " is over; now " +
@@ -341,12 +346,8 @@ void server_node::impl::on_replica(const runtime::session_ptr& s, const wire::Re
   const auto devs = transport::devices_of(r);
   if (s->role == core::tier::device && (devs.size() != 1 || devs[0] != s->id))
     throw core::error("a device may only upload its own replicas");
-  for (auto d : devs) {
-    // A device that left its edge after its upload is still named in the edge's: counted out.
-    const auto it = devices_.find(d);
-    if (s->role != core::tier::edge || it == devices_.end() || it->second.via != s || it->second.connected)
-      attached(d, s, "replica");
-  }
+  // A device that left its edge after its upload is still named in the edge's: counted out.
+  for (auto d : devs) attached(d, s, "replica");
   const auto w = transport::replica_weights_of(r, model_);
   // Parts for devices no longer in the round (counted out meanwhile) are neither checked nor
   // averaged. The others are held until the upload's final part: one bad part refuses it all.

@@ -110,7 +110,9 @@ void server_node::impl::propose(std::uint32_t device, const split::route& r, con
 
 void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cutover& c) {
   const std::uint32_t dev = c.device_id();
-  auto& d = attached(dev, s, "Cutover");
+  auto* at = attached(dev, s, "Cutover");
+  if (!at) return;
+  auto& d = *at;
   const split::route from = d.rs.cut_over(c.epoch()), to = d.rs.route;
   d.hops = std::move(d.next_hops);
   d.next_hops.clear();
@@ -130,7 +132,7 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
 
 void server_node::impl::on_migrate(const runtime::session_ptr& s, transport::message m) {
   const std::uint32_t dev = m.as<wire::Migrate>()->device_id();
-  attached(dev, s, "Migrate");
+  if (!attached(dev, s, "Migrate")) return;
   if (transport::tier_of(m.as<wire::Migrate>()->to_role()) != core::tier::server)
     throw core::error("Migrate not addressed to the server");
   auto held = std::make_shared<transport::message>(std::move(m));
@@ -146,7 +148,9 @@ void server_node::impl::on_profile(const runtime::session_ptr& s, const wire::Pr
   std::string about;
   if (s->role == core::tier::device || node != s->id) {
     // A device's own profile, directly or relayed by its edge.
-    auto& d = attached(node, s, "profile");
+    auto* at = attached(node, s, "profile");
+    if (!at) return;
+    auto& d = *at;
     const split::node_key dk{core::tier::device, node};
     const split::node_key up = d.behind_edge ? split::node_key{core::tier::edge, s->id} : server;
     for (const auto& l : prof.links) book_->report_link(dk, up, l.rtt_us * 1e-6, l.bandwidth_bytes_per_s);

@@ -15,7 +15,7 @@ void server_node::impl::post_secagg(std::uint32_t device, const transport::secag
 
 void server_node::impl::on_secagg(const runtime::session_ptr& s, const wire::SecAgg& m) {
   const std::uint32_t dev = m.device_id();
-  attached(dev, s, "secure aggregation message");
+  if (!attached(dev, s, "secure aggregation message")) return;
   auto& sec = round_.secure;
   if (!c_.secure_aggregation) throw core::error("a secure aggregation message, but this server does not use it");
   // Its phases run while the round collects and, after training, before it closes.
