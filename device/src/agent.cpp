@@ -1,27 +1,14 @@
 // The device agent on the node runtime: the I/O thread keeps the link; the compute thread owns
 // the plan and the round, draws batches and runs the device's segments through the segment
 // runner, so a step follows the last one without a thread hop.
-#include "cleave/device/agent.h"
-
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <map>
-#include <optional>
 
+#include "agent_impl.h"
 #include "cleave/backend/registry.h"
-#include "cleave/core/dataset.h"
 #include "cleave/core/partition.h"
 #include "cleave/core/random.h"
-#include "cleave/privacy/cut_defence.h"
-#include "cleave/privacy/masked_replica.h"
-#include "cleave/privacy/secagg.h"
-#include "cleave/runtime/executors.h"
 #include "cleave/runtime/node_metrics.h"
-#include "cleave/runtime/segment_runner.h"
-#include "cleave/transport/protocol.h"
 
 namespace cleave::device {
 
@@ -41,119 +28,23 @@ std::vector<core::tier> upstream_roles(const agent_config& c) {
 
 }  // namespace
 
-class agent::impl {
- public:
-  explicit impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_string(c_.id)), wake_(ex_.work()) {
-    if (c_.id == 0) throw core::error("device id must be > 0");
-    if (c_.upstream_role == core::tier::device) throw core::error("a device's upstream is a server or an edge");
-    if (!(c_.slowdown >= 1.0)) throw core::error("slowdown must be >= 1");
-    if (c_.order_seed == 0) c_.order_seed = default_order_seed(c_.partition_seed, c_.id);
-    if (!(c_.activation_clip >= 0) || !(c_.activation_noise >= 0) || !(c_.nopeek >= 0))
-      throw core::error("--activation-clip, --activation-noise and --nopeek must be >= 0");
-    if (c_.activation_noise > 0 && c_.activation_clip <= 0)
-      throw core::error(
-          fmt::format("--activation-noise {:g} needs --activation-clip: the noise is scaled to the "
-                      "clipping bound",
-                      c_.activation_noise));
-    if (!(c_.dp_delta > 0 && c_.dp_delta < 1)) throw core::error("--dp-delta must be in (0, 1)");
-    if (c_.gradient_check != "off" && c_.gradient_check != "warn" && c_.gradient_check != "refuse")
-      throw core::error("--gradient-check '" + c_.gradient_check + "': expected off, warn or refuse");
-    if (c_.gradient_check_window < 1) throw core::error("--gradient-check-window must be >= 1");
-  }
-  int run();
-  void stop() { ex_.stop("stopped"); }
-  void stop_on_signals() { ex_.stop_on_signals(); }
-
- private:
-  // ---- I/O thread ----
-  void on_connected(const runtime::session_ptr& s);
-  void on_message(transport::message m);
-  void post(transport::message_builder&& m);
-
-  // ---- compute thread ----
-  void handle(const std::shared_ptr<transport::message>& m);
-  void on_plan(const wire::Plan& p);
-  void on_global_weights(const wire::GlobalWeights& g);
-  void on_round_start(const wire::RoundStart& r);
-  void on_migrate(const wire::Migrate& m);
-  void on_step(const std::shared_ptr<transport::message>& m);
-  asio::awaitable<void> run_round(std::uint64_t round, std::uint32_t steps, float lr, std::uint64_t gen);
-  // Switches to the pending plan before `step`: hands over the blocks leaving, tells the route
-  // (Cutover), waits for the blocks arriving. False when the round ended meanwhile.
-  asio::awaitable<bool> cut_over(std::uint64_t step, std::uint64_t gen);
-  bool over(std::uint64_t gen) const { return gen != round_gen_; }
-  void abandon(const std::string& why);
-  void forward_step(std::uint64_t step);
-  void report_privacy(std::uint64_t round);
-  void check_gradients();
-  void next_batch(std::int64_t n, float* x, std::int32_t* y);
-  void send_profile(std::uint64_t step);
-  void upload_replicas(std::uint64_t round, std::uint64_t n_samples, const transport::round_stats& stats);
-  // Secure aggregation: a phase message of the server's (roster, a peer's share, the mask set,
-  // the unmask request). A phase that fails leaves this round's masking: the server counts the
-  // device as dropped and recovers the sum of the others.
-  void on_secagg(const wire::SecAgg& m);
-  void post_secagg(const transport::secagg_desc& d);
-
-  agent_config c_;
-  runtime::executors ex_;
-  runtime::signal wake_;  // compute thread: a micro-batch came back, blocks arrived, the round ended
-  std::optional<transport::tls_context> tls_;
-  std::optional<runtime::upstream> up_;
-  std::optional<runtime::link_schedule> schedule_;  // I/O thread
-  std::unique_ptr<core::backend> be_;
-  std::optional<runtime::segment_runner> runner_;
-  // This device's training samples, in shard order; read-only once loaded. Its sample shape and
-  // class count are kept beside it.
-  std::shared_ptr<const core::data_source> shard_;
-  core::shape item_;
-  int n_classes_ = 0;
-  std::uint64_t memory_budget_ = 0;
-  std::mutex profile_mu_;
-  std::vector<std::byte> latest_profile_;  // its frame, sent again after a reconnect
-
-  // Compute thread.
-  core::model_spec model_;                    // of the current plan
-  std::optional<runtime::route_state> plan_;  // with a re-split announced, switched at a step boundary
-  std::uint32_t edge_id_ = 0;                 // the edge on the route (0: none)
-  std::uint32_t micro_batch_size_ = 0, n_micro_batches_ = 1;
-  std::uint64_t round_ = 0, round_gen_ = 0;
-  bool in_round_ = false;
-  std::uint32_t back_ = 0;  // micro-batches of the current step back through the bottom
-  int missing_ = 0;         // blocks of a re-split still to arrive
-  double loss_sum_ = 0;
-  std::uint64_t n_loss_ = 0, n_correct_ = 0;
-  int steps_since_profile_ = 0;
-  std::int64_t position_ = 0;  // samples drawn from this device's data stream
-  std::vector<std::int64_t> order_;
-  std::int64_t order_epoch_ = -1;
-  std::map<split::micro_batch_id, core::tensor> labels_;  // U-shape: labels waiting for the top
-  // With activation noise: how often each sample of the shard left through the cut this round,
-  // and the privacy spent over the run.
-  std::vector<std::uint32_t> releases_;
-  privacy::rdp_accountant spent_;
-  std::uint64_t warned_round_ = 0;  // the last round the gradient check warned in
-  std::uint64_t run_id_ = 0;        // of the plan in force
-  // What the last round started from (its segments' optimizer state, the data position): a round
-  // run again (the server resumed from the checkpoint before it) starts from it too.
-  struct round_start {
-    std::uint64_t round = 0;
-    split::route route;
-    std::vector<runtime::segment_runner::optimizer_state> optimizer;
-    std::int64_t position = 0;
-  };
-  std::optional<round_start> started_;
-  // Secure aggregation of the current round: the client's keys and shares, and the device's
-  // blocks and samples as training left them (masked once the server names the mask set).
-  bool secure_plan_ = false;
-  struct secure_round {
-    privacy::secagg_client client;
-    std::vector<privacy::held_segment> held;
-    std::uint64_t n_samples = 0;
-    bool trained = false;
-  };
-  std::optional<secure_round> secure_;
-};
+agent::impl::impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_string(c_.id)), wake_(ex_.work()) {
+  if (c_.id == 0) throw core::error("device id must be > 0");
+  if (c_.upstream_role == core::tier::device) throw core::error("a device's upstream is a server or an edge");
+  if (!(c_.slowdown >= 1.0)) throw core::error("slowdown must be >= 1");
+  if (c_.order_seed == 0) c_.order_seed = default_order_seed(c_.partition_seed, c_.id);
+  if (!(c_.activation_clip >= 0) || !(c_.activation_noise >= 0) || !(c_.nopeek >= 0))
+    throw core::error("--activation-clip, --activation-noise and --nopeek must be >= 0");
+  if (c_.activation_noise > 0 && c_.activation_clip <= 0)
+    throw core::error(
+        fmt::format("--activation-noise {:g} needs --activation-clip: the noise is scaled to the "
+                    "clipping bound",
+                    c_.activation_noise));
+  if (!(c_.dp_delta > 0 && c_.dp_delta < 1)) throw core::error("--dp-delta must be in (0, 1)");
+  if (c_.gradient_check != "off" && c_.gradient_check != "warn" && c_.gradient_check != "refuse")
+    throw core::error("--gradient-check '" + c_.gradient_check + "': expected off, warn or refuse");
+  if (c_.gradient_check_window < 1) throw core::error("--gradient-check-window must be >= 1");
+}
 
 agent::agent(agent_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
 agent::~agent() = default;
@@ -463,55 +354,6 @@ void agent::impl::forward_step(std::uint64_t step) {
   }
 }
 
-void agent::impl::report_privacy(std::uint64_t round) {
-  if (c_.activation_noise > 0) {
-    // Each release of a sample's clipped activation is a Gaussian mechanism on that input of
-    // sensitivity 2 C and noise std sigma C; the sample released most often this round bounds
-    // every sample's loss (a release of a step later abandoned counts too).
-    const std::uint64_t most = releases_.empty() ? 0 : *std::max_element(releases_.begin(), releases_.end());
-    std::fill(releases_.begin(), releases_.end(), 0u);
-    privacy::rdp_accountant this_round;
-    this_round.add_gaussian(c_.activation_noise / 2.0, most);
-    spent_.add_gaussian(c_.activation_noise / 2.0, most);
-    const double eps = this_round.epsilon(c_.dp_delta), total = spent_.epsilon(c_.dp_delta);
-    spdlog::info(
-        "device {}: round {}: activation privacy epsilon {:.3g} this round ({} releases of a sample at most), "
-        "{:.3g} over the run (delta {:g}, per input sample, Renyi DP)",
-        c_.id, round, eps, most, total, c_.dp_delta);
-    ex_.metrics().set("cleave_privacy_epsilon", {{"scope", "round"}}, eps);
-    ex_.metrics().set("cleave_privacy_epsilon", {{"scope", "run"}}, total);
-  }
-  if (const auto [sum, n] = runner_->take_nopeek(); n > 0) {
-    spdlog::info("device {}: round {}: distance correlation of inputs and cut activations {:.4f} (NoPeek weight {:g})",
-                 c_.id, round, sum / static_cast<double>(n), c_.nopeek);
-    ex_.metrics().set("cleave_cut_distance_correlation", {}, sum / static_cast<double>(n));
-  }
-  if (const auto* g = runner_->gradient_check(); g && g->ready()) {
-    spdlog::debug("device {}: round {}: label alignment of the gradients from upstream {:.4f}", c_.id, round,
-                  g->mean());
-    ex_.metrics().set("cleave_gradient_label_alignment", {}, g->mean());
-  }
-}
-
-void agent::impl::check_gradients() {
-  const auto* g = runner_->gradient_check();
-  if (!g || !g->suspicious() || warned_round_ == round_) return;
-  warned_round_ = round_;
-  ex_.metrics().add("cleave_gradient_check_alarms_total", {});
-  const std::string what = fmt::format(
-      "the gradients from upstream do not follow this device's labels (label alignment {:.4f} over the last {} "
-      "micro-batches, below {:g}): the server may be steering this device's features instead of training on its "
-      "labels (feature-space hijacking)",
-      g->mean(), g->window(), g->threshold());
-  if (c_.gradient_check != "refuse") {
-    spdlog::warn("device {}: round {}: {}", c_.id, round_, what);
-    return;
-  }
-  auto e =
-      std::make_exception_ptr(core::error(what + "; refusing to train with this server (--gradient-check refuse)"));
-  ex_.post_io([this, e] { ex_.fail(e, "training"); });
-}
-
 void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
   const std::int64_t size = shard_->size();
   for (std::int64_t i = 0; i < n; ++i, ++position_) {
@@ -539,106 +381,6 @@ void agent::impl::send_profile(std::uint64_t step) {
   }
   if (const auto s = up_->current()) prof.links.push_back(s->measured_link(edge_id_));
   post(transport::make_profile(prof, epoch, step));
-}
-
-void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, const transport::round_stats& stats) {
-  const split::route& r = plan_->route;
-  const auto segs = r.segments_on(core::tier::device);
-  const std::uint32_t me = c_.id;
-  if (secure_plan_) {
-    // The blocks wait here for the mask set; what goes up now is the statistics of the round.
-    if (secure_) {
-      secure_->held.clear();
-      for (int seg : segs) {
-        core::stage& st = runner_->host().stage_of(c_.id, seg);
-        privacy::held_segment h{r.begin(seg), r.end(seg), std::vector<float>(static_cast<std::size_t>(st.n_params())),
-                                std::vector<float>(static_cast<std::size_t>(st.n_buffers()))};
-        if (!h.params.empty()) runner_->backend().download(st.params(), h.params.data());
-        if (!h.buffers.empty()) runner_->backend().download(st.buffers(), h.buffers.data());
-        if (c_.on_upload) c_.on_upload(h.params, h.buffers);
-        secure_->held.push_back(std::move(h));
-      }
-      secure_->n_samples = n_samples;
-      secure_->trained = true;
-    }
-    transport::replica_desc d;
-    d.round = round;
-    d.node_id = c_.id;
-    d.n_samples = n_samples;
-    d.devices = std::span(&me, 1);
-    d.stats = stats;
-    post(transport::make_replica_upload(d, std::span<const float>{}, std::span<const float>{}));
-    return;
-  }
-  for (std::size_t i = 0; i < segs.size(); ++i) {
-    transport::replica_desc d;
-    d.round = round;
-    d.node_id = c_.id;
-    d.first_block = static_cast<std::uint32_t>(r.begin(segs[i]));
-    d.end_block = static_cast<std::uint32_t>(r.end(segs[i]));
-    d.n_samples = n_samples;
-    d.devices = std::span(&me, 1);
-    d.final_part = i + 1 == segs.size();
-    if (d.final_part) d.stats = stats;
-    core::stage& st = runner_->host().stage_of(c_.id, segs[i]);
-    if (!c_.on_upload) {
-      post(transport::make_replica_upload(d, runner_->backend(), st.params(), st.buffers()));
-      continue;
-    }
-    std::vector<float> p(static_cast<std::size_t>(st.n_params())), b(static_cast<std::size_t>(st.n_buffers()));
-    if (!p.empty()) runner_->backend().download(st.params(), p.data());
-    if (!b.empty()) runner_->backend().download(st.buffers(), b.data());
-    c_.on_upload(p, b);
-    post(transport::make_replica_upload(d, p, b));
-  }
-}
-
-void agent::impl::post_secagg(const transport::secagg_desc& d) {
-  post(transport::make_secagg(d));
-}
-
-void agent::impl::on_secagg(const wire::SecAgg& m) {
-  if (!secure_ || m.round() != secure_->client.round() || m.device_id() != c_.id) return;  // of another round
-  auto& sec = *secure_;
-  const std::uint64_t round = m.round();
-  try {
-    switch (m.phase()) {
-      case wire::SecAggPhase::roster: {
-        const auto blobs = sec.client.share_keys(transport::keys_of(m), static_cast<int>(m.threshold()));
-        post_secagg({.phase = wire::SecAggPhase::shares, .round = round, .device_id = c_.id, .blobs = blobs});
-        return;
-      }
-      case wire::SecAggPhase::shares:
-        for (const auto& b : transport::blobs_of(m))
-          if (!sec.client.receive_share(b.id, b.bytes))
-            spdlog::warn("device {}: round {}: the share from device {} does not open; it is not masked with", c_.id,
-                         round, b.id);
-        return;
-      case wire::SecAggPhase::mask_set: {
-        if (!sec.trained) throw core::error("the mask set came before this device finished training");
-        const auto set = transport::ids_of(m.devices());
-        const auto ranges = transport::block_ranges_of(m, model_.n_blocks());
-        auto words =
-            privacy::encode_replica(core::layout_of(model_), ranges, sec.held, static_cast<double>(sec.n_samples));
-        sec.client.mask(words, set);
-        post_secagg({.phase = wire::SecAggPhase::masked, .round = round, .device_id = c_.id, .words = words});
-        spdlog::debug("device {}: round {}: masked upload of {} words for {} devices", c_.id, round, words.size(),
-                      set.size());
-        return;
-      }
-      case wire::SecAggPhase::unmask: {
-        const auto blobs = sec.client.reveal(transport::ids_of(m.devices()), transport::ids_of(m.dropped()));
-        post_secagg({.phase = wire::SecAggPhase::reveal, .round = round, .device_id = c_.id, .blobs = blobs});
-        return;
-      }
-      default:
-        throw core::error(std::string("a server does not send ") + wire::EnumNameSecAggPhase(m.phase()));
-    }
-  } catch (const core::error& e) {
-    // Nothing more of this round's masking: the server counts this device as dropped.
-    spdlog::warn("device {}: round {}: secure aggregation: {}", c_.id, round, e.what());
-    secure_.reset();
-  }
 }
 
 int agent::impl::run() {

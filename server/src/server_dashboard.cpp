@@ -69,26 +69,32 @@ nlohmann::json server_node::impl::board() const {
                       {"flops", b.flops},
                       {"activation_bytes", b.out.numel() * 4}});
   }
-  std::map<std::uint32_t, std::string> edge_names;  // node id -> certificate name
-  json links = json::array();
-  if (acceptor_) {
-    for (const auto& s : acceptor_->sessions())
-      if (s->role == core::tier::edge) edge_names[s->id] = s->identity;
-    for (const auto& l : acceptor_->links())
-      links.push_back({{"from", c_.name},
-                       {"to", l.peer},
-                       {"role", core::tier_name(l.role)},
-                       {"up", l.up},
-                       {"rtt_seconds", transport::link_rtt_us(l.last) * 1e-6},
-                       {"send_bytes_per_second", l.last.send_bytes_per_second},
-                       {"receive_bytes_per_second", l.last.receive_bytes_per_second},
-                       {"sent_bytes", l.sent},
-                       {"received_bytes", l.received},
-                       {"measured_by", c_.name}});
-  }
+  const json links = board_links();
   json edges = json::array();
   for (const auto& l : links)
     if (l["role"] == "edge") edges.push_back({{"name", l["to"]}, {"connected", l["up"]}});
+  return {{"server", c_.name},
+          {"model", model_.name},
+          {"params", model_.n_params()},
+          {"mode", mode_name(c_.mode)},
+          {"u_shape", c_.u_shape},
+          {"adaptive", book_ != nullptr},
+          {"backend", be_ ? be_->name() : ""},
+          {"run_id", fmt::format("{:016x}", run_id_)},
+          {"rounds", c_.rounds},
+          {"round", last_.round},
+          {"current_round", round_.number},
+          {"phase", phase_name(static_cast<int>(round_.at))},
+          {"devices_connected", n_connected()},
+          {"blocks", blocks},
+          {"edges", edges},
+          {"devices", board_devices()},
+          {"links", links},
+          {"history", history_}};
+}
+
+nlohmann::json server_node::impl::board_devices() const {
+  using nlohmann::json;
   json devices = json::array();
   for (const auto& [id, d] : devices_) {
     json segments = json::array();
@@ -107,48 +113,52 @@ nlohmann::json server_node::impl::board() const {
                        {"training", round_.members.count(id) > 0 && !round_.done.count(id)},
                        {"predicted_step_seconds", d.predicted_step_seconds}});
   }
-  // The links below the edges, as the devices measured them (the profiles the splitter reads).
-  if (book_) {
-    auto name_of = [&](const split::node_key& k) -> std::string {
-      if (k.role == core::tier::server) return c_.name;
-      if (k.role == core::tier::edge) {
-        const auto it = edge_names.find(k.id);
-        return it != edge_names.end() ? it->second : "edge " + std::to_string(k.id);
-      }
-      const auto it = devices_.find(k.id);
-      return it != devices_.end() ? it->second.name : "device " + std::to_string(k.id);
-    };
-    for (const auto& m : book_->links()) {
-      if (m.from.role != core::tier::device || m.to.role != core::tier::edge) continue;
-      const auto dev = devices_.find(m.from.id);
-      links.push_back({{"from", name_of(m.to)},
-                       {"to", name_of(m.from)},
-                       {"role", "device"},
-                       {"up", dev != devices_.end() && dev->second.connected},
-                       {"rtt_seconds", m.rtt_seconds},
-                       {"send_bytes_per_second", m.bytes_per_second},
-                       {"receive_bytes_per_second", m.bytes_per_second},
-                       {"measured_by", name_of(m.from)}});
-    }
+  return devices;
+}
+
+nlohmann::json server_node::impl::board_links() const {
+  using nlohmann::json;
+  std::map<std::uint32_t, std::string> edge_names;  // node id -> certificate name
+  json links = json::array();
+  if (acceptor_) {
+    for (const auto& s : acceptor_->sessions())
+      if (s->role == core::tier::edge) edge_names[s->id] = s->identity;
+    for (const auto& l : acceptor_->links())
+      links.push_back({{"from", c_.name},
+                       {"to", l.peer},
+                       {"role", core::tier_name(l.role)},
+                       {"up", l.up},
+                       {"rtt_seconds", transport::link_rtt_us(l.last) * 1e-6},
+                       {"send_bytes_per_second", l.last.send_bytes_per_second},
+                       {"receive_bytes_per_second", l.last.receive_bytes_per_second},
+                       {"sent_bytes", l.sent},
+                       {"received_bytes", l.received},
+                       {"measured_by", c_.name}});
   }
-  return {{"server", c_.name},
-          {"model", model_.name},
-          {"params", model_.n_params()},
-          {"mode", mode_name(c_.mode)},
-          {"u_shape", c_.u_shape},
-          {"adaptive", book_ != nullptr},
-          {"backend", be_ ? be_->name() : ""},
-          {"run_id", fmt::format("{:016x}", run_id_)},
-          {"rounds", c_.rounds},
-          {"round", last_.round},
-          {"current_round", round_.number},
-          {"phase", phase_name(static_cast<int>(round_.at))},
-          {"devices_connected", n_connected()},
-          {"blocks", blocks},
-          {"edges", edges},
-          {"devices", devices},
-          {"links", links},
-          {"history", history_}};
+  if (!book_) return links;
+  // The links below the edges, as the devices measured them (the profiles the splitter reads).
+  auto name_of = [&](const split::node_key& k) -> std::string {
+    if (k.role == core::tier::server) return c_.name;
+    if (k.role == core::tier::edge) {
+      const auto it = edge_names.find(k.id);
+      return it != edge_names.end() ? it->second : "edge " + std::to_string(k.id);
+    }
+    const auto it = devices_.find(k.id);
+    return it != devices_.end() ? it->second.name : "device " + std::to_string(k.id);
+  };
+  for (const auto& m : book_->links()) {
+    if (m.from.role != core::tier::device || m.to.role != core::tier::edge) continue;
+    const auto dev = devices_.find(m.from.id);
+    links.push_back({{"from", name_of(m.to)},
+                     {"to", name_of(m.from)},
+                     {"role", "device"},
+                     {"up", dev != devices_.end() && dev->second.connected},
+                     {"rtt_seconds", m.rtt_seconds},
+                     {"send_bytes_per_second", m.bytes_per_second},
+                     {"receive_bytes_per_second", m.bytes_per_second},
+                     {"measured_by", name_of(m.from)}});
+  }
+  return links;
 }
 
 }  // namespace cleave::server

@@ -39,6 +39,9 @@ class server_node::impl {
   explicit impl(server_config c) : c_(std::move(c)), ex_("server"), wake_(ex_.io()) {}
 
   round_report run();
+  // Throws core::error naming the first bad setting.
+  void check_config() const;
+  void load_model();
   void stop() { ex_.stop("stopped"); }
   void stop_on_signals() { ex_.stop_on_signals(); }
   std::vector<float> global_p_, global_b_;
@@ -122,6 +125,10 @@ class server_node::impl {
   void post_secagg(std::uint32_t device, const transport::secagg_desc& d);
   asio::awaitable<void> secure_roster(clock::time_point deadline);
   asio::awaitable<void> secure_aggregate();
+  std::vector<std::pair<int, int>> held_ranges(const std::vector<std::uint32_t>& set) const;
+  // The unmasked sum of ranges added to the round's aggregate; the error when it cannot be had.
+  asio::awaitable<std::string> add_unmasked(const core::flat_layout& lay,
+                                            const std::vector<std::pair<int, int>>& ranges);
   // Throws core::error when an upload under secure aggregation carries device blocks in the clear.
   void check_secure_part(const runtime::session_ptr& s, const std::vector<std::uint32_t>& devs,
                          const wire::ReplicaUpload& r);
@@ -150,6 +157,8 @@ class server_node::impl {
   void open_dashboard();
   std::string dashboard_state();
   nlohmann::json board() const;
+  nlohmann::json board_devices() const;
+  nlohmann::json board_links() const;  // the server's own, then those below the edges
   // Compute thread: the global model (uploaded to the evaluation stage), the server replicas'
   // optimizer state of `routes` and `state` (splitter_state's) written to --checkpoint, the
   // previous ones kept; "" or why it failed.

@@ -387,7 +387,7 @@ void server_node::impl::on_replica(const runtime::session_ptr& s, const wire::Re
   wake_.notify();
 }
 
-round_report server_node::impl::run() {
+void server_node::impl::check_config() const {
   if (c_.rounds < 1 || c_.local_steps < 1 || c_.batch < 1 || c_.micro_batches < 1 || c_.batch % c_.micro_batches)
     throw core::error(
         "rounds, local steps, batch and micro-batches must be >= 1, and the batch a multiple of the "
@@ -413,9 +413,10 @@ round_report server_node::impl::run() {
   } catch (const core::error& e) {
     throw core::error(std::string("aggregate: ") + e.what());
   }
-  schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
-  tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
-  be_ = backend::make_backend(c_.backend);
+}
+
+// The test data (an app's own source, or the test split of the data files) and the model.
+void server_node::impl::load_model() {
   core::shape item;
   int n_classes = 0;
   if (c_.test_source) {  // an app's own test samples
@@ -447,6 +448,14 @@ round_report server_node::impl::run() {
     throw core::error("--min-device-blocks " + std::to_string(c_.min_device_blocks) + ": model '" + model_.name +
                       "' has " + std::to_string(model_.n_blocks()) + " blocks; a device can keep 0 to " +
                       std::to_string(most) + (c_.u_shape ? " at the bottom in U-shape" : ""));
+}
+
+round_report server_node::impl::run() {
+  check_config();
+  schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
+  tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
+  be_ = backend::make_backend(c_.backend);
+  load_model();
   // Validate the configured cuts now, not when the first device joins.
   route_for_device(false);
   route_for_device(true);

@@ -118,6 +118,46 @@ std::string ranges_text(const std::vector<std::pair<int, int>>& r) {
 
 }  // namespace
 
+// Every block any of the devices of `set` holds: each device masks all of them (zero where it
+// holds none), so no block's sum isolates a device the server could pick out. Sorted, merged.
+std::vector<std::pair<int, int>> server_node::impl::held_ranges(const std::vector<std::uint32_t>& set) const {
+  std::vector<std::pair<int, int>> ranges;
+  for (auto id : set) {
+    const auto& r = devices_.at(id).rs.route;
+    for (int seg : r.segments_on(core::tier::device))
+      if (r.begin(seg) < r.end(seg)) ranges.emplace_back(r.begin(seg), r.end(seg));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<int, int>> merged;
+  for (const auto& r : ranges)
+    if (!merged.empty() && r.first <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, r.second);
+    else
+      merged.push_back(r);
+  return merged;
+}
+
+asio::awaitable<std::string> server_node::impl::add_unmasked(const core::flat_layout& lay,
+                                                             const std::vector<std::pair<int, int>>& ranges) {
+  struct unmasked {
+    std::vector<privacy::block_mean> blocks;
+    std::string error;
+  };
+  auto work = [agg = &*round_.secure.agg, lay, ranges] {
+    unmasked u;
+    try {
+      u.blocks = privacy::decode_sum(lay, ranges, agg->unmask());
+    } catch (const core::error& e) {
+      u.error = e.what();
+    }
+    return u;
+  };
+  auto result = co_await ex_.compute(std::move(work));
+  if (result.error.empty())
+    for (const auto& b : result.blocks) round_.avg->add(b.block, b.block + 1, b.weight, b.params, b.buffers);
+  co_return result.error;
+}
+
 asio::awaitable<void> server_node::impl::secure_aggregate() {
   auto& sec = round_.secure;
   if (!sec.agg) co_return;
@@ -136,21 +176,7 @@ asio::awaitable<void> server_node::impl::secure_aggregate() {
     skip(std::to_string(set.size()) + " devices shared and trained, " + std::to_string(threshold) + " needed");
     co_return;
   }
-  // Every block any of them holds: each device masks all of them (zero where it holds none), so
-  // no block's sum isolates a device the server could pick out.
-  std::vector<std::pair<int, int>> ranges;
-  for (auto id : set) {
-    const auto& r = devices_.at(id).rs.route;
-    for (int seg : r.segments_on(core::tier::device))
-      if (r.begin(seg) < r.end(seg)) ranges.emplace_back(r.begin(seg), r.end(seg));
-  }
-  std::sort(ranges.begin(), ranges.end());
-  std::vector<std::pair<int, int>> merged;
-  for (const auto& r : ranges)
-    if (!merged.empty() && r.first <= merged.back().second)
-      merged.back().second = std::max(merged.back().second, r.second);
-    else
-      merged.push_back(r);
+  const auto merged = held_ranges(set);
   if (merged.empty()) co_return;  // the devices hold no blocks
   sec.ranges = merged;
   const auto lay = core::layout_of(model_);
@@ -196,26 +222,11 @@ asio::awaitable<void> server_node::impl::secure_aggregate() {
          " devices revealed their shares, " + std::to_string(threshold) + " needed");
     co_return;
   }
-  struct unmasked {
-    std::vector<privacy::block_mean> blocks;
-    std::string error;
-  };
   sec.unmasked = true;  // nothing more is taken: the compute thread reads the shares now
-  auto work = [agg = &*sec.agg, lay, ranges = merged] {
-    unmasked u;
-    try {
-      u.blocks = privacy::decode_sum(lay, ranges, agg->unmask());
-    } catch (const core::error& e) {
-      u.error = e.what();
-    }
-    return u;
-  };
-  auto result = co_await ex_.compute(std::move(work));
-  if (!result.error.empty()) {
-    skip(result.error);
+  if (const std::string error = co_await add_unmasked(lay, merged); !error.empty()) {
+    skip(error);
     co_return;
   }
-  for (const auto& b : result.blocks) round_.avg->add(b.block, b.block + 1, b.weight, b.params, b.buffers);
   sec.n_aggregated = static_cast<int>(survivors.size());
   spdlog::info("server: round {}: device blocks {} aggregated securely from {} devices{} in {:.0f} ms", round_.number,
                ranges_text(merged), survivors.size(),

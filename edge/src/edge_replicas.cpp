@@ -1,0 +1,147 @@
+// The edge's part in a round's aggregation: each device's upload checked against its plan and
+// held, then at the flush sent up per device or pre-averaged with the edge's own replicas.
+#include <set>
+
+#include "cleave/split/aggregate.h"
+#include "edge_impl.h"
+
+namespace cleave::edge {
+
+void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) {
+  const auto devs = transport::devices_of(r);
+  const std::uint32_t id = d.s->id;
+  if (devs.size() != 1 || devs[0] != id) throw core::error("a device may only upload its own replicas");
+  if (!collecting_ || flushing_ || r.round() != round_ || !d.expected) return;
+  const auto w = transport::replica_weights_of(r, model_);
+  if (secure_) {
+    // Its blocks come masked: this part is its statistics and samples only.
+    if (r.first_block() != r.end_block())
+      throw core::error("device " + std::to_string(id) + ": blocks [" + std::to_string(r.first_block()) + ", " +
+                        std::to_string(r.end_block()) + ") uploaded in the clear under secure aggregation");
+    if (r.n_samples() > local_steps_ * batch_)
+      throw core::error("device " + std::to_string(id) + ": claims " + std::to_string(r.n_samples()) +
+                        " samples; the round's steps allow " + std::to_string(local_steps_ * batch_));
+  } else
+    try {
+      // The route in force now: a device that cut over during the round sent its Cutover first.
+      uploaded_.check(
+          devs, split::device_rights(d.rs.route, local_steps_ * batch_),
+          {static_cast<int>(r.first_block()), static_cast<int>(r.end_block()), r.n_samples(), w.params, w.buffers});
+    } catch (const core::error& e) {
+      // Counted out of the round here: nothing of it goes up.
+      d.parts.clear();
+      d.done = false;
+      throw core::error("device " + std::to_string(id) + ": replica of round " + std::to_string(round_) +
+                        " refused: " + e.what());
+    }
+  if (!secure_)
+    d.parts.push_back({static_cast<int>(r.first_block()),
+                       static_cast<int>(r.end_block()),
+                       r.n_samples(),
+                       {w.params.begin(), w.params.end()},
+                       {w.buffers.begin(), w.buffers.end()}});
+  if (!r.final_part()) return;
+  const auto s = transport::stats_of(r);
+  stats_.device_compute_us += s.compute_us;
+  stats_.loss_sum += s.loss_sum;
+  stats_.n_loss += s.n_loss;
+  stats_.n_correct += s.n_correct;
+  d.done = true;
+  d.n_samples = r.n_samples();
+  arrived_.push_back(id);
+  last_progress_ = clock::now();
+  maybe_flush(false);
+}
+
+void edge_node::impl::maybe_flush(bool deadline) {
+  if (!collecting_ || flushing_) return;
+  std::vector<std::uint32_t> done;
+  for (auto& [id, d] : devices_) {
+    if (!d.expected) continue;
+    if (d.done)
+      done.push_back(id);
+    else if (d.s && !deadline)
+      return;  // still training
+  }
+  flushing_ = true;
+  ex_.spawn(flush(std::move(done), round_), "averaging a round");
+}
+
+asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, std::uint64_t round) {
+  // This edge's own replicas of the devices that finished join their uploads.
+  std::vector<std::pair<std::uint32_t, split::route>> own;
+  for (auto id : done) own.emplace_back(id, devices_.at(id).rs.route);
+  auto take = [this, own] {
+    std::pair<std::vector<std::vector<runtime::segment_runner::replica>>, double> t;
+    for (const auto& [id, r] : own) t.first.push_back(runner_->replicas(id, r));
+    t.second = runner_->take_compute_seconds();
+    return t;
+  };
+  auto [mine, compute] = co_await ex_.compute(std::move(take));
+  if (round != round_ || !collecting_) co_return;
+  const std::uint64_t bytes = below_->bytes_moved();
+  auto parts = per_device_ ? device_parts(done, mine) : pre_average(done, mine);
+  // An empty final part carries the statistics when nothing was averaged.
+  if (parts.empty()) parts.push_back({done});
+  parts.back().final_part = true;
+  transport::replica_desc d;
+  d.round = round;
+  d.node_id = c_.id;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const upload_part& p = parts[i];
+    d.devices = p.devices;
+    d.first_block = static_cast<std::uint32_t>(p.first);
+    d.end_block = static_cast<std::uint32_t>(p.end);
+    d.n_samples = p.n_samples;
+    d.final_part = p.final_part;
+    // The statistics go with the last part only.
+    if (i + 1 == parts.size()) {
+      d.stats = stats_;
+      d.stats.compute_us = static_cast<std::uint64_t>(compute * 1e6);
+      d.stats.bytes_moved = bytes - std::min(bytes, bytes_mark_);
+    }
+    up_->post(transport::make_replica_upload(d, p.params, p.buffers));
+  }
+  collecting_ = false;
+}
+
+std::vector<edge_node::impl::upload_part> edge_node::impl::device_parts(const std::vector<std::uint32_t>& done,
+                                                                        replica_sets& mine) {
+  // Each device's own replicas, its upload and this edge's, each part naming that device only;
+  // a device's last part is final, so the server counts it in as it comes.
+  std::vector<upload_part> parts;
+  for (std::size_t i = 0; i < done.size(); ++i) {
+    auto& d = devices_.at(done[i]);
+    const std::size_t from = parts.size();
+    for (auto& h : d.parts)
+      parts.push_back({{done[i]}, h.first, h.end, h.n_samples, std::move(h.params), std::move(h.buffers)});
+    for (auto& rep : mine[i])
+      parts.push_back({{done[i]}, rep.first, rep.end, d.n_samples, std::move(rep.params), std::move(rep.buffers)});
+    if (parts.size() == from) parts.push_back({{done[i]}});
+    parts.back().final_part = true;
+  }
+  return parts;
+}
+
+std::vector<edge_node::impl::upload_part> edge_node::impl::pre_average(const std::vector<std::uint32_t>& done,
+                                                                       const replica_sets& mine) {
+  // One pre-average: the devices' uploads in the order they came, then this edge's replicas.
+  split::model_average avg(model_);
+  const std::set<std::uint32_t> in(done.begin(), done.end());
+  for (auto id : arrived_)
+    if (in.count(id))
+      for (const auto& h : devices_.at(id).parts)
+        if (h.n_samples > 0) avg.add(h.first, h.end, static_cast<double>(h.n_samples), h.params, h.buffers);
+  for (std::size_t i = 0; i < done.size(); ++i)
+    for (const auto& rep : mine[i])
+      avg.add(rep.first, rep.end, static_cast<double>(devices_.at(done[i]).n_samples), rep.params, rep.buffers);
+  // One part per run of blocks with one weight.
+  std::vector<upload_part> parts;
+  for (const auto& run : avg.runs()) {
+    upload_part& p = parts.emplace_back(upload_part{done, run.first, run.end, static_cast<std::uint64_t>(run.weight)});
+    avg.mean(run.first, run.end, p.params, p.buffers);
+  }
+  return parts;
+}
+
+}  // namespace cleave::edge
