@@ -46,6 +46,7 @@ class cuda_backend final : public core::backend {
   void synchronize() override;
 
   CLEAVE_BACKEND_COMPUTE_OPS_OVERRIDE
+  CLEAVE_BACKEND_CODEC_OPS_OVERRIDE
 
   // ---- CUDA specifics (tests and benchmarks) ----
   int device() const { return device_; }

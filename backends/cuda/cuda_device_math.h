@@ -165,6 +165,34 @@ CLEAVE_HD bool dropout_keep(std::uint32_t seed, std::uint32_t index, std::uint32
   return hash32(seed, index) < keep_threshold;
 }
 
+// ---- the int8 cut codec: core::channel_absmax / quantize_int8 / decode_int8, one element -----
+
+// |x|'s bits, or all ones where x is not finite: finite non-negative floats order as their bits,
+// so the maximum of these keys over a channel is the key of its max |x| (all ones: NaN).
+CLEAVE_HD std::uint32_t absmax_key(float x) {
+  const std::uint32_t b = float_bits(x) & 0x7fffffffu;
+  return b >= 0x7f800000u ? 0xffffffffu : b;
+}
+CLEAVE_HD float absmax_of_key(std::uint32_t key) {
+  return bits_float(key == 0xffffffffu ? 0x7fc00000u : key);
+}
+
+// The code of x at flat index e of its tensor, inv its channel's inverse scale: each product and
+// sum rounded on its own (no fused multiply-add), as the host computes it.
+CLEAVE_HD std::int8_t quantize_one(float x, float inv, bool stochastic, std::uint32_t seed, std::uint32_t e) {
+#if defined(__CUDA_ARCH__)
+  const float v = __fmul_rn(x, inv);
+  const float r =
+      stochastic ? floorf(__fadd_rn(v, static_cast<float>(hash32(seed, e) >> 8) * (1.0f / 16777216.0f))) : rintf(v);
+#else
+  const float v = x * inv;
+  const float r =
+      stochastic ? std::floor(v + static_cast<float>(hash32(seed, e) >> 8) * (1.0f / 16777216.0f)) : std::nearbyint(v);
+#endif
+  if ((float_bits(r) & 0x7fffffffu) > 0x7f800000u) return 0;  // NaN
+  return static_cast<std::int8_t>(r < -127.0f ? -127.0f : (r > 127.0f ? 127.0f : r));
+}
+
 // ---- pooling over one (H,W) plane -----------------------------------------------------------
 
 struct pool_geom {

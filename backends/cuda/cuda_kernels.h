@@ -40,6 +40,16 @@ cudaError_t clamp_backward(const float* y, const float* dy, float* dx, i64 n, fl
 cudaError_t dropout_forward(const float* x, float* y, float* mask, i64 n, std::uint32_t threshold, float keep_scale,
                             std::uint32_t seed, cudaStream_t stream);
 
+// ---- the int8 cut codec: x, q, y (outer, channels, inner), per-channel vectors (channels) ----
+// amax[c] = max |x| over channel c, NaN where it holds a non-finite value
+cudaError_t channel_absmax(const float* x, float* amax, i64 outer, i64 channels, i64 inner, cudaStream_t stream);
+// q = cuda_math::quantize_one(x, inv[c], ...) at every flat index
+cudaError_t quantize_int8(const float* x, const float* inv, std::int8_t* q, i64 outer, i64 channels, i64 inner,
+                          bool stochastic, std::uint32_t seed, cudaStream_t stream);
+// y = q * scales[c]
+cudaError_t dequantize_int8(const std::int8_t* q, const float* scales, float* y, i64 outer, i64 channels, i64 inner,
+                            cudaStream_t stream);
+
 // ---- bias and per-channel sums --------------------------------------------------------------
 // y (rows, cols): y[r, c] = b[c]  (prefill before a GEMM with beta = 1)
 cudaError_t broadcast_rows(const float* b, float* y, i64 rows, i64 cols, cudaStream_t stream);

@@ -95,6 +95,51 @@ cudaError_t channel_sum_accumulate(const float* dy, float* db, i64 n, i64 k, i64
   return cudaGetLastError();
 }
 
+namespace {
+
+// One block per channel c (grid-stride over channels): the largest absmax key of the channel.
+__global__ void __launch_bounds__(k_block)
+    channel_absmax_kernel(const float* x, float* amax, i64 outer, i64 channels, i64 inner) {
+  __shared__ std::uint32_t top;
+  for (i64 c = blockIdx.x; c < channels; c += gridDim.x) {
+    if (threadIdx.x == 0) top = 0;
+    __syncthreads();
+    std::uint32_t mine = 0;
+    for (i64 t = threadIdx.x; t < outer * inner; t += k_block) {
+      const i64 o = t / inner, j = t - o * inner;
+      mine = max(mine, m::absmax_key(x[(o * channels + c) * inner + j]));
+    }
+    atomicMax(&top, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) amax[c] = m::absmax_of_key(top);
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+cudaError_t channel_absmax(const float* x, float* amax, i64 outer, i64 channels, i64 inner, cudaStream_t stream) {
+  if (channels <= 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(channels < 65535 ? channels : 65535);
+  channel_absmax_kernel<<<blocks, k_block, 0, stream>>>(x, amax, outer, channels, inner);
+  return cudaGetLastError();
+}
+
+cudaError_t quantize_int8(const float* x, const float* inv, std::int8_t* q, i64 outer, i64 channels, i64 inner,
+                          bool stochastic, std::uint32_t seed, cudaStream_t stream) {
+  return for_each(outer * channels * inner, stream, [=] __device__(i64 e) {
+    // The flat index is taken modulo 2^32, as the host's uint32 cast does.
+    q[e] = m::quantize_one(x[e], inv[(e / inner) % channels], stochastic, seed, static_cast<std::uint32_t>(e));
+  });
+}
+
+cudaError_t dequantize_int8(const std::int8_t* q, const float* scales, float* y, i64 outer, i64 channels, i64 inner,
+                            cudaStream_t stream) {
+  return for_each(outer * channels * inner, stream, [=] __device__(i64 e) {
+    y[e] = __fmul_rn(static_cast<float>(q[e]), scales[(e / inner) % channels]);
+  });
+}
+
 cudaError_t check_kernel_image() {
   cudaFuncAttributes attr;
   return cudaFuncGetAttributes(&attr, channel_sum_kernel);

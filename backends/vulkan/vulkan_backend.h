@@ -33,6 +33,7 @@ class vulkan_backend final : public core::backend {
   void synchronize() override;
 
   CLEAVE_BACKEND_COMPUTE_OPS_OVERRIDE
+  CLEAVE_BACKEND_CODEC_OPS_OVERRIDE
 
   // ---- introspection for tests and benchmarks ----------------------------------------------
   const device& vk_device() const { return *dev_; }

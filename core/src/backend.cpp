@@ -3,6 +3,9 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
+
+#include "cleave/core/codec.h"
 
 namespace cleave::core {
 
@@ -47,6 +50,81 @@ void expect_f32(const backend& b, const tensor& t, const char* what) {
   CLEAVE_ASSERT(t.defined(), std::string(what) + " is undefined");
   CLEAVE_ASSERT(t.owner() == &b, std::string(what) + " belongs to another backend");
   CLEAVE_ASSERT(t.dtype() == dtype::f32, std::string(what) + " is not f32");
+}
+
+// ---- cut codecs: the defaults, on the host ----------------------------------------------------
+
+namespace {
+
+channel_layout layout_of_tensor(const tensor& t) {
+  std::int64_t dims[shape::max_rank] = {};
+  for (int i = 0; i < t.shape().rank(); ++i) dims[i] = t.shape()[i];
+  return channel_layout_of(dims, t.shape().rank());
+}
+
+void expect_codec_tensor(const backend& b, const tensor& t, dtype want, std::int64_t numel, const char* what) {
+  CLEAVE_ASSERT(t.defined() && t.owner() == &b, std::string(what) + " is undefined or of another backend");
+  CLEAVE_ASSERT(t.dtype() == want && t.numel() == numel, std::string(what) + " has the wrong dtype or size");
+}
+
+// A tensor's values on the host: in place on host memory, else a downloaded copy that put()
+// uploads back.
+template <class T>
+class host_view {
+ public:
+  host_view(backend& b, const tensor& t, bool read) : b_(b), t_(t) {
+    if (b.host_memory()) {
+      b.synchronize();  // issued work may still read or write it
+      p_ = t.host<T>();
+      return;
+    }
+    copy_.resize(static_cast<std::size_t>(t.numel()));
+    if (read && !copy_.empty()) b.download(t, copy_.data());
+    p_ = copy_.data();
+  }
+  T* get() const { return p_; }
+  void put() {
+    if (!b_.host_memory() && !copy_.empty()) b_.upload(t_, copy_.data());
+  }
+
+ private:
+  backend& b_;
+  const tensor& t_;
+  std::vector<T> copy_;
+  T* p_ = nullptr;
+};
+
+}  // namespace
+
+void backend::channel_absmax(const tensor& x, const tensor& amax) {
+  const auto l = layout_of_tensor(x);
+  expect_codec_tensor(*this, x, dtype::f32, x.numel(), "channel_absmax: x");
+  expect_codec_tensor(*this, amax, dtype::f32, l.channels, "channel_absmax: amax");
+  host_view<float> in(*this, x, true), out(*this, amax, false);
+  core::channel_absmax(in.get(), l, out.get());
+  out.put();
+}
+
+void backend::quantize_int8(const tensor& x, const tensor& inv, const tensor& q, bool stochastic, std::uint32_t seed) {
+  const auto l = layout_of_tensor(x);
+  expect_codec_tensor(*this, x, dtype::f32, x.numel(), "quantize_int8: x");
+  expect_codec_tensor(*this, inv, dtype::f32, l.channels, "quantize_int8: inv");
+  expect_codec_tensor(*this, q, dtype::i8, x.numel(), "quantize_int8: q");
+  host_view<float> in(*this, x, true), scale(*this, inv, true);
+  host_view<std::int8_t> out(*this, q, false);
+  core::quantize_int8(in.get(), l, scale.get(), out.get(), stochastic, seed);
+  out.put();
+}
+
+void backend::dequantize_int8(const tensor& q, const tensor& scales, const tensor& y) {
+  const auto l = layout_of_tensor(q);
+  expect_codec_tensor(*this, q, dtype::i8, q.numel(), "dequantize_int8: q");
+  expect_codec_tensor(*this, scales, dtype::f32, l.channels, "dequantize_int8: scales");
+  expect_codec_tensor(*this, y, dtype::f32, q.numel(), "dequantize_int8: y");
+  host_view<std::int8_t> in(*this, q, true);
+  host_view<float> s(*this, scales, true), out(*this, y, false);
+  core::decode_int8(in.get(), s.get(), l, out.get());
+  out.put();
 }
 
 }  // namespace cleave::core

@@ -2,7 +2,9 @@
 // branches in the conversions' hot loops beyond selects).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <vector>
 
 #include "cleave/core/codec.h"
 #include "cleave/core/convert.h"
@@ -37,40 +39,39 @@ void decode_bf16(const std::uint16_t* in, float* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(in[i]);
 }
 
-namespace {
-
-// Max |x| over each channel; NaN where a channel holds a non-finite value.
-void channel_max(const float* x, const channel_layout& l, float* scales) {
-  std::fill(scales, scales + l.channels, 0.0f);
+void channel_absmax(const float* x, const channel_layout& l, float* amax) {
+  std::fill(amax, amax + l.channels, 0.0f);
   for (std::int64_t o = 0; o < l.outer; ++o)
     for (std::int64_t c = 0; c < l.channels; ++c) {
       const float* p = x + (o * l.channels + c) * l.inner;
-      float m = scales[c];
+      float m = amax[c];
       bool finite = true;
       for (std::int64_t i = 0; i < l.inner; ++i) {
         m = std::max(m, std::fabs(p[i]));
         finite &= std::isfinite(p[i]);
       }
-      scales[c] = finite && !std::isnan(scales[c]) ? m : std::numeric_limits<float>::quiet_NaN();
+      amax[c] = finite && !std::isnan(amax[c]) ? m : std::numeric_limits<float>::quiet_NaN();
     }
 }
 
-}  // namespace
+void int8_scales(const float* amax, std::int64_t channels, float* scales, float* inv) {
+  for (std::int64_t c = 0; c < channels; ++c) {
+    scales[c] = amax[c] / 127.0f;
+    inv[c] = scales[c] > 0.0f ? 1.0f / scales[c] : 0.0f;  // NaN scale: the values decode to NaN anyway
+  }
+}
 
-void encode_int8(const float* x, const channel_layout& l, std::int8_t* q, float* scales, bool stochastic,
-                 std::uint32_t seed) {
-  channel_max(x, l, scales);
-  for (std::int64_t c = 0; c < l.channels; ++c) scales[c] = scales[c] / 127.0f;
+void quantize_int8(const float* x, const channel_layout& l, const float* inv, std::int8_t* q, bool stochastic,
+                   std::uint32_t seed) {
   for (std::int64_t o = 0; o < l.outer; ++o)
     for (std::int64_t c = 0; c < l.channels; ++c) {
-      const float s = scales[c];
-      const float inv = s > 0.0f ? 1.0f / s : 0.0f;  // NaN scale: the values decode to NaN anyway
+      const float s = inv[c];
       const std::int64_t base = (o * l.channels + c) * l.inner;
       const float* p = x + base;
       std::int8_t* out = q + base;
       if (!stochastic) {
         for (std::int64_t i = 0; i < l.inner; ++i) {
-          const float v = std::clamp(std::nearbyint(p[i] * inv), -127.0f, 127.0f);
+          const float v = std::clamp(std::nearbyint(p[i] * s), -127.0f, 127.0f);
           out[i] = static_cast<std::int8_t>(std::isnan(v) ? 0.0f : v);
         }
         continue;
@@ -79,10 +80,18 @@ void encode_int8(const float* x, const channel_layout& l, std::int8_t* q, float*
         // floor(v + u), u uniform in [0, 1) from the tensor's seed and the value's position.
         const float u =
             static_cast<float>(hash32(seed, static_cast<std::uint32_t>(base + i)) >> 8) * (1.0f / 16777216.0f);
-        const float v = std::clamp(std::floor(p[i] * inv + u), -127.0f, 127.0f);
+        const float v = std::clamp(std::floor(p[i] * s + u), -127.0f, 127.0f);
         out[i] = static_cast<std::int8_t>(std::isnan(v) ? 0.0f : v);
       }
     }
+}
+
+void encode_int8(const float* x, const channel_layout& l, std::int8_t* q, float* scales, bool stochastic,
+                 std::uint32_t seed) {
+  std::vector<float> amax(static_cast<std::size_t>(l.channels)), inv(amax.size());
+  channel_absmax(x, l, amax.data());
+  int8_scales(amax.data(), l.channels, scales, inv.data());
+  quantize_int8(x, l, inv.data(), q, stochastic, seed);
 }
 
 void decode_int8(const std::int8_t* q, const float* scales, const channel_layout& l, float* y) {

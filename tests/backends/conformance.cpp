@@ -7,6 +7,8 @@
 #include <limits>
 #include <map>
 
+#include "cleave/core/codec.h"
+
 #include "../support/backend_harness.h"
 
 namespace {
@@ -126,6 +128,66 @@ TEST_CASE("cast between every pair of dtypes matches the reference bit for bit")
           },
           0.0f, 0.0f);
     }
+}
+
+namespace {
+
+// Every byte of t, as floats holding the byte values (an exact comparison, NaN bits included).
+std::vector<float> bytes_of(core::backend& b, const tensor& t) {
+  std::vector<std::uint8_t> raw(t.bytes());
+  if (!raw.empty()) b.download(t, raw.data());
+  return {raw.begin(), raw.end()};
+}
+
+}  // namespace
+
+TEST_CASE("the int8 codec's channel maxima, codes and decoded values equal the reference bit for bit") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const shape s : {shape{3, 6, 7, 2}, shape{5, 6}, shape{37}, shape{2, 1, 300}}) {
+    const std::int64_t n = s.numel(), inner = s.rank() > 2 ? s.numel_from(2) : 1;
+    std::vector<float> vx = random_vec(n, 11, -3.0f, 3.0f);
+    // Channel 1 all zero, channel 3 with a NaN, channel 4 with an infinity (where there are such
+    // channels), and values on half steps of a scale to meet rounding ties.
+    for (std::int64_t e = 0; e < n; ++e) {
+      const std::int64_t c = s.rank() >= 2 ? (e / inner) % s[1] : 0;
+      if (c == 1) vx[static_cast<std::size_t>(e)] = 0.0f;
+      if (e % 5 == 0) vx[static_cast<std::size_t>(e)] = static_cast<float>(e % 11) * 0.25f - 1.25f;
+    }
+    // Channel 2 with max |x| 127: its scale is 1, and half steps are ties of the rounding.
+    if (s.rank() >= 2 && s[1] > 2) {
+      for (std::int64_t e = 0; e < n; ++e)
+        if ((e / inner) % s[1] == 2) vx[static_cast<std::size_t>(e)] = static_cast<float>(e % 9) - 3.5f;
+      vx[static_cast<std::size_t>(2 * inner)] = 127.0f;
+    }
+    if (s.rank() >= 2 && s[1] > 4) {
+      vx[static_cast<std::size_t>(3 * inner)] = nan;
+      vx[static_cast<std::size_t>(4 * inner + 1)] = -inf;
+    }
+    const std::int64_t channels = s.rank() >= 2 ? s[1] : 1;
+    for (bool stochastic : {false, true}) {
+      CAPTURE(s.str());
+      CAPTURE(stochastic);
+      compare_with_reference(
+          "int8 codec",
+          [&](core::backend& b) {
+            tensor x = make(b, s, vx), amax = b.empty({channels});
+            b.channel_absmax(x, amax);
+            std::vector<float> am = read(b, amax), scales(am.size()), inv(am.size());
+            core::int8_scales(am.data(), channels, scales.data(), inv.data());
+            tensor inv_t = make(b, {channels}, inv), scales_t = make(b, {channels}, scales);
+            // q one byte into a larger buffer whose other bytes must stay as they were.
+            std::vector<std::int8_t> pattern(static_cast<std::size_t>(n + 6), 0x5a);
+            tensor whole = b.empty({n + 6}, core::dtype::i8);
+            b.upload(whole, pattern.data());
+            tensor q = whole.view(1, s, core::dtype::i8);
+            b.quantize_int8(x, inv_t, q, stochastic, 77u);
+            tensor y = b.empty(s);
+            b.dequantize_int8(q, scales_t, y);
+            return outs_t{bytes_of(b, amax), bytes_of(b, whole), bytes_of(b, y)};
+          },
+          0.0f, 0.0f);
+    }
+  }
 }
 
 TEST_CASE("relu forward and backward match the reference") {

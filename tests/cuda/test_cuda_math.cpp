@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../support/backend_harness.h"
+#include "cleave/core/codec.h"
 #include "cleave/core/convert.h"
 #include "cleave/core/random.h"
 #include "cuda_device_math.h"
@@ -123,6 +124,48 @@ TEST_CASE("the dropout hash and keep decision equal core's") {
     bad += m::dropout_keep(seed, index, thr) != core::dropout_keep(seed, index, thr);
   }
   CHECK(bad == 0);
+}
+
+TEST_CASE("the int8 codec's element formulas equal core's quantisation and channel maxima") {
+  // Channel maxima: the largest key of a channel's values gives core::channel_absmax's value.
+  const auto pats = float_patterns();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i + 8 <= pats.size(); i += 8) {
+    float x[8];
+    std::uint32_t key = 0;
+    for (int j = 0; j < 8; ++j) {
+      std::memcpy(&x[j], &pats[i + j], 4);
+      key = std::max(key, m::absmax_key(x[j]));
+    }
+    float want = 0;
+    core::channel_absmax(x, core::channel_layout{1, 1, 8}, &want);
+    bad += std::bit_cast<std::uint32_t>(m::absmax_of_key(key)) != std::bit_cast<std::uint32_t>(want);
+  }
+  CHECK(bad == 0);
+  // Codes: x * inv over a sweep of values and inverse scales, nearest and stochastic, with
+  // the ties of round-to-nearest-even (x * inv a half step).
+  core::rng r(5);
+  for (bool stochastic : {false, true}) {
+    CAPTURE(stochastic);
+    std::size_t wrong = 0;
+    for (int i = 0; i < 200000; ++i) {
+      float x = r.uniform(-200.0f, 200.0f), inv = r.uniform(0.0f, 3.0f);
+      if (i % 4 == 0) x = static_cast<float>(i % 301 - 150) + 0.5f, inv = 1.0f;
+      if (i % 97 == 0) inv = 0.0f;
+      if (i % 89 == 0) x = std::numeric_limits<float>::infinity();
+      const auto seed = static_cast<std::uint32_t>(i * 7919), e = static_cast<std::uint32_t>(i);
+      std::int8_t want = 0;
+      // core's quantisation of one value at flat index e: a layout of e + 1 values, the last one x.
+      std::vector<float> xs(static_cast<std::size_t>(e % 64) + 1, 0.0f);
+      xs.back() = x;
+      std::vector<std::int8_t> q(xs.size());
+      core::quantize_int8(xs.data(), core::channel_layout{1, 1, static_cast<std::int64_t>(xs.size())}, &inv, q.data(),
+                          stochastic, seed);
+      want = q.back();
+      wrong += m::quantize_one(x, inv, stochastic, seed, e % 64) != want;
+    }
+    CHECK(wrong == 0);
+  }
 }
 
 TEST_CASE("covering_range finds exactly the outputs whose window covers an input") {

@@ -83,6 +83,29 @@ flatbuffers::Offset<wire::Tensor> message_builder::end_tensor(const pending_tens
   return wire::CreateTensor(fbb_, p.name, static_cast<wire::DType>(t), p.shape, p.data_vec);
 }
 
+core::dtype message_builder::coded_dtype(core::codec c) {
+  switch (c) {
+    case core::codec::f16:
+      return core::dtype::f16;
+    case core::codec::bf16:
+      return core::dtype::bf16;
+    case core::codec::int8:
+      return core::dtype::i8;
+    default:
+      CLEAVE_ASSERT(false, "a coded tensor is f16, bf16 or int8");
+      return core::dtype::f32;
+  }
+}
+
+flatbuffers::Offset<wire::Tensor> message_builder::end_coded_tensor(const pending_tensor& p, core::codec c,
+                                                                    std::span<const float> scales) {
+  if (c != core::codec::int8)
+    return wire::CreateTensor(fbb_, p.name, static_cast<wire::DType>(coded_dtype(c)), p.shape, p.data_vec,
+                              static_cast<wire::Codec>(c));
+  const auto sc = fbb_.CreateVector(scales.data(), scales.size());
+  return wire::CreateTensor(fbb_, p.name, wire::DType::i8, p.shape, p.data_vec, wire::Codec::int8, sc);
+}
+
 flatbuffers::Offset<wire::Tensor> message_builder::add_tensor(const tensor_source& src) {
   return add_tensor(src.dtype, src.shape, src.name, [&](std::span<std::byte> dst) {
     if (dst.empty()) return;

@@ -70,4 +70,13 @@
   void adamw_update(const ::cleave::core::adamw_desc& d, const ::cleave::core::tensor& param,                      \
                     const ::cleave::core::tensor& grad, const ::cleave::core::tensor& m,                           \
                     const ::cleave::core::tensor& v) override;
+
+// The optional cut-codec ops (core::backend's defaults run on the host), for device backends
+// that run them where the tensor lives.
+#define CLEAVE_BACKEND_CODEC_OPS_OVERRIDE                                                                          \
+  void channel_absmax(const ::cleave::core::tensor& x, const ::cleave::core::tensor& amax) override;               \
+  void quantize_int8(const ::cleave::core::tensor& x, const ::cleave::core::tensor& inv,                           \
+                     const ::cleave::core::tensor& q, bool stochastic, std::uint32_t seed) override;               \
+  void dequantize_int8(const ::cleave::core::tensor& q, const ::cleave::core::tensor& scales,                      \
+                       const ::cleave::core::tensor& y) override;
 // clang-format on

@@ -197,6 +197,20 @@ class backend {
   // probs (N,K), labels (N) i32, dlogits (N,K): dlogits = (probs - onehot(labels)) * scale / N
   virtual void softmax_xent_backward(const tensor& probs, const tensor& labels, const tensor& dlogits, float scale) = 0;
 
+  // ---- cut codecs: the int8 codec of core/codec.h, where the tensor lives ------------------
+  // Channels are dim 1 of a rank >= 2 tensor (one channel otherwise), as core::channel_layout_of.
+  // Optional: the defaults run core/codec.h's host loops, on host memory in place, else through
+  // download() and upload(). Results must equal those loops' bit for bit.
+  // x (N,C,...) f32, amax (C) f32: amax[c] = max |x| over channel c, NaN where the channel holds
+  // a non-finite value (overwrite).
+  virtual void channel_absmax(const tensor& x, const tensor& amax);
+  // x (N,C,...) f32, inv (C) f32, q (same numel) i8: q = clamp(round_even(x * inv[c]), -127, 127),
+  // 0 where that is NaN; stochastic: clamp(floor(x * inv[c] + u), -127, 127) with
+  // u = (hash32(seed, e) >> 8) / 2^24, e the flat index (overwrite).
+  virtual void quantize_int8(const tensor& x, const tensor& inv, const tensor& q, bool stochastic, std::uint32_t seed);
+  // q (N,C,...) i8, scales (C) f32, y (same numel) f32: y = q * scales[c] (overwrite).
+  virtual void dequantize_int8(const tensor& q, const tensor& scales, const tensor& y);
+
   // ---- optimizer updates over flat parameter buffers ------------------------------------
   // param, grad, momentum_buf (same numel, f32): see sgd_desc. momentum_buf may be undefined
   // when d.momentum == 0.

@@ -84,9 +84,17 @@ void encode_bf16(const float* x, std::uint16_t* out, std::int64_t n);
 void decode_bf16(const std::uint16_t* in, float* y, std::int64_t n);
 // One scale per channel: max |x| over the channel / 127 (0 for an all-zero channel); q = x / scale
 // rounded and saturated to [-127, 127]. A non-finite value makes its channel's scale NaN, so that
-// the receiver sees it (as it would see the f32 value).
+// the receiver sees it (as it would see the f32 value). The three steps below, in this order.
 void encode_int8(const float* x, const channel_layout& l, std::int8_t* q, float* scales, bool stochastic,
                  std::uint32_t seed);
+// amax[c] = max |x| over channel c; NaN where the channel holds a non-finite value.
+void channel_absmax(const float* x, const channel_layout& l, float* amax);
+// scales[c] = amax[c] / 127; inv[c] = 1 / scales[c], 0 where scales[c] is not > 0 (zero or NaN).
+void int8_scales(const float* amax, std::int64_t channels, float* scales, float* inv);
+// q[e] = clamp(nearbyint(x[e] * inv[c]), -127, 127), 0 where that is NaN; stochastic:
+// clamp(floor(x[e] * inv[c] + u), -127, 127) with u = (hash32(seed, e) >> 8) / 2^24 (e: the flat index).
+void quantize_int8(const float* x, const channel_layout& l, const float* inv, std::int8_t* q, bool stochastic,
+                   std::uint32_t seed);
 void decode_int8(const std::int8_t* q, const float* scales, const channel_layout& l, float* y);
 // Values kept by topk for n values.
 std::int64_t topk_count(std::int64_t n, float fraction);

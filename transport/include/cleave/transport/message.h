@@ -57,6 +57,16 @@ class message_builder {
   // or null) is topk's error feedback, updated in place.
   flatbuffers::Offset<wire::Tensor> add_encoded_tensor(const core::codec_spec& spec, const core::shape& s,
                                                        std::string_view name, const float* values, float* residual);
+  // A tensor encoded by codec c (f16, bf16 or int8) elsewhere, e.g. by the backend that holds it:
+  // `fill` writes its s.numel() codes (2 bytes each for f16 / bf16, 1 for int8) into the span it
+  // is given; int8 carries its per-channel scales.
+  template <class Fill>
+  flatbuffers::Offset<wire::Tensor> add_coded_tensor(core::codec c, const core::shape& s, std::string_view name,
+                                                     Fill&& fill, std::span<const float> scales = {}) {
+    const pending_tensor p = begin_tensor(coded_dtype(c), s, name);
+    fill(std::span<std::byte>(p.data, p.bytes));
+    return end_coded_tensor(p, c, scales);
+  }
   flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Tensor>>> add_tensors(
       std::span<const tensor_source> srcs);
 
@@ -85,6 +95,9 @@ class message_builder {
   pending_tensor begin_tensor(core::dtype t, const core::shape& s, std::string_view name,
                               std::size_t data_bytes = SIZE_MAX);
   flatbuffers::Offset<wire::Tensor> end_tensor(const pending_tensor& p, core::dtype t);
+  static core::dtype coded_dtype(core::codec c);  // asserts c is f16, bf16 or int8
+  flatbuffers::Offset<wire::Tensor> end_coded_tensor(const pending_tensor& p, core::codec c,
+                                                     std::span<const float> scales);
 
   flatbuffers::FlatBufferBuilder fbb_;
   bool finished_ = false;
