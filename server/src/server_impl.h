@@ -231,6 +231,8 @@ class server_node::impl {
   std::optional<runtime::link_schedule> schedule_;
 
   std::map<std::uint32_t, device_state> devices_;
+  // Per open edge session: the devices that left through it (what it still sends for them is late).
+  std::map<runtime::session_ptr, std::set<std::uint32_t>> left_via_;
   std::uint32_t plan_epoch_ = 1;
   round_state round_;
   round_report last_;

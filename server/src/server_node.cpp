@@ -182,6 +182,7 @@ void server_node::impl::device_gone(std::uint32_t id, const std::string& reason)
   if (it == devices_.end() || !it->second.connected) return;
   it->second.connected = false;
   it->second.rs.next.reset();
+  if (it->second.behind_edge) left_via_[it->second.via].insert(id);
   const bool in_round = round_.members.erase(id) > 0;
   // Once the run is over, nodes leaving is the shutdown itself.
   spdlog::log(ex_.stopping() ? spdlog::level::debug : spdlog::level::warn, "server: device {} left{}: {}", id,
@@ -201,14 +202,17 @@ void server_node::impl::on_closed(const runtime::session_ptr& s, const std::stri
     if (d.connected && d.via == s) gone.push_back(id);
   const std::string reason = s->role == core::tier::edge ? "its edge " + s->identity + " left" : why;
   for (auto id : gone) device_gone(id, reason);
+  left_via_.erase(s);
 }
 
 server_node::impl::device_state* server_node::impl::attached(std::uint32_t dev, const runtime::session_ptr& s,
                                                              const char* what) {
   const auto it = devices_.find(dev);
-  // A device that left its edge is still named in what the edge sent before it knew: dropped.
-  if (it != devices_.end() && s->role == core::tier::edge && it->second.via == s && !it->second.connected)
-    return nullptr;
+  // A device that left through this edge is still named in what the edge sent before it knew,
+  // whether or not it has joined again elsewhere since: late, not a lie; dropped.
+  const bool here = it != devices_.end() && it->second.via == s && it->second.connected;
+  if (!here && s->role == core::tier::edge)
+    if (const auto l = left_via_.find(s); l != left_via_.end() && l->second.count(dev)) return nullptr;
   if (it == devices_.end() || it->second.via != s || !it->second.connected)
     throw core::error(std::string(what) + " for device " + std::to_string(dev) + ", which is not attached through " +
                       s->identity);
