@@ -291,7 +291,11 @@ void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier f
   const auto& d = it->second;
   const std::uint32_t epoch = transport::step_key_of(m)->epoch;
   if (epoch != d.rs.epoch) {
-    if (from == core::tier::server) throw core::error("step message of plan " + std::to_string(epoch));
+    // From the server: computed before the device joined again or cut over, and late; the link
+    // to the server, which carries every device's steps, stays.
+    if (from == core::tier::server)
+      return spdlog::debug("edge {}: a step message of plan {} for device {} (now plan {}) is dropped", c_.id, epoch,
+                           dev, d.rs.epoch);
     return below_->close(d.s, "step message of plan " + std::to_string(epoch) + ", now " + std::to_string(d.rs.epoch));
   }
   auto held = std::make_shared<transport::message>(std::move(m));

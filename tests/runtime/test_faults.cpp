@@ -3,7 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <asio/co_spawn.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_future.hpp>
@@ -13,7 +15,9 @@
 #include <optional>
 
 #include "../support/error_of.h"
+#include "cleave/core/model.h"
 #include "cleave/transport/connect.h"
+#include "cleave/transport/listener.h"
 #include "cleave/transport/protocol.h"
 #include "federation.h"
 
@@ -375,4 +379,85 @@ TEST_CASE("what an edge still sends for a device that left through it is dropped
   srv.stop();
   rs.join();
   CHECK(rs.error() == "stopped");  // before any round: its run has nothing to report
+}
+
+TEST_CASE("a step message the server sent under a plan the edge has left behind is dropped: the edge keeps its link") {
+  const std::string be = test_backend();
+  workspace w("late-server", 2);
+  asio::io_context io;
+  // The server, scripted: it announces device 2 under plan 2, then sends a gradient of plan 1.
+  transport::listener up_listener(io.get_executor(), transport::tls_context(transport::tls_files_in(w.certs, "server")),
+                                  {asio::ip::make_address("127.0.0.1"), 0});
+  auto edge = start_edge(w, be, up_listener.port());
+  const transport::tls_context dev_tls(transport::tls_files_in(w.certs, "device-2"));
+  const auto model = core::resolve_model("lenet5", core::shape{1, 28, 28}, 10);
+  // A run that does not get what it waits for ends after 20 s (the device's link closed).
+  transport::channel* dev_ch = nullptr;
+  asio::steady_timer watchdog(io, std::chrono::seconds(20));
+  auto guard = [&]() -> asio::awaitable<void> {
+    auto [ec] = co_await watchdog.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    if (!ec && dev_ch) co_await dev_ch->close();
+  };
+  auto play = [&]() -> asio::awaitable<std::string> {
+    auto up = co_await up_listener.accept();
+    if (!up) co_return "no edge: " + up.error().reason();
+    auto hello = co_await up->receive();
+    if (!hello || !hello->as<cleave::wire::Hello>()) co_return std::string("no Hello from the edge");
+    transport::welcome_info ew;
+    ew.node_id = 1000;
+    co_await up->send(transport::make_welcome(ew));
+    auto dev = co_await hello_as(dev_tls, edge.port, 2);
+    if (!dev) co_return "device connect failed: " + dev.error().reason();
+    dev_ch = &*dev;
+    for (;;) {  // the device's Hello, relayed
+      auto m = co_await up->receive();
+      if (!m) co_return "closed: " + m.error().reason();
+      if (const auto* h = m->as<cleave::wire::Hello>(); h && h->node_id() == 2) break;
+    }
+    transport::welcome_info dw;
+    dw.node_id = 2;
+    co_await up->send(transport::make_welcome(dw));
+    transport::plan_desc p;
+    p.epoch = 2;
+    p.model_json = model.json;
+    p.micro_batch_size = 2;
+    p.device_id = 2;
+    p.edge_id = 1000;
+    p.route = split::make_route(false, true, {3, 8}, model.n_blocks());
+    co_await up->send(transport::make_plan(p));
+    // A gradient of plan 1 for device 2: sent before the server's plan 2, and late.
+    auto b = backend::make_backend("reference");
+    const core::tensor g = b->zeros({2, 4});
+    const transport::step_key key{1, 0, 0, 2, 8};
+    auto stale = transport::make_gradients(key, *b, g, 0.5f, 0);
+    co_await up->send(std::move(stale));
+    // What follows on the same link reaches the device: the edge took the gradient and kept it.
+    co_await up->send(transport::make_welcome(dw));
+    for (int welcomes = 0; welcomes < 2;) {
+      auto m = co_await dev->receive();
+      if (!m) co_return "device: closed: " + m.error().reason();
+      welcomes += m->as<cleave::wire::Welcome>() != nullptr;
+    }
+    // And the other way: device 2's profile reaches the server.
+    split::node_profile prof;
+    prof.node_id = 2;
+    auto report = transport::make_profile(prof, 2, 0);
+    co_await dev->send(std::move(report));
+    for (;;) {
+      auto m = co_await up->receive();
+      if (!m) co_return "closed: " + m.error().reason();
+      if (const auto* e = m->as<cleave::wire::Error>()) co_return "error: " + (e->message() ? e->message()->str() : "");
+      if (const auto* pr = m->as<cleave::wire::Profile>(); pr && pr->node_id() == 2) co_return std::string("relayed");
+    }
+  };
+  auto f = asio::co_spawn(io, play(), asio::use_future);
+  auto fg = asio::co_spawn(io, guard(), asio::use_future);
+  std::thread io_thread([&] { io.run(); });
+  const std::string got = f.get();
+  asio::post(io, [&] { watchdog.cancel(); });
+  fg.wait();
+  edge.node->stop();
+  io.stop();
+  io_thread.join();
+  CHECK(got == "relayed");
 }
