@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <limits>
 #include <string>
@@ -65,9 +66,19 @@ inline double channels_at(const split_problem& p, int cut) {
   return p.cut_channels.empty() ? 1.0 : p.cut_channels[static_cast<std::size_t>(cut)];
 }
 
+// Forward seconds of block i on node n: measured, or a third of the block's time when the problem
+// gives none (see splitter.h); the backward is the rest.
+inline double forward_of(const node_costs& n, std::size_t i) {
+  return n.forward_seconds.empty() ? n.block_seconds[i] / 3.0 : n.forward_seconds[i];
+}
+inline double backward_of(const node_costs& n, std::size_t i) {
+  return n.block_seconds[i] - forward_of(n, i);
+}
+
 // ---- Stage times (per micro-batch). Every caller prices a stage with these, in this order. ----
 
-// A segment of `seconds` (its blocks' sum times the node's share) split into m micro-batches.
+// A segment's `seconds` (its blocks' sum from the first block upward, times the node's share)
+// split into m micro-batches: the whole segment, or its forward or backward pass alone.
 inline double segment_stage(double seconds, int m) {
   return seconds / static_cast<double>(m);
 }
@@ -83,31 +94,102 @@ inline double direction_seconds(double total, int m) {
   return total / static_cast<double>(m);
 }
 
-// A hop's stage from its two directions. Its latency is not part of the stage: micro-batches
-// are in flight on a link at once, so it delays the pipeline's fill only (path_latency).
+// A hop's two directions together: its term of the sum of one micro-batch's stages.
 inline double hop_stage(double up, double down) {
   return up + down;
 }
 
-// The round trips of d's path (one per hop, added from the top of the path down): what the
-// links' latency adds to every step, whatever the cuts, M and codecs.
-inline double path_latency(const split_problem& p, int d, const std::vector<core::tier>& path) {
-  double sum = 0;
-  for (std::size_t k = path.size() - 1; k-- > 0;) sum = link_between(p, d, path[k], path[k + 1]).rtt_seconds + sum;
-  return sum;
+// The flow shop's step from the sum of one micro-batch's stages and the longest stage, before
+// the path's latency.
+inline double pipeline_seconds(double sum, double top, int m) {
+  return sum + static_cast<double>(m - 1) * top;
 }
 
-// The pipeline's step time from its stages' sum (added from the last stage down, see
-// splitter.cpp) and their maximum, before the path's latency.
-inline double pipeline_seconds(double sum, double bottleneck, int m) {
-  return sum + static_cast<double>(m - 1) * bottleneck;
+// ---- T of a route (splitter.h), from its terms. The oracle and the planner both call time_of. ----
+
+// One route at m micro-batches, per micro-batch, in path order. seg: a segment's forward and
+// backward together; fwd, bwd: its two passes (unused for the last segment, whose node runs both
+// in one go); up, down: a hop's directions; rtt: its link's round trip.
+struct route_terms {
+  int n_segments = 0, m = 1;
+  bool u_shape = false;
+  std::array<double, 5> seg{}, fwd{}, bwd{};
+  std::array<double, 4> up{}, down{}, rtt{};
+};
+
+struct route_time {
+  double sum = 0;       // seg_0 + (hop_0 + (seg_1 + ... + seg_last)), hop = up + down
+  double top = 0;       // the longest stage
+  double latency = 0;   // L: the round trips, added from the top of the path down
+  double pipeline = 0;  // P = sum + (m - 1) * top + L
+  double busy = 0;      // the largest busy bound (0 when m == 1)
+  double seconds = 0;   // T = max(P, busy)
+};
+
+// The longest stage: a pass of a segment below the last, the last segment, a hop's direction.
+inline double terms_top(const route_terms& t) {
+  const int last = t.n_segments - 1;
+  double top = t.seg[static_cast<std::size_t>(last)];
+  for (std::size_t k = 0; k < static_cast<std::size_t>(last); ++k)
+    top = std::max({top, t.fwd[k], t.bwd[k], t.up[k], t.down[k]});
+  return top;
 }
 
-// T of stages s_0 .. s_{n-1} in path order: s_0 + (s_1 + (... + s_{n-1})) + (m - 1) * max.
-inline double stages_seconds(const double* s, std::size_t n, int m) {
-  double sum = s[n - 1], top = s[n - 1];
-  for (std::size_t j = n - 1; j-- > 0;) sum = s[j] + sum, top = std::max(top, s[j]);
-  return pipeline_seconds(sum, top, m);
+// Busy bounds of the nodes: segment k's node for k below the last (and, in U-shape, up to the
+// middle: the device and the edge hold two segments, mirrored). Its stages start after one
+// micro-batch's segments and hops below it with their round trips, and end before the same
+// coming back down.
+inline double node_bounds(const route_terms& t) {
+  const int last = t.n_segments - 1, n_nodes = t.u_shape ? last / 2 + 1 : last;
+  const double m = static_cast<double>(t.m);
+  double most = 0, below = 0, below_rtt = 0;
+  for (int k = 0; k < n_nodes; ++k) {
+    const auto i = static_cast<std::size_t>(k), mirror = static_cast<std::size_t>(last - k);
+    const double own = t.u_shape && k < last - k ? t.seg[i] + t.seg[mirror] : t.seg[i];
+    most = std::max(most, (below + below_rtt) + m * own);
+    below = (below + t.seg[i]) + hop_stage(t.up[i], t.down[i]);
+    below_rtt = below_rtt + t.rtt[i];
+  }
+  return most;
+}
+
+// The busy bound of the link direction that carries hop a's activation and hop b's gradient
+// (U-shape: both directions of a link serve two hops). Before a's activation: the forwards of
+// segments 0..a and the hops below with half their round trip; after b's gradient: the
+// backwards of segments b..0 and the hops below b, with half a round trip per hop from b down.
+inline double link_bound(const route_terms& t, std::size_t a, std::size_t b) {
+  double head = 0, tail = 0;
+  for (std::size_t j = 0; j <= a; ++j) head = head + t.fwd[j];
+  for (std::size_t j = 0; j < a; ++j) head = head + (t.up[j] + t.rtt[j] / 2);
+  for (std::size_t j = 0; j <= b; ++j) tail = tail + (t.bwd[j] + t.rtt[j] / 2);
+  for (std::size_t j = 0; j < b; ++j) tail = tail + t.down[j];
+  return (head + tail) + static_cast<double>(t.m) * (t.up[a] + t.down[b]);
+}
+
+inline double link_bounds(const route_terms& t) {
+  if (!t.u_shape) return 0;  // every link direction serves one stage
+  const auto n_hops = static_cast<std::size_t>(t.n_segments - 1);
+  double most = 0;
+  for (std::size_t k = 0; k < n_hops - 1 - k; ++k)
+    most = std::max({most, link_bound(t, k, n_hops - 1 - k), link_bound(t, n_hops - 1 - k, k)});
+  return most;
+}
+
+// T from the terms. Monotone in every term (IEEE addition, multiplication by a number >= 0 and
+// max are): a bound computed from lower bounds of the terms is a lower bound of T.
+inline route_time time_of(const route_terms& t) {
+  route_time r;
+  const int last = t.n_segments - 1;
+  r.sum = t.seg[static_cast<std::size_t>(last)];
+  for (std::size_t k = static_cast<std::size_t>(last); k-- > 0;)
+    r.sum = t.seg[k] + (hop_stage(t.up[k], t.down[k]) + r.sum);
+  r.top = terms_top(t);
+  for (std::size_t k = static_cast<std::size_t>(last); k-- > 0;) r.latency = t.rtt[k] + r.latency;
+  r.pipeline = pipeline_seconds(r.sum, r.top, t.m) + r.latency;
+  // With one micro-batch every busy bound adds up fewer of P's terms: T is P, the sequential sum.
+  if (t.m > 1) r.busy = std::max(node_bounds(t), link_bounds(t));
+  r.seconds = std::max(r.pipeline, r.busy);
+  return r;
 }
 
 // The micro-batch counts the planner chooses from, ascending (the tie-break order).

@@ -23,20 +23,35 @@ struct candidate {
 void each_choice(const split_problem& p, int d, const route& r, const std::vector<codec_option>& codecs,
                  candidate& best) {
   const std::size_t n_hops = r.path.size() - 1, nc = codecs.size();
-  std::vector<double> seg(r.path.size()), stages(2 * n_hops + 1), dir(n_hops * nc);
+  std::vector<double> seg(r.path.size()), fwd(r.path.size()), bwd(r.path.size()), dir(n_hops * nc);
   for (int k = 0; k < r.n_segments(); ++k) {
-    const core::tier t = r.path[static_cast<std::size_t>(k)];
+    const auto i = static_cast<std::size_t>(k);
+    const core::tier t = r.path[i];
     const node_costs& node = node_of(p, d, t);
-    double sum = 0;
-    for (int i = r.begin(k); i < r.end(k); ++i) sum += node.block_seconds[static_cast<std::size_t>(i)];
-    seg[static_cast<std::size_t>(k)] = sum * share_of(p, d, t);
+    double sum = 0, f = 0, b = 0;
+    for (int j = r.begin(k); j < r.end(k); ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      sum += node.block_seconds[u];
+      f += forward_of(node, u);
+      b += backward_of(node, u);
+    }
+    const double share = share_of(p, d, t);
+    seg[i] = sum * share, fwd[i] = f * share, bwd[i] = b * share;
   }
+  route_terms terms;
+  terms.n_segments = r.n_segments();
+  terms.u_shape = r.u_shape();
   std::vector<std::size_t> slot(2 * n_hops);
   for (const int m : micro_options(p)) {
-    for (std::size_t k = 0; k < r.path.size(); ++k) stages[2 * k] = segment_stage(seg[k], m);
+    terms.m = m;
+    for (std::size_t k = 0; k < r.path.size(); ++k) {
+      terms.seg[k] = segment_stage(seg[k], m);
+      if (k < n_hops) terms.fwd[k] = segment_stage(fwd[k], m), terms.bwd[k] = segment_stage(bwd[k], m);
+    }
     for (std::size_t k = 0; k < n_hops; ++k) {
       const int cut = r.end(static_cast<int>(k));
       const auto& link = link_between(p, d, r.path[k], r.path[k + 1]);
+      terms.rtt[k] = link.rtt_seconds;
       for (std::size_t i = 0; i < nc; ++i) dir[k * nc + i] = direction_seconds(p, link, codecs[i], cut, m);
     }
     std::fill(slot.begin(), slot.end(), 0);
@@ -45,8 +60,8 @@ void each_choice(const split_problem& p, int d, const route& r, const std::vecto
       for (std::size_t k = 0; k < n_hops && ok; ++k) ok = core::codec_for_activations(codecs[slot[2 * k]].id);
       if (ok) {
         for (std::size_t k = 0; k < n_hops; ++k)
-          stages[2 * k + 1] = hop_stage(dir[k * nc + slot[2 * k]], dir[k * nc + slot[2 * k + 1]]);
-        const double t = stages_seconds(stages.data(), stages.size(), m);
+          terms.up[k] = dir[k * nc + slot[2 * k]], terms.down[k] = dir[k * nc + slot[2 * k + 1]];
+        const double t = time_of(terms).seconds;
         if (t < best.seconds) {
           best.r = r;
           best.seconds = t;
@@ -83,7 +98,7 @@ split_plan plan_exhaustive(const split_problem& p) {
       each_choice(p, di, r, codecs, best);
     });
     if (!found) throw_infeasible(p, di);
-    CLEAVE_ASSERT(evaluate_checked(p, di, best.r, best.c).seconds == best.seconds + path_latency(p, di, r.path),
+    CLEAVE_ASSERT(evaluate_checked(p, di, best.r, best.c).seconds == best.seconds,
                   "exhaustive search and oracle disagree");
     out.routes.push_back(best.r);
     out.choices.push_back(best.c);

@@ -20,8 +20,8 @@ namespace {
 // Tables shared by every device of a problem.
 struct shared_tables {
   sums mem;  // fixed + saved bytes
-  sums server;
-  std::vector<sums> edges;
+  node_sums server;
+  std::vector<node_sums> edges;
 };
 
 shared_tables build_shared(const split_problem& p) {
@@ -29,9 +29,9 @@ shared_tables build_shared(const split_problem& p) {
   std::vector<double> m(static_cast<std::size_t>(p.n_blocks));
   for (std::size_t i = 0; i < m.size(); ++i) m[i] = p.fixed_bytes[i] + p.saved_bytes[i];
   t.mem.build(m);
-  t.server.build(p.server.block_seconds);
+  t.server.build(p.server);
   t.edges.resize(p.edges.size());
-  for (std::size_t e = 0; e < p.edges.size(); ++e) t.edges[e].build(p.edges[e].block_seconds);
+  for (std::size_t e = 0; e < p.edges.size(); ++e) t.edges[e].build(p.edges[e]);
   return t;
 }
 
@@ -40,15 +40,16 @@ shared_tables build_shared(const split_problem& p) {
 // position the node's time table, share and memory share, and per hop the hop's stage at every cut.
 class device_planner {
  public:
-  // hops[k][c]: hop k's stage at cut c (one micro-batch, the fastest codecs).
+  // hops[k][c]: hop k's stage at cut c (one micro-batch, the fastest codecs); latency: the
+  // path's round trips, as time_of adds them.
   device_planner(const split_problem& p, int d, const shared_tables& shared, const sums& board,
-                 std::vector<std::vector<double>> hops)
-      : p_(p), n_(p.n_blocks), path_(path_of(p, d)), mem_(shared.mem), hops_(std::move(hops)) {
+                 std::vector<std::vector<double>> hops, double latency)
+      : p_(p), n_(p.n_blocks), path_(path_of(p, d)), mem_(shared.mem), hops_(std::move(hops)), latency_(latency) {
     for (std::size_t k = 0; k < path_.size(); ++k) {
       const core::tier t = path_[k];
       const sums* secs = t == core::tier::device ? &board
-                         : t == core::tier::edge ? &shared.edges[static_cast<std::size_t>(dev_of(p, d).edge)]
-                                                 : &shared.server;
+                         : t == core::tier::edge ? &shared.edges[static_cast<std::size_t>(dev_of(p, d).edge)].total
+                                                 : &shared.server.total;
       const double share = share_of(p, d, t);
       nodes_.push_back({secs, share, cap_of(node_of(p, d, t).memory_budget, share)});
     }
@@ -80,37 +81,48 @@ class device_planner {
     return rest;
   }
 
+  std::size_t at(int a, int b) const { return static_cast<std::size_t>(a * (n_ + 1) + b); }
+  // Smallest c3 (>= from) whose device top fits beside the bottom [0, c0); n if none.
+  int lowest_top(int c0, int from) const {
+    int c3 = from;
+    while (c3 < n_ && mem_(0, c0) + mem_(c3, n_) > cap(0)) ++c3;
+    return c3;
+  }
+  // Largest c3 (>= c2, <= n-1) whose second edge segment fits beside the first, which holds a bytes.
+  int widen(double a, int c2, int c3) const {
+    c3 = std::max(c3, c2);
+    while (c3 + 1 < n_ && a + mem_(c2, c3 + 1) <= cap(1)) ++c3;
+    return c3;
+  }
+
   // D E S E D: the board holds segments 0 and 4, the edge's share segments 1 and 3. The first
   // visits (c0, c1) are enumerated; the rest is minimised under the memory they leave:
   //   device top [c3, n) fits iff c3 >= lo(c0), the second edge segment [c2, c3) iff c3 <= hi(c2),
   // where hi grows with c2. val(c2, c3) = seg_3 + (hop_3 + seg_4) does not depend on (c0, c1), so
   // for each c0 running minima of val over c3 from lo(c0) answer each (c1, c2) in O(1): O(n^3).
+  // T = sum + L: the least T is the least sum's, and the first cuts reaching it are found by
+  // comparing sum + L (two sums may round to the same T).
   std::optional<std::vector<int>> best_u3() const {
     const std::size_t w = static_cast<std::size_t>(n_ + 1);
-    std::vector<double> val(w * w, unlimited), run(w * w, unlimited);
-    auto at = [w](int a, int b) { return static_cast<std::size_t>(a) * w + static_cast<std::size_t>(b); };
+    std::vector<double> val(w * w, unlimited);
     for (int c3 = 1; c3 < n_; ++c3) {
       const double q = hop(3, c3) + seg(4, c3, n_);
       for (int c2 = 1; c2 <= c3; ++c2) val[at(c2, c3)] = seg(3, c2, c3) + q;
     }
-    // Smallest c3 (>= from) whose device top fits beside the bottom [0, c0); n if none.
-    auto lowest_top = [&](int c0, int from) {
-      int c3 = from;
-      while (c3 < n_ && mem_(0, c0) + mem_(c3, n_) > cap(0)) ++c3;
-      return c3;
-    };
-    // Largest c3 (>= c2, <= n-1) whose second edge segment fits beside the first, which holds a bytes.
-    auto widen = [&](double a, int c2, int c3) {
-      c3 = std::max(c3, c2);
-      while (c3 + 1 < n_ && a + mem_(c2, c3 + 1) <= cap(1)) ++c3;
-      return c3;
-    };
-    auto head = [&](int c0, int c1) {
-      return std::vector<double>{seg(0, 0, c0), hop(0, c0), seg(1, c0, c1), hop(1, c1)};
-    };
+    const std::vector<double> totals = first_visits(val);
+    const double least = *std::min_element(totals.begin(), totals.end());
+    if (least == unlimited) return std::nullopt;
+    const double target = least + latency_;
+    for (int c0 = 1; c0 < n_; ++c0)
+      for (int c1 = c0; c1 < n_; ++c1)
+        if (totals[at(c0, c1)] + latency_ <= target) return rest(val, c0, c1, target);
+    CLEAVE_ASSERT(false, "split planner lost its optimum");
+    return std::nullopt;
+  }
 
-    double m = unlimited;
-    int best_c0 = -1, best_c1 = -1;
+  // totals[(c0, c1)]: the least sum of the routes whose first cuts are c0, c1 (unlimited: none fits).
+  std::vector<double> first_visits(const std::vector<double>& val) const {
+    std::vector<double> totals(val.size(), unlimited), run(val.size(), unlimited);
     for (int c0 = std::max(1, p_.min_device_blocks); c0 < n_; ++c0) {
       if (mem_(0, c0) > cap(0)) break;
       const int lo = lowest_top(c0, c0);
@@ -130,30 +142,32 @@ class device_planner {
           if (std::max(c2, lo) > hi) continue;
           least = std::min(least, seg(2, c1, c2) + (hop(2, c2) + run[at(c2, hi)]));
         }
-        const double total =
-            seg(0, 0, c0) + (hop(0, c0) + (seg(1, c0, c1) + (hop(1, c1) + least)));  // nest(head(c0, c1), least)
-        if (total < m) m = total, best_c0 = c0, best_c1 = c1;
+        // nest({seg_0, hop_0, seg_1, hop_1}, least)
+        totals[at(c0, c1)] = seg(0, 0, c0) + (hop(0, c0) + (seg(1, c0, c1) + (hop(1, c1) + least)));
       }
     }
-    if (m == unlimited) return std::nullopt;
+    return totals;
+  }
 
-    const int c0 = best_c0, c1 = best_c1, lo = lowest_top(c0, c0);
+  // The first (c2, c3) after c0, c1 whose T reaches the target.
+  std::vector<int> rest(const std::vector<double>& val, int c0, int c1, double target) const {
+    const int lo = lowest_top(c0, c0);
     const double a = mem_(c0, c1);
-    std::vector<double> fixed = head(c0, c1);
+    std::vector<double> fixed{seg(0, 0, c0), hop(0, c0), seg(1, c0, c1), hop(1, c1)};
     for (int c2 = c1; c2 < n_; ++c2) {
       if (mem_(c1, c2) > cap(2)) break;
       const int hi = widen(a, c2, c2);
       double least = unlimited;
       for (int c3 = std::max(c2, lo); c3 <= hi; ++c3) least = std::min(least, val[at(c2, c3)]);
-      if (nest(fixed, seg(2, c1, c2) + (hop(2, c2) + least)) > m) continue;
+      if (nest(fixed, seg(2, c1, c2) + (hop(2, c2) + least)) + latency_ > target) continue;
       fixed.push_back(seg(2, c1, c2));
       fixed.push_back(hop(2, c2));
       for (int c3 = std::max(c2, lo); c3 <= hi; ++c3)
-        if (nest(fixed, val[at(c2, c3)]) <= m) return std::vector<int>{c0, c1, c2, c3};
+        if (nest(fixed, val[at(c2, c3)]) + latency_ <= target) return {c0, c1, c2, c3};
       break;
     }
     CLEAVE_ASSERT(false, "split planner lost its optimum");
-    return std::nullopt;
+    return {};
   }
 
   const split_problem& p_;
@@ -162,6 +176,7 @@ class device_planner {
   const sums& mem_;
   std::vector<node> nodes_;
   std::vector<std::vector<double>> hops_;
+  double latency_;
 };
 
 // Stage tables of the shared nodes' middle segments at one micro-batch count, built once for
@@ -169,23 +184,28 @@ class device_planner {
 class middle_cache {
  public:
   middle_cache(const split_problem& p, const shared_tables& s) : p_(p), s_(s) {}
-  const std::vector<double>* get(int node, double share, int m) {
+  const middle_table* get(int node, double share, int m) {
     auto& t = cache_[{node, m}];
-    if (t.empty()) {
-      const sums& secs = node < 0 ? s_.server : s_.edges[static_cast<std::size_t>(node)];
+    if (t.stage.empty()) {
+      const node_sums& secs = node < 0 ? s_.server : s_.edges[static_cast<std::size_t>(node)];
       const int n = p_.n_blocks;
-      t.assign(static_cast<std::size_t>((n + 1) * (n + 1)), 0.0);
+      t.stage.assign(static_cast<std::size_t>((n + 1) * (n + 1)), 0.0);
+      t.top.assign(t.stage.size(), 0.0);
       for (int b = 0; b <= n; ++b)
-        for (int e = b; e <= n; ++e)
-          t[static_cast<std::size_t>(b * (n + 1) + e)] = segment_stage(secs(b, e) * share, m);
+        for (int e = b; e <= n; ++e) {
+          const auto i = static_cast<std::size_t>(b * (n + 1) + e);
+          t.stage[i] = segment_stage(secs.total(b, e) * share, m);
+          t.top[i] = std::max(segment_stage(secs.fwd(b, e) * share, m), segment_stage(secs.bwd(b, e) * share, m));
+        }
     }
     return &t;
   }
+  const node_sums& sums_of(int node) const { return node < 0 ? s_.server : s_.edges[static_cast<std::size_t>(node)]; }
 
  private:
   const split_problem& p_;
   const shared_tables& s_;
-  std::map<std::pair<int, int>, std::vector<double>> cache_;
+  std::map<std::pair<int, int>, middle_table> cache_;
 };
 
 // Every codec's encoded bytes and compute at every cut, [cut * n_codecs + i].
@@ -215,7 +235,16 @@ class device_search {
   device_search(const split_problem& p, int d, const shared_tables& shared, middle_cache& middle,
                 const codec_table& codecs, sums& board)
       : p_(p), d_(d), shared_(shared), middle_(middle), codecs_(codecs), board_(board), path_(path_of(p, d)) {
-    board_.build(dev_of(p, d).board.block_seconds);
+    const node_costs& board_costs = dev_of(p, d).board;
+    board_.build(board_costs.block_seconds);
+    // Segment 0's passes: [0, e) only, added as sums does.
+    double f = 0, b = 0;
+    board_fwd_.assign(1, 0.0);
+    board_bwd_.assign(1, 0.0);
+    for (std::size_t i = 0; i < board_costs.block_seconds.size(); ++i) {
+      board_fwd_.push_back(f += forward_of(board_costs, i));
+      board_bwd_.push_back(b += backward_of(board_costs, i));
+    }
     for (const core::tier t : path_) shares_.push_back(share_of(p, d, t));
     const std::size_t nc = codecs.codecs.size(), w = static_cast<std::size_t>(p.n_blocks + 1);
     for (std::size_t k = 0; k + 1 < path_.size(); ++k) {
@@ -240,7 +269,7 @@ class device_search {
       pipeline_best r;
       if (m == 1 && path_.size() == 5) {  // O(n^3) at worst where four cuts are enumerated
         std::vector<std::vector<double>> hops(t.hop.begin(), t.hop.begin() + static_cast<long>(path_.size() - 1));
-        const auto cuts = device_planner(p_, d_, shared_, board_, std::move(hops)).best();
+        const auto cuts = device_planner(p_, d_, shared_, board_, std::move(hops), t.latency).best();
         if (cuts) r = {pipeline_seconds_of(t, *cuts), *cuts};
       } else {
         // The best cuts so far priced at m bound this m's optimum from above.
@@ -272,28 +301,57 @@ class device_search {
     t.min_first = std::max(1, p_.min_device_blocks);
     t.mem = &shared_.mem;
     const auto w = static_cast<std::size_t>(n + 1);
-    t.first.reserve(w);
-    t.last.reserve(w);
-    for (int e = 0; e <= n; ++e) t.first.push_back(segment_stage(board_(0, e) * shares_.front(), m));
-    const sums& top_secs = path_.back() == core::tier::device ? board_ : shared_.server;
-    for (int b = 0; b <= n; ++b) t.last.push_back(segment_stage(top_secs(b, n) * shares_.back(), m));
+    t.first.resize(w);
+    t.first_top.resize(w);
+    t.last.resize(w);
+    t.first_fwd = &board_fwd_;
+    t.first_bwd = &board_bwd_;
+    const double first_share = shares_.front();
+    for (std::size_t e = 0; e < w; ++e) {
+      t.first[e] = segment_stage(board_(0, static_cast<int>(e)) * first_share, m);
+      t.first_top[e] =
+          std::max(segment_stage(board_fwd_[e] * first_share, m), segment_stage(board_bwd_[e] * first_share, m));
+    }
+    const sums& top_secs = path_.back() == core::tier::device ? board_ : shared_.server.total;
+    for (int b = 0; b <= n; ++b)
+      t.last[static_cast<std::size_t>(b)] = segment_stage(top_secs(b, n) * shares_.back(), m);
     for (std::size_t k = 0; k < path_.size(); ++k) {
       const core::tier tier = path_[k];
       const double share = shares_[k];
+      const node_costs& node = node_of(p_, d_, tier);
       t.node_of_segment[k] = tier_index(tier);
-      t.block[k].reserve(w);
-      for (const double b : node_of(p_, d_, tier).block_seconds) t.block[k].push_back(segment_stage(b * share, m));
-      t.cap[static_cast<std::size_t>(tier_index(tier))] = cap_of(node_of(p_, d_, tier).memory_budget, share);
-      if (k > 0 && k + 1 < path_.size())
-        t.middle[k] = middle_.get(tier == core::tier::server ? -1 : dev_of(p_, d_).edge, share, m);
-    }
-    for (std::size_t k = 0; k + 1 < path_.size(); ++k) {
-      t.hop[k].reserve(w);
-      for (int c = 0; c <= n; ++c) {
-        const auto i = static_cast<std::size_t>(c);
-        t.hop[k].push_back(hop_stage(direction_seconds(up_[k][i], m), direction_seconds(down_[k][i], m)));
+      t.share[k] = share;
+      t.block[k].resize(node.block_seconds.size());
+      for (std::size_t i = 0; i < t.block[k].size(); ++i)
+        t.block[k][i] = segment_stage(node.block_seconds[i] * share, m);
+      if (k + 1 < path_.size()) {
+        t.block_fwd[k].resize(t.block[k].size());
+        t.block_bwd[k].resize(t.block[k].size());
+        for (std::size_t i = 0; i < t.block[k].size(); ++i) {
+          t.block_fwd[k][i] = segment_stage(forward_of(node, i) * share, m);
+          t.block_bwd[k][i] = segment_stage(backward_of(node, i) * share, m);
+        }
+      }
+      t.cap[static_cast<std::size_t>(tier_index(tier))] = cap_of(node.memory_budget, share);
+      if (k > 0 && k + 1 < path_.size()) {
+        const int at = tier == core::tier::server ? -1 : dev_of(p_, d_).edge;
+        t.middle[k] = middle_.get(at, share, m);
+        t.passes[k] = &middle_.sums_of(at);
       }
     }
+    for (std::size_t k = 0; k + 1 < path_.size(); ++k) {
+      t.rtt[k] = links_[k]->rtt_seconds;
+      t.up_total[k] = &up_[k];
+      t.down_total[k] = &down_[k];
+      t.hop[k].resize(w);
+      t.hop_top[k].resize(w);
+      for (std::size_t c = 0; c < w; ++c) {
+        const double up = direction_seconds(up_[k][c], m), down = direction_seconds(down_[k][c], m);
+        t.hop[k][c] = hop_stage(up, down);
+        t.hop_top[k][c] = std::max(up, down);
+      }
+    }
+    for (std::size_t k = path_.size() - 1; k-- > 0;) t.latency = t.rtt[k] + t.latency;  // as time_of adds it
     return t;
   }
 
@@ -304,7 +362,8 @@ class device_search {
   const codec_table& codecs_;
   sums& board_;
   std::vector<core::tier> path_;
-  std::vector<double> shares_;  // per path position
+  std::vector<double> board_fwd_, board_bwd_;  // [e]: the board's forward and backward sums of [0, e)
+  std::vector<double> shares_;                 // per path position
   std::vector<const link_costs*> links_;
   std::vector<std::vector<double>> up_, down_;  // per hop and cut: the fastest codec's total each way
   pipeline_best best_;
@@ -317,7 +376,7 @@ class device_search {
 route_choice device_search::best_choice() const {
   const std::size_t nc = codecs_.codecs.size(), n_hops = path_.size() - 1;
   const int m = best_tables_.m;
-  std::vector<double> dir(n_hops * nc), stages;
+  std::vector<double> dir(n_hops * nc);
   std::vector<std::size_t> slot(2 * n_hops, nc);
   for (std::size_t k = 0; k < n_hops; ++k) {
     const auto c = static_cast<std::size_t>(best_.cuts[k]);
@@ -330,16 +389,11 @@ route_choice device_search::best_choice() const {
       }
     }
   }
+  route_terms terms = best_tables_.terms(best_.cuts.data());
   auto total = [&] {
-    stages.clear();
-    for (int k = 0; k < best_tables_.n_segments; ++k) {
-      const int b = k == 0 ? 0 : best_.cuts[static_cast<std::size_t>(k - 1)];
-      const int e = k + 1 == best_tables_.n_segments ? p_.n_blocks : best_.cuts[static_cast<std::size_t>(k)];
-      stages.push_back(best_tables_.segment(k, b, e));
-      const auto h = static_cast<std::size_t>(k);
-      if (h < n_hops) stages.push_back(hop_stage(dir[h * nc + slot[2 * h]], dir[h * nc + slot[2 * h + 1]]));
-    }
-    return stages_seconds(stages.data(), stages.size(), m);
+    for (std::size_t k = 0; k < n_hops; ++k)
+      terms.up[k] = dir[k * nc + slot[2 * k]], terms.down[k] = dir[k * nc + slot[2 * k + 1]];
+    return time_of(terms).seconds;
   };
   CLEAVE_ASSERT(total() == best_.seconds, "split planner lost its optimum");
   for (std::size_t j = 0; j < slot.size(); ++j) {

@@ -34,6 +34,13 @@ void check_link(const link_costs& l, const std::string& what) {
 void check_node(const node_costs& nc, std::size_t n, const std::string& what) {
   check_values(nc.block_seconds, n, what + "block_seconds");
   check_finite(nc.memory_budget, what + "memory_budget");
+  if (nc.forward_seconds.empty()) return;  // a third of each block (splitter.h)
+  check_values(nc.forward_seconds, n, what + "forward_seconds");
+  for (std::size_t i = 0; i < n; ++i)
+    if (nc.forward_seconds[i] > nc.block_seconds[i])
+      throw core::error("split problem: " + what + "forward_seconds[" + std::to_string(i) + "] is " +
+                        fmt::format("{}", nc.forward_seconds[i]) + ", above block_seconds[" + std::to_string(i) + "] " +
+                        fmt::format("{}", nc.block_seconds[i]) + " (the forward is part of the block's time)");
 }
 
 void check_device_index(const split_problem& p, int d) {

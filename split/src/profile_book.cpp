@@ -211,7 +211,10 @@ node_costs profile_book::costs_of(const node_profile& p) const {
   // Profiled per micro-batch of p.batch samples; a step is n_micro_batches of micro_batch_.
   const double scale = static_cast<double>(micro_batch_) / p.batch * n_micro_batches_;
   node_costs c;
-  for (const auto& b : p.blocks) c.block_seconds.push_back((b.forward_seconds + b.backward_seconds) * scale);
+  for (const auto& b : p.blocks) {
+    c.block_seconds.push_back((b.forward_seconds + b.backward_seconds) * scale);
+    c.forward_seconds.push_back(b.forward_seconds * scale);  // <= the block's: both round the same way up
+  }
   c.memory_budget = static_cast<double>(p.memory_budget_bytes);
   return c;
 }

@@ -18,20 +18,22 @@ using namespace detail;
 // Floating-point discipline. plan_best and evaluate_route must give bit-identical costs, or a tie
 // (zero-cost blocks, integer-valued profiles) could be broken differently by the planner and by the
 // exhaustive search. So all of them:
-//   - sum a segment's blocks from its first block upward, starting at 0, then multiply by the share,
-//     then divide by M (segment_stage);
-//   - price a hop's directions with direction_seconds() and the hop with hop_stage();
-//   - add a route's stages from the top of the path down:
-//       sum = s_0 + (s_1 + (s_2 + ... + s_last))
-//     which is the order a dynamic programme over suffixes accumulates in, then add
-//     (M - 1) * max (pipeline_seconds), and the path's latency last (path_latency): searches
-//     compare T before it, which is the same for every route and choice of a device;
+//   - sum a segment's blocks (their whole time, forward_of or backward_of) from its first block
+//     upward, starting at 0, then multiply by the share, then divide by M (segment_stage);
+//   - price a hop's directions with direction_seconds();
+//   - put these terms in a route_terms and take T from time_of() (cost_terms.h), which adds the
+//     stages from the top of the path down:
+//       sum = s_0 + (hop_0 + (s_1 + (hop_1 + ... + s_last)))
+//     (the order a dynamic programme over suffixes accumulates in), then (M - 1) * the longest
+//     stage (pipeline_seconds), then the round trips, and takes the max with the busy bounds;
+//     searches compare whole T (the busy bounds hold other parts of the latency than P does);
 //   - sum a node's memory per segment the same way, then the segments in path order.
 // IEEE addition, multiplication by a number >= 0 and max are monotone (a <= b implies
-// fl(a + x) <= fl(b + x)), so T never decreases when one stage grows: the least T over the codecs
+// fl(a + x) <= fl(b + x)), so T never decreases when one term grows: the least T over the codecs
 // of a hop is reached by the fastest codec of each direction, and a bound computed from lower
-// bounds of the stages is a lower bound of T, also in floating point. These files are compiled
-// with -ffp-contract=off so that no multiply-add is fused in one place only.
+// bounds of the terms (or from some of P's terms alone: T >= P) is a lower bound of T, also in
+// floating point. These files are compiled with -ffp-contract=off so that no multiply-add is
+// fused in one place only.
 
 namespace {
 
@@ -47,33 +49,42 @@ std::string ms_str(double s) {
   return fmt::format("{:.1f} ms", s * 1e3);
 }
 
-// The stages of route r under choice c, in path order (seg_0, hop_0, seg_1, ..., seg_last), and
-// the busy times. p, r and c are already checked.
-struct stage_list {
-  std::vector<double> s;
+// Route r's terms under choice c, and the busy times over the whole step. p, r and c are checked.
+struct route_parts {
+  route_terms t;
   double compute = 0, transfer = 0;
 };
 
-stage_list stages_of(const split_problem& p, int d, const route& r, const route_choice& c) {
-  stage_list out;
-  const int m = c.n_micro_batches;
-  for (int k = 0; k < r.n_segments(); ++k) {
-    const core::tier t = r.path[static_cast<std::size_t>(k)];
+route_parts parts_of(const split_problem& p, int d, const route& r, const route_choice& c) {
+  route_parts out;
+  const int m = c.n_micro_batches, n_segments = r.n_segments();
+  out.t.n_segments = n_segments;
+  out.t.m = m;
+  out.t.u_shape = r.u_shape();
+  for (int k = 0; k < n_segments; ++k) {
+    const auto i = static_cast<std::size_t>(k);
+    const core::tier t = r.path[i];
     const node_costs& node = node_of(p, d, t);
-    double sum = 0;
-    for (int i = r.begin(k); i < r.end(k); ++i) sum += node.block_seconds[static_cast<std::size_t>(i)];
-    const double seg = sum * share_of(p, d, t);
-    out.s.push_back(segment_stage(seg, m));
-    out.compute += seg;
-    if (k + 1 < r.n_segments()) {
-      const auto& link = link_between(p, d, t, r.path[static_cast<std::size_t>(k + 1)]);
-      const int cut = r.end(k);
-      const auto& codecs = c.hops[static_cast<std::size_t>(k)];
-      const double up = direction_seconds(p, link, *find_codec(p, codecs.up), cut, m);
-      const double down = direction_seconds(p, link, *find_codec(p, codecs.down), cut, m);
-      out.s.push_back(hop_stage(up, down));
-      out.transfer += out.s.back() * static_cast<double>(m);
+    const double share = share_of(p, d, t);
+    double sum = 0, fwd = 0, bwd = 0;
+    for (int b = r.begin(k); b < r.end(k); ++b) {
+      const auto j = static_cast<std::size_t>(b);
+      sum += node.block_seconds[j];
+      fwd += forward_of(node, j);
+      bwd += backward_of(node, j);
     }
+    const double seg = sum * share;
+    out.t.seg[i] = segment_stage(seg, m);
+    out.compute += seg;
+    if (k + 1 == n_segments) break;  // the last segment runs both passes in one go
+    out.t.fwd[i] = segment_stage(fwd * share, m);
+    out.t.bwd[i] = segment_stage(bwd * share, m);
+    const auto& link = link_between(p, d, t, r.path[i + 1]);
+    const int cut = r.end(k);
+    out.t.up[i] = direction_seconds(p, link, *find_codec(p, c.hops[i].up), cut, m);
+    out.t.down[i] = direction_seconds(p, link, *find_codec(p, c.hops[i].down), cut, m);
+    out.t.rtt[i] = link.rtt_seconds;
+    out.transfer += hop_stage(out.t.up[i], out.t.down[i]) * static_cast<double>(m);
   }
   return out;
 }
@@ -105,19 +116,15 @@ namespace detail {
 
 // The oracle: T_d straight from the definition (see splitter.h).
 route_cost evaluate_checked(const split_problem& p, int d, const route& r, const route_choice& c) {
-  const stage_list st = stages_of(p, d, r, c);
+  const route_parts parts = parts_of(p, d, r, c);
+  const route_time t = time_of(parts.t);
   route_cost out;
-  out.compute_seconds = st.compute;
-  out.transfer_seconds = st.transfer;
-  double sum = st.s.back();
-  out.bottleneck_seconds = st.s.back();
-  for (std::size_t j = st.s.size() - 1; j-- > 0;) {
-    sum = st.s[j] + sum;
-    out.bottleneck_seconds = std::max(out.bottleneck_seconds, st.s[j]);
-  }
-  const double latency = path_latency(p, d, r.path);
-  out.fill_seconds = sum + latency;
-  out.seconds = pipeline_seconds(sum, out.bottleneck_seconds, c.n_micro_batches) + latency;
+  out.seconds = t.seconds;
+  out.compute_seconds = parts.compute;
+  out.transfer_seconds = parts.transfer;
+  out.fill_seconds = t.sum + t.latency;
+  out.bottleneck_seconds = t.top;
+  out.busy_seconds = t.busy;
   out.feasible = fits_memory(p, d, r, &out.why);
   return out;
 }

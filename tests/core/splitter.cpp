@@ -37,10 +37,15 @@ TEST_CASE("evaluate_route gives the hand-computed step time of a 2-tier route") 
   CHECK(c.bottleneck_seconds == 1.0);
   CHECK(c.seconds == 3.75);
   CHECK(c.feasible);
-  // Everything on the device: 6 seconds, the loss's output still crosses (10 bytes): stages 3,
-  // 0.1, 0: 3.1 + 0.25 + 3.
+  // Everything on the device: 6 seconds (forward a third, 2), the loss's output still crosses
+  // (10 bytes, 0.05 s each way per micro-batch): P = 3.1 + 0.25 + 1 * 2 (the backward pass, 2 s a
+  // micro-batch, the longest stage) = 5.35, below the device's own work, 2 * 3: its second
+  // forward ends after the first micro-batch's round trip, 1 + 0.35.
   const auto all = split::evaluate_route(p, 0, split::make_route(false, false, {3}, 3));
-  CHECK(all.seconds == doctest::Approx(6.35));
+  CHECK(all.fill_seconds == doctest::Approx(3.35));
+  CHECK(all.bottleneck_seconds == 2.0);
+  CHECK(all.busy_seconds == 6.0);
+  CHECK(all.seconds == 6.0);
   // One micro-batch: the sequential sum, 1 + 2 + 2 + 0.25 and 6 + 0.2 + 0 + 0.25.
   p.n_micro_batches = 1;
   CHECK(split::evaluate_route(p, 0, split::make_route(false, false, {1}, 3)).seconds == 5.25);
@@ -306,6 +311,23 @@ TEST_CASE("validate names the first bad field of a split problem") {
         "split problem: server.block_seconds[2] is nan (must be finite and >= 0)");
   check([](split_problem& p) { p.edges[0].block_seconds.resize(5); },
         "split problem: edge 0: block_seconds has 5 entries, expected 3");
+  check(
+      [](split_problem& p) {
+        p.devices[1].board.forward_seconds = {0, 0};
+      },
+      "split problem: device 1: board.forward_seconds has 2 entries, expected 3");
+  check(
+      [](split_problem& p) {
+        p.server.block_seconds = {1, 2, 3};
+        p.server.forward_seconds = {1, 2.5, 0};
+      },
+      "split problem: server.forward_seconds[1] is 2.5, above block_seconds[1] 2 (the forward is part of the block's "
+      "time)");
+  check(
+      [](split_problem& p) {
+        p.edges[0].forward_seconds = {0, -1, 0};
+      },
+      "split problem: edge 0: forward_seconds[1] is -1 (must be finite and >= 0)");
   check([](split_problem& p) { p.edge_links.clear(); },
         "split problem: edge_links has 0 entries, expected 1 (one per edge)");
   check([](split_problem& p) { p.edge_links[0].rtt_seconds = -1; },

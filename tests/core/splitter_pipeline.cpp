@@ -1,4 +1,4 @@
-// The splitter's pipelined cost model: the fill-plus-bottleneck formula on hand-computed figures,
+// The splitter's pipelined cost model: the flow shop and the busy bounds on hand-computed figures,
 // one micro-batch with f32 as the sequential model, codecs on the wire and their compute, the
 // planner's choice of micro-batches and codecs, and the checks of the new inputs.
 #include <doctest/doctest.h>
@@ -17,8 +17,9 @@ using testing::random_problem;
 
 namespace {
 
-// One block on the device (6 s), its 20-byte output over a 10 B/s link (2 s each way, rtt 0.5 s)
-// to a server with nothing to run: stages 6 / M, 4 / M and 0, and the link's 0.5 s latency once.
+// One block on the device (6 s: forward 2, backward 4), its 20-byte output over a 10 B/s link
+// (2 s each way, rtt 0.5 s) to a server with nothing to run: stages 2 / M, 2 / M, 0, 2 / M, 4 / M
+// (forward, up, server, down, backward), the link's 0.5 s latency once, and the device busy 6 s.
 split_problem two_stage() {
   auto p = blank(1, false, {-1}, 0);
   p.devices[0].board.block_seconds = {6.0};
@@ -67,50 +68,103 @@ double sequential_seconds(const split_problem& p, int d, const route& r) {
 
 }  // namespace
 
-TEST_CASE("a step of M micro-batches is the pipeline's fill plus M - 1 bottleneck periods") {
+TEST_CASE("a step of M micro-batches is the flow shop's fill plus M - 1 longest stages, or a node's busy time") {
   const auto p = two_stage();
   const auto r = split::make_route(false, false, {1}, 1);
   const core::hop_codecs f32{};
   // M = 1: 6 + 4 + 0, and the latency.
   auto c = split::evaluate_route(p, 0, r, choice(1, {f32}));
   CHECK(c.seconds == 10.5);
-  // M = 2: stages 3, 2, 0: fill 5 + 0.5, bottleneck 3.
+  CHECK(c.busy_seconds == 0.0);
+  // M = 2: stages 1, 1, 0, 1, 2: fill 5 + 0.5, then one more backward 2 = 7.5; the device's 6 s of
+  // work fit (its second forward ends long before the first gradient is back at 3.5).
   c = split::evaluate_route(p, 0, r, choice(2, {f32}));
   CHECK(c.fill_seconds == 5.5);
-  CHECK(c.bottleneck_seconds == 3.0);
-  CHECK(c.seconds == 5.5 + 1 * 3.0);
-  // M = 4: stages 1.5, 1, 0: 3 + 0.5 + 3 * 1.5. Busy times stay whole steps.
+  CHECK(c.bottleneck_seconds == 2.0);
+  CHECK(c.busy_seconds == 6.0);
+  CHECK(c.seconds == 5.5 + 1 * 2.0);
+  // M = 4: stages 0.5, 0.5, 0, 0.5, 1: P = 2.5 + 0.5 + 3 * 1 = 6, the device's work 4 * 1.5 = 6.
+  // Busy times stay whole steps.
   c = split::evaluate_route(p, 0, r, choice(4, {f32}));
-  CHECK(c.seconds == 7.5);
+  CHECK(c.seconds == 6.0);
+  CHECK(c.busy_seconds == 6.0);
   CHECK(c.compute_seconds == 6.0);
   CHECK(c.transfer_seconds == 4.0);
-  // The link the bottleneck: 40 bytes each way, 8 s per step; at M = 4 stages 1.5, 2, 0:
-  // 3.5 + 0.5 + 3 * 2.
+  // M = 8: P = 1.25 + 0.5 + 7 * 0.5 = 5.25: the device's 6 s set the step.
+  c = split::evaluate_route(p, 0, r, choice(8, {f32}));
+  CHECK(c.seconds == 6.0);
+  // A slower link: 40 bytes each way, 4 s per step and direction; at M = 4 stages 0.5, 1, 0, 1, 1:
+  // 3.5 + 0.5 + 3 * 1 (up and down are separate resources, each 1 s a micro-batch).
   auto slow = p;
   slow.cut_bytes = {0, 40};
   c = split::evaluate_route(slow, 0, r, choice(4, {f32}));
-  CHECK(c.bottleneck_seconds == 2.0);
-  CHECK(c.seconds == 10.0);
+  CHECK(c.bottleneck_seconds == 1.0);
+  CHECK(c.seconds == 7.0);
 }
 
 TEST_CASE("the planner picks the micro-batch count, and latency delays the fill once whatever it is") {
   auto p = two_stage();
   p.micro_batch_options = {8, 1, 4, 2};
-  // M = 8: stages 0.75, 0.5, 0: 1.25 + 0.5 + 7 * 0.75.
+  // M = 1: 10.5, M = 2: 7.5, M = 4 and M = 8: the device's 6 s (see above): the fewer wins the tie.
   auto plan = split::plan_best(p);
-  CHECK(plan.choices[0] == choice(8, {{}}));
-  CHECK(plan.cost.step_seconds == 7.0);
-  // rtt 5 s: every M pays it once (M = 1: 10 + 5; M = 8: 6.5 + 5).
+  CHECK(plan.choices[0] == choice(4, {{}}));
+  CHECK(plan.cost.step_seconds == 6.0);
+  // rtt 5 s: P pays it once whatever M (M = 1: 10 + 5; M = 8: 1.25 + 7 * 0.5 + 5 = 9.75, above the
+  // device's 6 s: it waits for the first gradient).
   p.devices[0].link.rtt_seconds = 5.0;
   plan = split::plan_best(p);
   CHECK(plan.choices[0].n_micro_batches == 8);
-  CHECK(plan.cost.step_seconds == 11.5);
+  CHECK(plan.cost.step_seconds == 9.75);
   // Nothing to pipeline (no compute, nothing on the wire): every M ties, the fewest wins.
   p.devices[0].board.block_seconds = {0.0};
   p.cut_bytes = {0, 0};
   plan = split::plan_best(p);
   CHECK(plan.choices[0].n_micro_batches == 1);
   CHECK(plan.cost.step_seconds == 5.0);
+}
+
+TEST_CASE("measured forward times split a segment into its two passes") {
+  // The same route with the forward 5 s of the 6: stages at M = 2 2.5, 1, 0, 1, 0.5: P = 5 + 0.5 +
+  // 2.5 = 8 (the forward the longest stage), the device's 6 s below it.
+  auto p = two_stage();
+  p.devices[0].board.forward_seconds = {5.0};
+  const auto r = split::make_route(false, false, {1}, 1);
+  auto c = split::evaluate_route(p, 0, r, choice(2, {{}}));
+  CHECK(c.bottleneck_seconds == 2.5);
+  CHECK(c.seconds == 8.0);
+  // All of it forward: the last forward ends at 6 and its micro-batch's way up and back takes
+  // 1 + 0.5 + 1 more (the backward nothing): 8.5 = P = 5 + 0.5 + 3.
+  p.devices[0].board.forward_seconds = {6.0};
+  CHECK(split::evaluate_route(p, 0, r, choice(2, {{}})).seconds == 8.5);
+  // One micro-batch: the split does not matter.
+  CHECK(split::evaluate_route(p, 0, r, choice(1, {{}})).seconds == 10.5);
+}
+
+TEST_CASE("a U-shaped route's device and link each serve several stages") {
+  // D S D, 3 blocks: the device holds [0, 1) and [2, 3) (3 s each, the bottom's forward 1 s), the
+  // server [1, 2) (nothing), both cuts 10 bytes at 10 B/s (1 s each way per step), no latency. At
+  // M = 2 the stages are f0 0.5, up 0.5, server 0, up 0.5, top 1.5, down 0.5, server 0, down 0.5,
+  // b0 1: P = 5 + 1.5 = 6.5. The device's own work is 2 * (1.5 + 1.5) = 6. The device's link
+  // carries hop 0's activation and hop 1's gradient up: f0 0.5 before, 2 * 1 on it, then the
+  // server 0, down 0.5 and b0 1 after: 4.
+  auto p = blank(3, true, {-1}, 0);
+  p.devices[0].board.block_seconds = {3, 0, 3};
+  p.cut_bytes = {0, 10, 10, 0};
+  p.devices[0].link = {10.0, 0.0};
+  const auto r = split::make_route(true, false, {1, 2}, 3);
+  auto c = split::evaluate_route(p, 0, r, choice(2, {{}, {}}));
+  CHECK(c.seconds == 6.5);
+  CHECK(c.busy_seconds == 6.0);
+  // M = 4: P = 2.5 + 3 * 0.75 = 4.75, below the device's 6 s.
+  c = split::evaluate_route(p, 0, r, choice(4, {{}, {}}));
+  CHECK(c.seconds == 6.0);
+  // A slow link (100 bytes: 10 s each way per step): at M = 4 its up direction carries 2.5 + 2.5
+  // a micro-batch, after the first forward (0.25) and before the server's backward (0), the way
+  // down (2.5) and the bottom's backward (0.5): 0.25 + 4 * 5 + 3 = 23.25, above P = 11.5 + 3 * 2.5.
+  p.cut_bytes = {0, 100, 100, 0};
+  c = split::evaluate_route(p, 0, r, choice(4, {{}, {}}));
+  CHECK(c.busy_seconds == 23.25);
+  CHECK(c.seconds == 23.25);
 }
 
 TEST_CASE("one micro-batch with f32 both ways is the sequential model") {
@@ -177,13 +231,13 @@ TEST_CASE("decide_resplit prices the current routes under their choices") {
   p.micro_batch_options = {1, 2, 4};
   const auto best = split::plan_best(p);
   const std::vector<route> current{split::make_route(false, false, {1}, 1)};
-  // Same route: run at M = 1 it gains 10.5 -> 7.5; already at M = 4 nothing.
+  // Same route: run at M = 1 it gains 10.5 -> 6; already at M = 4 nothing.
   const auto from_one = split::decide_resplit(p, current, {choice(1, {{}})}, best, {});
   CHECK(from_one.current_seconds == 10.5);
-  CHECK(from_one.proposed_seconds == 7.5);
+  CHECK(from_one.proposed_seconds == 6.0);
   CHECK(from_one.change);
   const auto from_four = split::decide_resplit(p, current, {choice(4, {{}})}, best, {});
-  CHECK(from_four.current_seconds == 7.5);
+  CHECK(from_four.current_seconds == 6.0);
   CHECK_FALSE(from_four.change);
   CHECK(testing::error_of([&] { split::decide_resplit(p, current, {}, best, {}); }) ==
         "plan has 0 route choices for 1 routes");

@@ -148,6 +148,16 @@ inline split_problem random_choice_problem(core::rng& r) {
     for (auto& l : p.edge_links) l.rtt_seconds += draw(r, 4);
     for (auto& d : p.devices) d.link.rtt_seconds += draw(r, 4);
   }
+  // Measured forward passes half the time: none, all or part of a block, in quarters (exact ties).
+  if (r.below(2) == 1) {
+    auto forward = [&](split::node_costs& n) {
+      n.forward_seconds.clear();
+      for (const double b : n.block_seconds) n.forward_seconds.push_back(b * static_cast<double>(r.below(5)) / 4.0);
+    };
+    forward(p.server);
+    for (auto& e : p.edges) forward(e);
+    for (auto& d : p.devices) forward(d.board);
+  }
   return p;
 }
 

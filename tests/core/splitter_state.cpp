@@ -147,7 +147,25 @@ TEST_CASE("a profile book written as text reads back to the same profiles, links
   CHECK(pb->devices[0].link.rtt_seconds == pa->devices[0].link.rtt_seconds);
   CHECK(pb->devices[0].link.bytes_per_second == pa->devices[0].link.bytes_per_second);
   CHECK(pb->server.block_seconds == pa->server.block_seconds);
+  CHECK(pb->server.forward_seconds == pa->server.forward_seconds);
   CHECK(pb->cut_bytes == pa->cut_bytes);
+}
+
+TEST_CASE("the book's problem gives every node's forward passes apart, scaled to a whole step") {
+  const profile_book a = filled();
+  std::string missing;
+  const auto p = a.problem({{2, 0, false}}, missing);
+  REQUIRE(p);
+  // Profiled on micro-batches of 8 samples; a step is 2 of 8: twice the profiled time.
+  const auto prof = profile_of(2, 0.04);
+  const auto& board = p->devices[0].board;
+  REQUIRE(board.forward_seconds.size() == prof.blocks.size());
+  for (std::size_t i = 0; i < prof.blocks.size(); ++i) {
+    CHECK(board.forward_seconds[i] == prof.blocks[i].forward_seconds * 2.0);
+    CHECK(board.forward_seconds[i] <= board.block_seconds[i]);
+  }
+  CHECK(p->server.forward_seconds.size() == prof.blocks.size());
+  CHECK_NOTHROW(split::validate(*p));
 }
 
 TEST_CASE("reading a book replaces what it held: an empty text gives an empty book") {

@@ -145,15 +145,22 @@ asio::awaitable<void> channel_impl::reader(std::shared_ptr<channel_impl> self) {
 asio::awaitable<status> channel_impl::write_frame(outgoing& item) {
   const auto* data = reinterpret_cast<const std::byte*>(item.buf.data());
   const std::size_t size = item.buf.size();
-  const auto t0 = clock::now();
+  auto t0 = clock::now(), t1 = t0;
   if (!emulator_.active()) {
     status st = co_await stream_->write_all(std::span<const std::byte>(data, size));
     if (!st) co_return st;
     bytes_sent_ += size;
+    t1 = clock::now();
   } else {
+    // Each piece is held back until it would have arrived (departure + latency), a delay a real
+    // sender's writes do not see: the frame's time is its time on the link, from the moment the
+    // link starts on its first piece to the departure of its last.
     for (std::size_t off = 0; off < size;) {
       const std::size_t n = std::min(emulation_chunk, size - off);
-      const auto when = emulator_.schedule(n, item.queued);
+      const auto slot = emulator_.pass(n, item.queued);
+      if (off == 0) t0 = slot.start;
+      t1 = slot.depart;
+      const auto when = slot.arrive;
       if (when > clock::now()) {
         writer_timer_.expires_at(when);
         co_await writer_timer_.async_wait(nothrow);
@@ -167,7 +174,7 @@ asio::awaitable<status> channel_impl::write_frame(outgoing& item) {
   }
   if (size >= bandwidth_min_frame) {
     last_big_send_ = clock::now();
-    const double secs = std::chrono::duration<double>(last_big_send_ - t0).count();
+    const double secs = std::chrono::duration<double>(t1 - t0).count();
     if (secs > 0) ewma(send_bps_, static_cast<double>(size) / secs);
   }
   co_return status{};

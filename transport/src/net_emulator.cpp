@@ -31,7 +31,7 @@ bool net_emulator::active() const {
   return caps_.active();
 }
 
-net_emulator::clock::time_point net_emulator::schedule(std::size_t bytes, clock::time_point queued) {
+net_emulator::slot net_emulator::pass(std::size_t bytes, clock::time_point queued) {
   std::lock_guard lock(mu_);
   const double burst = static_cast<double>(caps_.burst_bytes);
   if (!started_) {
@@ -56,7 +56,7 @@ net_emulator::clock::time_point net_emulator::schedule(std::size_t bytes, clock:
     tokens_ = burst;
   }
   last_ = depart;
-  return depart + caps_.latency;
+  return {t, depart, depart + caps_.latency};
 }
 
 }  // namespace cleave::transport

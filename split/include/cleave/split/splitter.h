@@ -4,22 +4,41 @@
 // applies its answers.
 //
 // Cost model (one step = one batch of every device, all devices training at once). Device d's
-// route is a chain of stages, in path order: segment 0, hop 0, segment 1, ..., the last segment.
-//   segment k: the blocks' step time on the node running it, times that node's share factor
-//     (the server serves all devices at once, an edge the devices behind it: processor sharing,
-//     so a node serving k devices gives each 1/k of itself). Empty segments are stages of 0 s
-//     (their node relays).
+// route is a chain of segments on nodes joined by hops, in path order: segment 0, hop 0,
+// segment 1, ..., the last segment (where the loss is).
+//   segment k: its blocks' forward and backward times on the node running it, times that node's
+//     share factor (the server serves all devices at once, an edge the devices behind it:
+//     processor sharing, so a node serving k devices gives each 1/k of itself). Empty segments
+//     take 0 s (their node relays).
 //   hop k (between segments k and k+1, at cut c): the activation up and the gradient down, each
 //     encoded_bytes(codec, numel, channels) / bandwidth plus seconds_per_value(codec) * numel of
 //     encoding and decoding; numel = cut_bytes[c] / 4, channels = cut_channels[c]; and the
-//     link's round trip.
-// With M micro-batches (a route_choice picks M and the codecs of every hop) a stage handles one
-// micro-batch at a time: s_i(M) = segment / M for a segment, and (up + down) / M for a hop. The
-// stages form a pipeline (fill, then one micro-batch per bottleneck period); micro-batches are
-// in flight on a link at once, so its latency delays the fill only, once per hop:
-//   T_d = sum_i s_i(M) + L_d + (M - 1) * max_i s_i(M),   L_d = sum over the hops of rtt.
-// With M = 1 and f32 both ways this is the sequential model: segments + 2 * cut_bytes /
+//     link's round trip rtt_k.
+// With M micro-batches (a route_choice picks M and the codecs of every hop) the runtime runs the
+// device's M bottom forwards back to back, sends each up as it is done, and every other node and
+// link direction serves what reaches it in order; a node runs a segment's forward and its
+// backward as two passes (the last segment's in one go), and a link's two directions are
+// separate resources. One micro-batch passes, in order, the stages (each 1/M of the step's):
+//   fwd_0, up_0, fwd_1, up_1, ..., last segment, down_{n-1}, bwd_{n-1}, ..., down_0, bwd_0
+// with rtt_k / 2 of latency after each direction of hop k (micro-batches are in flight on a
+// link at once: latency delays, it does not occupy). Then
+//   T_d = max(P, max_r B_r)
+//   P   = sum of the stages + L_d + (M - 1) * max of the stages,   L_d = sum over the hops of rtt
+// is the step of a flow shop where every stage has its own resource, and for every resource r
+// that serves two or more stages of the route (a node's forward and backward, both device
+// segments in U-shape, a link direction that carries a hop's activation and another's gradient
+// in U-shape) the busy bound
+//   B_r = (one micro-batch's stages and latency before r's first stage) + M * (r's stages)
+//         + (one micro-batch's stages and latency after r's last stage).
+// Both are lower bounds of the step the runtime's schedule takes; T_d equals it when only the
+// device runs two stages (D S, and D E S with an empty edge segment: with all forwards first,
+// T = max(M (f + b), P)), and is below it when a middle node's forwards and backwards contend
+// (tests/core/splitter_schedule.cpp simulates the schedule). With M = 1 every B_r sums fewer of
+// P's terms, so T_d = P, the sequential model: with f32 both ways segments + 2 * cut_bytes /
 // bandwidth + rtt per hop.
+// A block's forward time is node_costs::forward_seconds; problems that give none take a third of
+// block_seconds (a backward pass computes the gradients of the input and of the weights, about
+// twice the forward's arithmetic).
 //   step time of the plan = max over devices of T_d.
 // Memory: a node's budget is shared evenly by the devices it serves (a device's own board is
 // all its own); the blocks a device's route puts on a node (both segments where the path
@@ -29,8 +48,7 @@
 // independent of the route_choice.
 //
 // Costs are separable per device, so the best plan is the best route and choice of every device
-// on its own. Ties (equal T_d - L_d, compared exactly; L_d is the same for every route and
-// choice of device d) go to the smallest cuts compared
+// on its own. Ties (equal T_d, compared exactly) go to the smallest cuts compared
 // lexicographically, then the smallest M, then the codecs compared lexicographically as the
 // sequence (hop 0 up, hop 0 down, hop 1 up, ...) in the order of split_problem::codecs.
 // plan_best finds that choice exactly (see planner.cpp and pipeline_search.cpp).
@@ -49,6 +67,8 @@ namespace cleave::split {
 struct node_costs {
   std::vector<double> block_seconds;  // per block: forward + backward of one whole step, this node alone
   double memory_budget = 0;           // bytes; 0 = unlimited
+  // Per block: the forward part of block_seconds (<= it); empty: a third of it (see above).
+  std::vector<double> forward_seconds;
 };
 
 struct link_costs {
@@ -119,8 +139,9 @@ struct route_cost {
   double seconds = 0;  // T_d
   // Busy time over the whole step: of the nodes (segments) and of the links (hops' bytes and codecs).
   double compute_seconds = 0, transfer_seconds = 0;
-  double fill_seconds = 0;        // sum_i s_i(M) + L_d
-  double bottleneck_seconds = 0;  // max_i s_i(M)
+  double fill_seconds = 0;        // the sum of one micro-batch's stages + L_d
+  double bottleneck_seconds = 0;  // the longest stage
+  double busy_seconds = 0;        // max_r B_r (0 with one micro-batch)
   bool feasible = true;           // within every memory share
   std::string why;                // when not feasible: which node's memory is exceeded
 };

@@ -34,9 +34,16 @@ class net_emulator {
   link_caps caps() const;
   bool active() const;
 
-  // When `bytes` queued at `queued` may be written. Successive calls describe successive chunks
-  // in the order they are sent.
-  clock::time_point schedule(std::size_t bytes, clock::time_point queued);
+  // A chunk's passage: the link starts on it (it was queued and the chunks before it have left),
+  // it has left (the bucket paid for it), it arrives (`latency` later: when it may be written).
+  struct slot {
+    clock::time_point start, depart, arrive;
+  };
+  // The passage of `bytes` queued at `queued`. Successive calls describe successive chunks in the
+  // order they are sent.
+  slot pass(std::size_t bytes, clock::time_point queued);
+  // When `bytes` queued at `queued` may be written: pass(bytes, queued).arrive.
+  clock::time_point schedule(std::size_t bytes, clock::time_point queued) { return pass(bytes, queued).arrive; }
 
  private:
   mutable std::mutex mu_;
