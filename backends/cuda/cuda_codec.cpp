@@ -17,12 +17,6 @@ namespace k = cuda_kernels;
 
 namespace {
 
-core::channel_layout channels_of(const tensor& t) {
-  std::int64_t dims[core::shape::max_rank] = {};
-  for (int i = 0; i < t.shape().rank(); ++i) dims[i] = t.shape()[i];
-  return core::channel_layout_of(dims, t.shape().rank());
-}
-
 void expect(const core::backend& b, const tensor& t, core::dtype d, std::int64_t numel, const char* what) {
   expect_mine(b, t, what);
   CLEAVE_ASSERT(t.dtype() == d && t.numel() == numel, std::string(what) + " has the wrong dtype or size");
@@ -31,7 +25,7 @@ void expect(const core::backend& b, const tensor& t, core::dtype d, std::int64_t
 }  // namespace
 
 void cuda_backend::channel_absmax(const tensor& x, const tensor& amax) {
-  const auto l = channels_of(x);
+  const auto l = core::channel_layout_of(x.shape());
   expect(*this, x, core::dtype::f32, x.numel(), "channel_absmax: x");
   expect(*this, amax, core::dtype::f32, l.channels, "channel_absmax: amax");
   if (l.channels == 0) return;
@@ -43,7 +37,7 @@ void cuda_backend::channel_absmax(const tensor& x, const tensor& amax) {
 
 void cuda_backend::quantize_int8(const tensor& x, const tensor& inv, const tensor& q, bool stochastic,
                                  std::uint32_t seed) {
-  const auto l = channels_of(x);
+  const auto l = core::channel_layout_of(x.shape());
   expect(*this, x, core::dtype::f32, x.numel(), "quantize_int8: x");
   expect(*this, inv, core::dtype::f32, l.channels, "quantize_int8: inv");
   expect(*this, q, core::dtype::i8, x.numel(), "quantize_int8: q");
@@ -54,7 +48,7 @@ void cuda_backend::quantize_int8(const tensor& x, const tensor& inv, const tenso
 }
 
 void cuda_backend::dequantize_int8(const tensor& q, const tensor& scales, const tensor& y) {
-  const auto l = channels_of(q);
+  const auto l = core::channel_layout_of(q.shape());
   expect(*this, q, core::dtype::i8, q.numel(), "dequantize_int8: q");
   expect(*this, scales, core::dtype::f32, l.channels, "dequantize_int8: scales");
   expect(*this, y, core::dtype::f32, q.numel(), "dequantize_int8: y");

@@ -14,12 +14,6 @@ using core::tensor;
 
 namespace {
 
-core::channel_layout channels_of(const tensor& t) {
-  std::int64_t dims[core::shape::max_rank] = {};
-  for (int i = 0; i < t.shape().rank(); ++i) dims[i] = t.shape()[i];
-  return core::channel_layout_of(dims, t.shape().rank());
-}
-
 std::uint32_t u32_of(std::int64_t v) {
   CLEAVE_ASSERT(v >= 0 && v <= 0xffffffffLL, "size does not fit the 32-bit indexing of the vulkan shaders");
   return static_cast<std::uint32_t>(v);
@@ -33,7 +27,7 @@ void expect(const core::backend& b, const tensor& t, core::dtype d, std::int64_t
 }  // namespace
 
 void vulkan_backend::channel_absmax(const tensor& x, const tensor& amax) {
-  const auto l = channels_of(x);
+  const auto l = core::channel_layout_of(x.shape());
   expect(*this, x, core::dtype::f32, x.numel(), "channel_absmax: x");
   expect(*this, amax, core::dtype::f32, l.channels, "channel_absmax: amax");
   if (l.channels == 0) return;
@@ -47,7 +41,7 @@ void vulkan_backend::channel_absmax(const tensor& x, const tensor& amax) {
 
 void vulkan_backend::quantize_int8(const tensor& x, const tensor& inv, const tensor& q, bool stochastic,
                                    std::uint32_t seed) {
-  const auto l = channels_of(x);
+  const auto l = core::channel_layout_of(x.shape());
   expect(*this, x, core::dtype::f32, x.numel(), "quantize_int8: x");
   expect(*this, inv, core::dtype::f32, l.channels, "quantize_int8: inv");
   expect(*this, q, core::dtype::i8, x.numel(), "quantize_int8: q");
@@ -70,7 +64,7 @@ void vulkan_backend::quantize_int8(const tensor& x, const tensor& inv, const ten
 }
 
 void vulkan_backend::dequantize_int8(const tensor& q, const tensor& scales, const tensor& y) {
-  const auto l = channels_of(q);
+  const auto l = core::channel_layout_of(q.shape());
   expect(*this, q, core::dtype::i8, q.numel(), "dequantize_int8: q");
   expect(*this, scales, core::dtype::f32, l.channels, "dequantize_int8: scales");
   expect(*this, y, core::dtype::f32, q.numel(), "dequantize_int8: y");

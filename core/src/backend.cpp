@@ -56,12 +56,6 @@ void expect_f32(const backend& b, const tensor& t, const char* what) {
 
 namespace {
 
-channel_layout layout_of_tensor(const tensor& t) {
-  std::int64_t dims[shape::max_rank] = {};
-  for (int i = 0; i < t.shape().rank(); ++i) dims[i] = t.shape()[i];
-  return channel_layout_of(dims, t.shape().rank());
-}
-
 void expect_codec_tensor(const backend& b, const tensor& t, dtype want, std::int64_t numel, const char* what) {
   CLEAVE_ASSERT(t.defined() && t.owner() == &b, std::string(what) + " is undefined or of another backend");
   CLEAVE_ASSERT(t.dtype() == want && t.numel() == numel, std::string(what) + " has the wrong dtype or size");
@@ -97,7 +91,7 @@ class host_view {
 }  // namespace
 
 void backend::channel_absmax(const tensor& x, const tensor& amax) {
-  const auto l = layout_of_tensor(x);
+  const auto l = channel_layout_of(x.shape());
   expect_codec_tensor(*this, x, dtype::f32, x.numel(), "channel_absmax: x");
   expect_codec_tensor(*this, amax, dtype::f32, l.channels, "channel_absmax: amax");
   host_view<float> in(*this, x, true), out(*this, amax, false);
@@ -106,7 +100,7 @@ void backend::channel_absmax(const tensor& x, const tensor& amax) {
 }
 
 void backend::quantize_int8(const tensor& x, const tensor& inv, const tensor& q, bool stochastic, std::uint32_t seed) {
-  const auto l = layout_of_tensor(x);
+  const auto l = channel_layout_of(x.shape());
   expect_codec_tensor(*this, x, dtype::f32, x.numel(), "quantize_int8: x");
   expect_codec_tensor(*this, inv, dtype::f32, l.channels, "quantize_int8: inv");
   expect_codec_tensor(*this, q, dtype::i8, x.numel(), "quantize_int8: q");
@@ -117,7 +111,7 @@ void backend::quantize_int8(const tensor& x, const tensor& inv, const tensor& q,
 }
 
 void backend::dequantize_int8(const tensor& q, const tensor& scales, const tensor& y) {
-  const auto l = layout_of_tensor(q);
+  const auto l = channel_layout_of(q.shape());
   expect_codec_tensor(*this, q, dtype::i8, q.numel(), "dequantize_int8: q");
   expect_codec_tensor(*this, scales, dtype::f32, l.channels, "dequantize_int8: scales");
   expect_codec_tensor(*this, y, dtype::f32, q.numel(), "dequantize_int8: y");

@@ -23,6 +23,12 @@ channel_layout channel_layout_of(const std::int64_t* dims, int rank) {
   return l;
 }
 
+channel_layout channel_layout_of(const shape& s) {
+  std::int64_t dims[shape::max_rank] = {};
+  for (int i = 0; i < s.rank(); ++i) dims[i] = s[i];
+  return channel_layout_of(dims, s.rank());
+}
+
 void encode_f16(const float* x, std::uint16_t* out, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
 }

@@ -12,16 +12,10 @@ namespace cleave::transport {
 
 namespace {
 
-core::channel_layout channels_of(const core::shape& s) {
-  std::int64_t dims[core::shape::max_rank] = {};
-  for (int i = 0; i < s.rank(); ++i) dims[i] = s[i];
-  return core::channel_layout_of(dims, s.rank());
-}
-
 // An int8 tensor t (f32) encoded on b straight into the message.
 flatbuffers::Offset<wire::Tensor> add_int8(message_builder& m, core::backend& b, const core::tensor& t,
                                            std::string_view name, const core::codec_spec& spec) {
-  const auto l = channels_of(t.shape());
+  const auto l = core::channel_layout_of(t.shape());
   const auto nc = static_cast<std::size_t>(l.channels);
   std::vector<float> amax(nc), scales(nc), inv(nc);
   core::tensor amax_t = b.empty({l.channels});
@@ -42,48 +36,38 @@ flatbuffers::Offset<wire::Tensor> add_int8(message_builder& m, core::backend& b,
 }  // namespace
 
 core::tensor to_backend(core::backend& b, const tensor_view& v) {
+  if (v.codec == core::codec::f32) {
+    core::tensor t = b.empty(v.shape, v.dtype);
+    if (t.bytes()) b.upload(t, v.data.data());
+    return t;
+  }
+  core::tensor t = b.empty(v.shape, core::dtype::f32);
+  if (b.host_memory()) {  // decoded in place
+    if (t.numel()) v.decode(t.host<float>());
+    return t;
+  }
   switch (v.codec) {
-    case core::codec::f32:
-      break;
     case core::codec::f16:
     case core::codec::bf16: {
-      core::tensor t = b.empty(v.shape, core::dtype::f32);
-      if (b.host_memory()) {
-        if (t.numel()) v.decode(t.host<float>());
-        return t;
-      }
       core::tensor coded = b.empty(v.shape, v.dtype);
       if (coded.bytes()) b.upload(coded, v.data.data());
       b.cast(coded, t);
       return t;
     }
     case core::codec::int8: {
-      core::tensor t = b.empty(v.shape, core::dtype::f32);
-      if (b.host_memory()) {
-        if (t.numel()) v.decode(t.host<float>());
-        return t;
-      }
       core::tensor q = b.empty(v.shape, core::dtype::i8), s = b.empty({static_cast<std::int64_t>(v.scales.size())});
       if (q.bytes()) b.upload(q, v.data.data());
       if (s.bytes()) b.upload(s, v.scales.data());
       b.dequantize_int8(q, s, t);
       return t;
     }
-    case core::codec::topk: {
-      core::tensor t = b.empty(v.shape, core::dtype::f32);
-      if (b.host_memory()) {
-        if (t.numel()) v.decode(t.host<float>());
-        return t;
-      }
+    default: {  // topk: scattered on the host
       std::vector<float> host(static_cast<std::size_t>(v.numel()));
       v.decode(host.data());
       if (t.bytes()) b.upload(t, host.data());
       return t;
     }
   }
-  core::tensor t = b.empty(v.shape, v.dtype);
-  if (t.bytes()) b.upload(t, v.data.data());
-  return t;
 }
 
 flatbuffers::Offset<wire::Tensor> add_tensor(message_builder& m, core::backend& b, const core::tensor& t,

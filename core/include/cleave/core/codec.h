@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "cleave/core/shape.h"
+
 namespace cleave::core {
 
 enum class codec : std::uint8_t { f32 = 0, f16 = 1, bf16 = 2, int8 = 3, topk = 4 };
@@ -77,6 +79,8 @@ struct channel_layout {
   std::int64_t outer = 1, channels = 1, inner = 1;  // numel = outer * channels * inner
 };
 channel_layout channel_layout_of(const std::int64_t* dims, int rank);
+// The same for a tensor of shape s.
+channel_layout channel_layout_of(const shape& s);
 
 void encode_f16(const float* x, std::uint16_t* out, std::int64_t n);
 void decode_f16(const std::uint16_t* in, float* y, std::int64_t n);
