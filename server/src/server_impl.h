@@ -196,6 +196,9 @@ class server_node::impl {
   void on_profile(const runtime::session_ptr& s, const wire::Profile& m);
   void maybe_replan(const std::string& why);
   std::vector<split::profile_book::device_entry> planned_devices() const;
+  // The cost model's step of each device of `ids` training together (sharing the server and
+  // their edges as in a round), and of the slowest: empty or 0 without a profile book.
+  std::map<std::uint32_t, double> predicted_steps(const std::set<std::uint32_t>& ids);
   double predicted_step(const std::set<std::uint32_t>& ids);
   void publish_profile();  // compute thread: the server's live profile to the book
   split::route route_for_device(bool behind_edge) const;

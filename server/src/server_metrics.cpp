@@ -58,8 +58,12 @@ void server_node::impl::observe_round(const round_report& rep) {
   if (rep.predicted_step_seconds > 0) m.set("cleave_predicted_step_seconds", {}, rep.predicted_step_seconds);
   m.add("cleave_resplits_total", {}, rep.n_resplits);
   nlohmann::json devices = nlohmann::json::array();
+  std::set<std::uint32_t> ids;
+  for (const auto& [id, route] : rep.routes) ids.insert(id);
+  const auto per_device = predicted_steps(ids);
   for (const auto& [id, route] : rep.routes) {
-    const double predicted = predicted_step({id});
+    const auto it = per_device.find(id);
+    const double predicted = it != per_device.end() ? it->second : 0.0;
     if (predicted > 0) m.set("cleave_device_predicted_step_seconds", {{"device", std::to_string(id)}}, predicted);
     if (const auto d = devices_.find(id); d != devices_.end()) d->second.predicted_step_seconds = predicted;
     devices.push_back({{"id", id}, {"route", route}, {"predicted_step_seconds", predicted}});

@@ -182,22 +182,32 @@ std::vector<split::profile_book::device_entry> server_node::impl::planned_device
   return out;
 }
 
-double server_node::impl::predicted_step(const std::set<std::uint32_t>& ids) {
-  if (!book_) return 0;
+std::map<std::uint32_t, double> server_node::impl::predicted_steps(const std::set<std::uint32_t>& ids) {
+  std::map<std::uint32_t, double> out;
+  if (!book_) return out;
   std::vector<split::profile_book::device_entry> devs;
   for (const auto& e : planned_devices())
     if (ids.count(e.id)) devs.push_back(e);
   std::string missing;
   auto prob = book_->problem(devs, missing);
-  if (!prob || devs.empty()) return 0;
+  if (!prob || devs.empty()) return out;
   add_choices(*prob);
   std::vector<split::route> routes;
   for (const auto& e : devs) routes.push_back(devices_.at(e.id).rs.route);
   try {
-    return split::evaluate_plan(*prob, routes, running_choices(devs)).step_seconds;
+    // All of them at once: each shares the server and its edge with the others, as in a round.
+    const auto cost = split::evaluate_plan(*prob, routes, running_choices(devs));
+    for (std::size_t i = 0; i < devs.size(); ++i) out[devs[i].id] = cost.devices[i].seconds;
   } catch (const core::error&) {
-    return 0;
+    out.clear();
   }
+  return out;
+}
+
+double server_node::impl::predicted_step(const std::set<std::uint32_t>& ids) {
+  double most = 0;
+  for (const auto& [id, s] : predicted_steps(ids)) most = std::max(most, s);
+  return most;
 }
 
 void server_node::impl::maybe_replan(const std::string& why) {

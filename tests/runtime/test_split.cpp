@@ -1,11 +1,13 @@
 // Split training over TLS on loopback equals local training: one device in every plan shape,
 // and four devices in SplitFed-v1 against four local trainings averaged.
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -304,6 +306,7 @@ TEST_CASE("the adaptive splitter moves a slowed device's blocks to the server") 
   sc.local_steps = 12;
   sc.min_devices = 2;
   sc.cuts = "6";
+  sc.run_log = w.dir / "rounds.jsonl";
   std::vector<server::round_report> reports;
   sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
   run_federation(w, be, sc, 2, false, [](device::agent_config& a) {
@@ -311,6 +314,20 @@ TEST_CASE("the adaptive splitter moves a slowed device's blocks to the server") 
     // A board far slower than the server: the choice holds however loaded this machine is.
     if (a.id == 2) a.slowdown = 40;
   });
+  {
+    // Each device's predicted step is priced with the others sharing the server, as the round's
+    // is: the slowest of them is the round's.
+    std::ifstream log(sc.run_log);
+    std::string line, last;
+    while (std::getline(log, line)) last = line;
+    const auto j = nlohmann::json::parse(last);
+    double most = 0;
+    for (const auto& d : j["routes"]) {
+      CHECK(d["predicted_step_seconds"].get<double>() > 0);
+      most = std::max(most, d["predicted_step_seconds"].get<double>());
+    }
+    CHECK(most == doctest::Approx(j["predicted_step_seconds"].get<double>()).epsilon(1e-9));
+  }
   REQUIRE(reports.size() == 3);
   int n_resplits = 0;
   for (const auto& r : reports) n_resplits += r.n_resplits;
