@@ -37,18 +37,23 @@ def run(cleave, args, a):
                 reached = (r["round"], trained)
         final = rounds[-1]["test_accuracy"]
         steps = [r.get("step_seconds", 0) for r in rounds]
+        # The cost model's step against the measured one, from round 2 (round 1 holds the
+        # boards' profiling and warm-up); none where no plan is priced (no adaptive splitter).
+        errors = [r["predicted_step_seconds"] / r["step_seconds"] - 1.0 for r in rounds
+                  if r["round"] >= 2 and r.get("predicted_step_seconds", 0) > 0 and r.get("step_seconds", 0) > 0]
         # The server's per-round route line: "round 8: devices 1-4: device[0,3) edge[3,8) ...".
         routes = [m.group(1) for m in re.finditer(r"round \d+: devices? [\d,-]+: (.*)", p.stdout)]
         last_route = routes[-1] if routes else "?"
-        return reached, trained, final, sum(steps) / max(1, len(steps)), last_route, wall
+        return reached, trained, final, sum(steps) / max(1, len(steps)), last_route, wall, errors
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def show(name, res, a):
-    reached, trained, final, step, route, wall = res
+    reached, trained, final, step, route, wall, errors = res
     to = f"{reached[1]:7.1f} s (round {reached[0]})" if reached else f"not in {trained:.1f} s"
-    print(f"  {name:<34} {to:<22} final {final:.4f}  step {step * 1e3:6.1f} ms  {route}", flush=True)
+    model = (f"  predicted {min(errors) * 100:+.0f}% to {max(errors) * 100:+.0f}% (rounds 2-)" if errors else "")
+    print(f"  {name:<34} {to:<22} final {final:.4f}  step {step * 1e3:6.1f} ms{model}  {route}", flush=True)
     return reached[1] if reached else float("inf")
 
 
