@@ -1,6 +1,7 @@
 // The process-wide cache of freed host blocks behind host_buffer.
 #include "host_buffer.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -38,7 +39,23 @@ struct cache {
   std::mutex mu;
   std::unordered_map<std::size_t, std::vector<void*>> free_blocks;
   std::size_t cached = 0;
+  // Bytes of cacheable blocks in use, and their most at once: the cache never holds more than
+  // that most less what is in use, so the process holds no more than its peak of live memory
+  // however the sizes change between phases (training, then evaluation at another batch).
+  std::size_t live = 0, peak = 0;
   const std::size_t limit = limit_from_env();
+
+  // Frees cached blocks, largest classes first, until live + cached <= peak (lock held).
+  void trim() {
+    while (cached > 0 && live + cached > peak) {
+      auto big = free_blocks.end();
+      for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
+        if (!it->second.empty() && (big == free_blocks.end() || it->first > big->first)) big = it;
+      std::free(big->second.back());
+      big->second.pop_back();
+      cached -= big->first;
+    }
+  }
 
   void release() {
     std::lock_guard<std::mutex> lk(mu);
@@ -64,12 +81,17 @@ void* host_alloc(std::size_t bytes) {
     cache& c = the_cache();
     std::lock_guard<std::mutex> lk(c.mu);
     auto it = c.free_blocks.find(n);
+    c.live += n;
     if (it != c.free_blocks.end() && !it->second.empty()) {
       void* p = it->second.back();
       it->second.pop_back();
       c.cached -= n;
       return p;
     }
+    // A size the cache does not hold: new memory, in place of cached blocks of other sizes
+    // where these would take the process above its peak.
+    c.peak = std::max(c.peak, c.live);
+    c.trim();
   }
   void* p = std::aligned_alloc(64, n);
   if (!p) {
@@ -87,6 +109,7 @@ void host_free(void* p, std::size_t bytes) {
   if (n >= k_min_cached) {
     cache& c = the_cache();
     std::lock_guard<std::mutex> lk(c.mu);
+    c.live -= n;
     if (c.cached + n <= c.limit) {
       c.free_blocks[n].push_back(p);
       c.cached += n;

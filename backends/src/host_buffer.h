@@ -6,8 +6,10 @@
 // virtual machines costs more than the convolutions (about 3 ms per MB measured on a 2-core VM).
 // Freed blocks of 256 KiB and more are kept, by size class, and handed out again, so a
 // steady-state step touches no new pages. The cache holds at most CLEAVE_HOST_CACHE_MB MiB
-// (default 2048; 0 turns it off). Its blocks exceed the peak of live memory by no more than
-// the size rounding (at most 1/8 of a block).
+// (default 2048; 0 turns it off), and the cached and live blocks together never more than the
+// most that were live at once: a size it does not hold is allocated in place of cached blocks
+// of other sizes (a run that switches from training to evaluation at another batch exchanges
+// its blocks instead of keeping both sets). Sizes are rounded up by at most 1/8 of a block.
 #pragma once
 
 #include <cstddef>

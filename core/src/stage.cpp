@@ -81,6 +81,9 @@ tensor stage::forward(const tensor& x, context& ctx, mode md, std::uint32_t seed
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     const run_info info{md, hash32(seed, static_cast<std::uint32_t>(begin_) + static_cast<std::uint32_t>(i))};
     h = blocks_[i]->forward(*b_, h, ctx.layers[i], info);
+    // No backward follows an evaluation: what a block kept for one goes at once, so only a
+    // block's input and output are alive, not every activation of the stage.
+    if (md == mode::eval) ctx.layers[i] = {};
   }
   return h;
 }
