@@ -63,6 +63,7 @@ struct cache {
       for (void* p : blocks) std::free(p);
     free_blocks.clear();
     cached = 0;
+    peak = live;  // a fresh start: the peak is counted again from what is in use now
   }
 };
 
@@ -121,6 +122,12 @@ void host_free(void* p, std::size_t bytes) {
 
 void host_cache_release() {
   the_cache().release();
+}
+
+host_cache_stats host_cache_now() {
+  cache& c = the_cache();
+  std::lock_guard<std::mutex> lk(c.mu);
+  return {c.cached, c.live, c.peak};
 }
 
 }  // namespace cleave::backend::detail

@@ -23,6 +23,11 @@ void* host_alloc(std::size_t bytes);
 void host_free(void* p, std::size_t bytes);
 // Frees every cached block (memory the process holds but no tensor uses).
 void host_cache_release();
+// Bytes of the cache's size classes (256 KiB and more): cached, in use, and the most in use at once.
+struct host_cache_stats {
+  std::size_t cached = 0, live = 0, peak = 0;
+};
+host_cache_stats host_cache_now();
 
 class host_buffer final : public core::buffer {
  public:

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "cleave/backend/registry.h"
 #include "dnnl_check.h"
+#include "host_buffer.h"
 #include "test_util.h"
 
 using cleave::core::shape;
@@ -400,4 +402,36 @@ TEST_CASE("SGD and AdamW updates match reference on buffers large enough to be s
     b.dnn.adamw_update({1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f, step}, p4.d, gr.d, m.d, v.d);
   }
   for (const twin* t : {&p1, &buf1, &p2, &buf2, &p3, &p4, &m, &v}) CHECK(rel_error(b, *t) < 1e-6);
+}
+
+TEST_CASE("the host block cache never holds more than the peak of live blocks when sizes change") {
+  using namespace cleave::backend::detail;
+  host_cache_release();
+  const std::size_t mib = 1 << 20;
+  auto holds = [] {
+    const auto st = host_cache_now();
+    return st.live + st.cached <= st.peak;
+  };
+  // A phase of 1 MiB blocks (training), all freed: they stay cached for the next step.
+  std::vector<void*> a;
+  for (int i = 0; i < 4; ++i) a.push_back(host_alloc(mib));
+  for (void* p : a) host_free(p, mib);
+  const auto after_a = host_cache_now();
+  CHECK(after_a.cached >= 4 * mib);
+  CHECK(holds());
+  // A phase of 1.5 MiB blocks (evaluation at another batch): the 1 MiB ones make room.
+  std::vector<void*> b;
+  for (int i = 0; i < 2; ++i) {
+    b.push_back(host_alloc(mib + mib / 2));
+    CHECK(holds());
+  }
+  const auto during_b = host_cache_now();
+  CHECK(during_b.cached < 4 * mib);
+  CHECK(during_b.peak == after_a.peak);  // exchanged, not added
+  for (void* p : b) host_free(p, mib + mib / 2);
+  CHECK(holds());
+  // The same sizes again are served from the cache.
+  void* again = host_alloc(mib + mib / 2);
+  CHECK(host_cache_now().peak == after_a.peak);
+  host_free(again, mib + mib / 2);
 }
