@@ -79,6 +79,11 @@ nc_hw split_nc(const tensor& x) {
 
 }  // namespace
 
+void reference_backend::release_cached_memory() {
+  synchronize();  // (onednn's: work in flight may still free blocks into the cache)
+  detail::host_cache_release();
+}
+
 core::buffer_ptr reference_backend::allocate(std::size_t bytes) {
   return std::make_shared<host_buffer>(this, bytes);
 }

@@ -17,6 +17,7 @@ class reference_backend : public core::backend {
   void upload(const core::tensor& dst, const void* src) override;
   void download(const core::tensor& src, void* dst) override;
   void synchronize() override {}
+  void release_cached_memory() override;
 
   CLEAVE_BACKEND_COMPUTE_OPS_OVERRIDE
 };

@@ -1,7 +1,8 @@
 // The process-wide cache of freed host blocks behind host_buffer.
 #include "host_buffer.h"
 
-#include <algorithm>
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -14,6 +15,17 @@ namespace cleave::backend::detail {
 namespace {
 
 constexpr std::size_t k_min_cached = 256 * 1024;
+
+// Blocks of the cached sizes are mapped pages of their own, not the C library's: unmapping one
+// gives its memory back to the system at once, where the C library may keep freed blocks in its
+// heap (its threshold for mapping large blocks rises as they are freed).
+void* map_block(std::size_t n) {
+  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+void unmap_block(void* p, std::size_t n) {
+  ::munmap(p, n);
+}
 
 // Blocks below k_min_cached: 64-byte multiples. Larger: 8 classes per power of two, so a
 // block is at most 1/8 larger than asked for.
@@ -39,31 +51,14 @@ struct cache {
   std::mutex mu;
   std::unordered_map<std::size_t, std::vector<void*>> free_blocks;
   std::size_t cached = 0;
-  // Bytes of cacheable blocks in use, and their most at once: the cache never holds more than
-  // that most less what is in use, so the process holds no more than its peak of live memory
-  // however the sizes change between phases (training, then evaluation at another batch).
-  std::size_t live = 0, peak = 0;
   const std::size_t limit = limit_from_env();
-
-  // Frees cached blocks, largest classes first, until live + cached <= peak (lock held).
-  void trim() {
-    while (cached > 0 && live + cached > peak) {
-      auto big = free_blocks.end();
-      for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
-        if (!it->second.empty() && (big == free_blocks.end() || it->first > big->first)) big = it;
-      std::free(big->second.back());
-      big->second.pop_back();
-      cached -= big->first;
-    }
-  }
 
   void release() {
     std::lock_guard<std::mutex> lk(mu);
     for (auto& [size, blocks] : free_blocks)
-      for (void* p : blocks) std::free(p);
+      for (void* p : blocks) unmap_block(p, size);
     free_blocks.clear();
     cached = 0;
-    peak = live;  // a fresh start: the peak is counted again from what is in use now
   }
 };
 
@@ -82,23 +77,19 @@ void* host_alloc(std::size_t bytes) {
     cache& c = the_cache();
     std::lock_guard<std::mutex> lk(c.mu);
     auto it = c.free_blocks.find(n);
-    c.live += n;
     if (it != c.free_blocks.end() && !it->second.empty()) {
       void* p = it->second.back();
       it->second.pop_back();
       c.cached -= n;
       return p;
     }
-    // A size the cache does not hold: new memory, in place of cached blocks of other sizes
-    // where these would take the process above its peak.
-    c.peak = std::max(c.peak, c.live);
-    c.trim();
   }
-  void* p = std::aligned_alloc(64, n);
+  const auto get = [n] { return n >= k_min_cached ? map_block(n) : std::aligned_alloc(64, n); };
+  void* p = get();
   if (!p) {
     // Cached blocks of other sizes may be what stands in the way.
     host_cache_release();
-    p = std::aligned_alloc(64, n);
+    p = get();
     if (!p) throw std::bad_alloc();
   }
   return p;
@@ -110,12 +101,12 @@ void host_free(void* p, std::size_t bytes) {
   if (n >= k_min_cached) {
     cache& c = the_cache();
     std::lock_guard<std::mutex> lk(c.mu);
-    c.live -= n;
     if (c.cached + n <= c.limit) {
       c.free_blocks[n].push_back(p);
       c.cached += n;
       return;
     }
+    return unmap_block(p, n);
   }
   std::free(p);
 }
@@ -124,10 +115,10 @@ void host_cache_release() {
   the_cache().release();
 }
 
-host_cache_stats host_cache_now() {
+std::size_t host_cache_bytes() {
   cache& c = the_cache();
   std::lock_guard<std::mutex> lk(c.mu);
-  return {c.cached, c.live, c.peak};
+  return c.cached;
 }
 
 }  // namespace cleave::backend::detail

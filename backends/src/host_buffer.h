@@ -6,10 +6,9 @@
 // virtual machines costs more than the convolutions (about 3 ms per MB measured on a 2-core VM).
 // Freed blocks of 256 KiB and more are kept, by size class, and handed out again, so a
 // steady-state step touches no new pages. The cache holds at most CLEAVE_HOST_CACHE_MB MiB
-// (default 2048; 0 turns it off), and the cached and live blocks together never more than the
-// most that were live at once: a size it does not hold is allocated in place of cached blocks
-// of other sizes (a run that switches from training to evaluation at another batch exchanges
-// its blocks instead of keeping both sets). Sizes are rounded up by at most 1/8 of a block.
+// (default 2048; 0 turns it off). Its blocks are pages mapped for them, so that releasing the
+// cache (core::backend::release_cached_memory, between training and evaluation) gives the
+// memory back to the system. Sizes are rounded up by at most 1/8 of a block.
 #pragma once
 
 #include <cstddef>
@@ -23,11 +22,8 @@ void* host_alloc(std::size_t bytes);
 void host_free(void* p, std::size_t bytes);
 // Frees every cached block (memory the process holds but no tensor uses).
 void host_cache_release();
-// Bytes of the cache's size classes (256 KiB and more): cached, in use, and the most in use at once.
-struct host_cache_stats {
-  std::size_t cached = 0, live = 0, peak = 0;
-};
-host_cache_stats host_cache_now();
+// Bytes the cache holds.
+std::size_t host_cache_bytes();
 
 class host_buffer final : public core::buffer {
  public:

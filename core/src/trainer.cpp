@@ -101,6 +101,9 @@ eval_report trainer::evaluate(const data_source& d) {
   std::vector<std::int32_t> yb(static_cast<std::size_t>(c_.eval_batch));
   double loss_total = 0.0;
   std::int64_t correct = 0;
+  // Evaluation allocates other sizes than a training step: the blocks kept for the steps go
+  // first, and the evaluation's after it, so the process holds one phase's memory at a time.
+  b_->release_cached_memory();
   for (std::int64_t first = 0; first < d.size(); first += c_.eval_batch) {
     const std::int64_t n = std::min<std::int64_t>(c_.eval_batch, d.size() - first);
     for (std::int64_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(i)] = first + i;
@@ -120,6 +123,7 @@ eval_report trainer::evaluate(const data_source& d) {
     correct += count_correct(logits, yb.data(), n, k);
     r.n += n;
   }
+  b_->release_cached_memory();
   if (r.n) {
     r.loss = loss_total / static_cast<double>(r.n);
     r.accuracy = static_cast<double>(correct) / static_cast<double>(r.n);

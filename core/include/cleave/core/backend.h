@@ -105,6 +105,9 @@ class backend {
   virtual void download(const tensor& src, void* dst) = 0;
   // Waits until all issued work has finished.
   virtual void synchronize() = 0;
+  // Optional (default: nothing): gives back memory the backend keeps for reuse but no tensor
+  // uses, between phases that allocate different sizes (training, then evaluation).
+  virtual void release_cached_memory() {}
 
   // ---- element-wise ---------------------------------------------------------------------
   // t (any shape, f32) = value (overwrite)
