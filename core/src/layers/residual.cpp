@@ -32,11 +32,18 @@ class residual final : public layer {
   tensor forward(backend& b, const tensor& x, layer_ctx& ctx, const run_info& info) override {
     // x (N, in...) -> y (N, out...)
     ctx.children.resize(body_.size() + shortcut_.size());
+    // Evaluating, nothing is kept for a backward: each inner layer's context goes at once.
+    const bool eval = info.mode == mode::eval;
     tensor h = x;
-    for (std::size_t i = 0; i < body_.size(); ++i) h = body_[i]->forward(b, h, ctx.children[i], sub(info, i));
+    for (std::size_t i = 0; i < body_.size(); ++i) {
+      h = body_[i]->forward(b, h, ctx.children[i], sub(info, i));
+      if (eval) ctx.children[i] = {};
+    }
     tensor s = x;
-    for (std::size_t i = 0; i < shortcut_.size(); ++i)
+    for (std::size_t i = 0; i < shortcut_.size(); ++i) {
       s = shortcut_[i]->forward(b, s, ctx.children[body_.size() + i], sub(info, body_.size() + i));
+      if (eval) ctx.children[body_.size() + i] = {};
+    }
     tensor y = b.empty(h.shape());
     b.add(h, s, y);
     if (relu_after_) {
