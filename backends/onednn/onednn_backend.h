@@ -125,6 +125,12 @@ class onednn_backend final : public reference_backend {
   void eltwise_forward(const char* what, bool relu, float lo, float hi, const core::tensor& x, const core::tensor& y);
   void eltwise_backward(const char* what, bool relu, float lo, float hi, const core::tensor& y, const core::tensor& dy,
                         const core::tensor& dx);
+  // Pointwise convolutions (1x1, stride 1, no padding, one group) as matrix products on the
+  // caller's NCHW tensors, no reorders (onednn_pointwise.cpp); only under the automatic layout.
+  bool pointwise(const core::conv2d_desc& d, const core::conv_dims& c) const;
+  void pointwise_forward(const core::conv_dims& c, const float* x, const float* w, const float* b, float* y);
+  void pointwise_backward_data(const core::conv_dims& c, const float* dy, const float* w, float* dx);
+  void pointwise_backward_weights(const core::conv_dims& c, const float* x, const float* dy, float* dw, float* db);
   // Threads for an op of `work` (see onednn_options::min_parallel_work).
   int threads_for(double work) const;
   // The cached plan for `key`, built by `build(planned_op&)` on first use; `work` (see

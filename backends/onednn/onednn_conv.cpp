@@ -91,6 +91,7 @@ void onednn_backend::conv2d_forward(const core::conv2d_desc& d, const tensor& x,
   const auto c = core::conv_dims_of(d, x, w, y);
   CLEAVE_ASSERT(!b.defined() || b.numel() == c.k, "conv2d_forward: bias must be (K)");
   if (empty_conv(c)) return reference_backend::conv2d_forward(d, x, w, b, y);
+  if (pointwise(d, c)) return pointwise_forward(c, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32());
   const bool bias = b.defined();
   op_key key = make_key(op_tag::conv_fwd);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
@@ -117,6 +118,7 @@ void onednn_backend::conv2d_backward_data(const core::conv2d_desc& d, const tens
   core::expect_f32(*this, dx, "conv2d_backward_data: dx");
   const auto c = core::conv_dims_of(d, dx, w, dy);
   if (empty_conv(c)) return reference_backend::conv2d_backward_data(d, dy, w, dx);
+  if (pointwise(d, c)) return pointwise_backward_data(c, dy.f32(), w.f32(), dx.f32());
   op_key key = make_key(op_tag::conv_bwd_data);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
       << std::int64_t{d.pad_h} << std::int64_t{d.pad_w} << c.g;
@@ -143,6 +145,8 @@ void onednn_backend::conv2d_backward_weights(const core::conv2d_desc& d, const t
   const auto c = core::conv_dims_of(d, x, dw, dy);
   CLEAVE_ASSERT(!db.defined() || db.numel() == c.k, "conv2d_backward_weights: db must be (K)");
   if (empty_conv(c)) return reference_backend::conv2d_backward_weights(d, x, dy, dw, db);
+  if (pointwise(d, c))
+    return pointwise_backward_weights(c, x.f32(), dy.f32(), dw.f32(), db.defined() ? db.f32() : nullptr);
   const bool bias = db.defined();
   op_key key = make_key(op_tag::conv_bwd_weights);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}

@@ -295,10 +295,16 @@ TEST_CASE("conv2d forward, backward-data and accumulating backward-weights match
       {3, 5, 11, 10, 7, 3, 3, 2, 1, true},    // strided 3x3
       {2, 8, 8, 8, 16, 1, 1, 2, 0, false},    // 1x1 shortcut, stride 2
       {1, 3, 32, 32, 16, 3, 3, 1, 1, false},  // first layer on 32x32x3
+      // Pointwise (1x1, stride 1): images over threads, one image split by columns, 49 columns.
+      {4, 32, 28, 28, 64, 1, 1, 1, 0, true},
+      {1, 64, 32, 32, 96, 1, 1, 1, 0, false},
+      {2, 16, 7, 7, 24, 1, 1, 1, 0, true},
       // Grouped and depthwise (MobileNetV2's 3x3 depthwise, a channel multiplier, grouped 1x1).
       {2, 16, 9, 9, 16, 3, 3, 1, 1, false, 16},
       {2, 24, 9, 7, 24, 3, 3, 2, 1, false, 24},
       {3, 32, 8, 8, 32, 3, 3, 1, 1, true, 32},
+      {16, 64, 28, 28, 64, 3, 3, 1, 1, true, 64},  // depthwise on both threads
+      {2, 8, 11, 11, 8, 5, 5, 2, 2, true, 8},      // depthwise 5x5, stride 2
       {2, 8, 6, 6, 12, 3, 3, 1, 1, true, 4},
       {3, 4, 5, 5, 8, 3, 3, 1, 0, true, 4},
       {2, 6, 4, 4, 9, 1, 1, 1, 0, false, 3},
