@@ -38,6 +38,21 @@ dnnl_status_t gemm(char ta, char tb, std::int64_t m, std::int64_t n, std::int64_
   return dnnl_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
 }
 
+// Runs `product(piece)` (a status) for every piece on `threads` threads; a failed status, if any.
+template <class F>
+dnnl_status_t each_piece(int threads, const std::vector<piece>& work, F&& product) {
+  dnnl_status_t failed = dnnl_success;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::size_t i = 0; i < work.size(); ++i) {
+    const dnnl_status_t s = product(work[i]);
+    if (s != dnnl_success) {
+#pragma omp critical(cleave_pointwise)
+      failed = s;
+    }
+  }
+  return failed;
+}
+
 void check_gemm(dnnl_status_t s, const char* what) {
   if (s != dnnl_success)
     throw core::error(std::string("oneDNN call failed: dnnl_sgemm for the pointwise convolution's ") + what +
@@ -55,46 +70,32 @@ void onednn_backend::pointwise_forward(const core::conv_dims& c, const float* x,
                                        float* y) {
   const std::int64_t hw = c.h * c.w;
   const int threads = threads_for(2.0 * c.n * c.k * c.c * hw);
-  const auto work = pieces_of(c.n, hw, threads);
-  dnnl_status_t failed = dnnl_success;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (std::size_t i = 0; i < work.size(); ++i) {
-    const auto [n, j0, j1] = work[i];
+  const auto product = [&](const piece& pc) {
     // y_n[:, j0:j1] = W (K, C) x_n[:, j0:j1] (C, cols)
-    float* yn = y + n * c.k * hw + j0;
-    const dnnl_status_t s = gemm('N', 'N', c.k, j1 - j0, c.c, w, c.c, x + n * c.c * hw + j0, hw, 0.0f, yn, hw);
-    if (s != dnnl_success) {
-#pragma omp critical(cleave_pointwise)
-      failed = s;
-    }
+    float* yn = y + pc.n * c.k * hw + pc.j0;
+    const std::int64_t cols = pc.j1 - pc.j0;
+    const auto s = gemm('N', 'N', c.k, cols, c.c, w, c.c, x + pc.n * c.c * hw + pc.j0, hw, 0.0f, yn, hw);
     if (b)
       for (std::int64_t k = 0; k < c.k; ++k) {
         float* row = yn + k * hw;
         const float bk = b[k];
 #pragma omp simd
-        for (std::int64_t j = 0; j < j1 - j0; ++j) row[j] += bk;
+        for (std::int64_t j = 0; j < cols; ++j) row[j] += bk;
       }
-  }
-  check_gemm(failed, "forward");
+    return s;
+  };
+  check_gemm(each_piece(threads, pieces_of(c.n, hw, threads), product), "forward");
 }
 
 void onednn_backend::pointwise_backward_data(const core::conv_dims& c, const float* dy, const float* w, float* dx) {
   const std::int64_t hw = c.h * c.w;
   const int threads = threads_for(2.0 * c.n * c.k * c.c * hw);
-  const auto work = pieces_of(c.n, hw, threads);
-  dnnl_status_t failed = dnnl_success;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (std::size_t i = 0; i < work.size(); ++i) {
-    const auto [n, j0, j1] = work[i];
+  const auto product = [&](const piece& pc) {
     // dx_n[:, j0:j1] = W^T (C, K) dy_n[:, j0:j1] (K, cols)
-    const dnnl_status_t s =
-        gemm('T', 'N', c.c, j1 - j0, c.k, w, c.c, dy + n * c.k * hw + j0, hw, 0.0f, dx + n * c.c * hw + j0, hw);
-    if (s != dnnl_success) {
-#pragma omp critical(cleave_pointwise)
-      failed = s;
-    }
-  }
-  check_gemm(failed, "backward data");
+    return gemm('T', 'N', c.c, pc.j1 - pc.j0, c.k, w, c.c, dy + pc.n * c.k * hw + pc.j0, hw, 0.0f,
+                dx + pc.n * c.c * hw + pc.j0, hw);
+  };
+  check_gemm(each_piece(threads, pieces_of(c.n, hw, threads), product), "backward data");
 }
 
 void onednn_backend::pointwise_backward_weights(const core::conv_dims& c, const float* x, const float* dy, float* dw,
