@@ -32,7 +32,7 @@ std::vector<piece> pieces_of(std::int64_t n, std::int64_t hw, int threads) {
   return out;
 }
 
-// Runs dnnl_sgemm (row-major) and returns its status; `what` names the product in errors.
+// dnnl_sgemm (row-major) with alpha 1: C = op(A) op(B) + beta C; returns its status.
 dnnl_status_t gemm(char ta, char tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
                    const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   return dnnl_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
@@ -102,42 +102,29 @@ void onednn_backend::pointwise_backward_weights(const core::conv_dims& c, const 
                                                 float* db) {
   const std::int64_t hw = c.h * c.w, kc = c.k * c.c;
   const int threads = threads_for(2.0 * c.n * c.k * c.c * hw);
-  const auto work = pieces_of(c.n, hw, threads);
-  // Each thread sums its pieces into its own (K, C) and (K) partials; the partials are added to
-  // dw and db in thread order, so a run repeats bit for bit.
+  // Each thread sums its pieces (a fixed contiguous range: a static schedule) into its own (K, C)
+  // and (K) partials; the partials are added to dw and db in thread order, so a run repeats bit
+  // for bit.
   const std::size_t stride = static_cast<std::size_t>(kc + c.k);
   float* partial = scratch_floats(stride * static_cast<std::size_t>(threads), 0);
   std::fill(partial, partial + stride * static_cast<std::size_t>(threads), 0.0f);
-  dnnl_status_t failed = dnnl_success;
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    float* pw = partial + stride * static_cast<std::size_t>(t);
-    float* pb = pw + kc;
-    // The same static split for every call: thread t takes a fixed contiguous range of pieces.
-    const std::size_t per = (work.size() + static_cast<std::size_t>(nt) - 1) / static_cast<std::size_t>(nt);
-    const std::size_t lo = std::min(work.size(), per * static_cast<std::size_t>(t)),
-                      hi = std::min(work.size(), lo + per);
-    for (std::size_t i = lo; i < hi; ++i) {
-      const auto [n, j0, j1] = work[i];
-      const float* dyn = dy + n * c.k * hw + j0;
-      // dW (K, C) += dy_n[:, j0:j1] (K, cols) x_n[:, j0:j1]^T (cols, C)
-      const dnnl_status_t s = gemm('N', 'T', c.k, c.c, j1 - j0, dyn, hw, x + n * c.c * hw + j0, hw, 1.0f, pw, c.c);
-      if (s != dnnl_success) {
-#pragma omp critical(cleave_pointwise)
-        failed = s;
-      }
-      if (db)
-        for (std::int64_t k = 0; k < c.k; ++k) {
-          const float* row = dyn + k * hw;
-          float s_k = 0.0f;
+  const auto product = [&](const piece& pc) {
+    float* pw = partial + stride * static_cast<std::size_t>(omp_get_thread_num());
+    const float* dyn = dy + pc.n * c.k * hw + pc.j0;
+    const std::int64_t cols = pc.j1 - pc.j0;
+    // dW (K, C) += dy_n[:, j0:j1] (K, cols) x_n[:, j0:j1]^T (cols, C)
+    const auto s = gemm('N', 'T', c.k, c.c, cols, dyn, hw, x + pc.n * c.c * hw + pc.j0, hw, 1.0f, pw, c.c);
+    if (db)
+      for (std::int64_t k = 0; k < c.k; ++k) {
+        const float* row = dyn + k * hw;
+        float s_k = 0.0f;
 #pragma omp simd reduction(+ : s_k)
-          for (std::int64_t j = 0; j < j1 - j0; ++j) s_k += row[j];
-          pb[k] += s_k;
-        }
-    }
-  }
-  check_gemm(failed, "backward weights");
+        for (std::int64_t j = 0; j < cols; ++j) s_k += row[j];
+        pw[kc + k] += s_k;
+      }
+    return s;
+  };
+  check_gemm(each_piece(threads, pieces_of(c.n, hw, threads), product), "backward weights");
   for (int t = 0; t < threads; ++t) {
     const float* pw = partial + stride * static_cast<std::size_t>(t);
 #pragma omp simd

@@ -80,7 +80,7 @@ nc_hw split_nc(const tensor& x) {
 }  // namespace
 
 void reference_backend::release_cached_memory() {
-  synchronize();  // (onednn's: work in flight may still free blocks into the cache)
+  synchronize();  // work still in flight (onednn's stream) may free blocks into the cache
   detail::host_cache_release();
 }
 
