@@ -230,6 +230,7 @@ struct parsed {
   json root;
   shape input;
   int n_classes = 0;
+  int label_groups = 1;
 };
 
 parsed parse_root(std::string_view text, std::string_view source) {
@@ -252,8 +253,8 @@ parsed parse_root(std::string_view text, std::string_view source) {
   if (!p.root.is_object()) throw error(prefix + "must be a JSON object");
   try {
     for (const auto& [k, v] : p.root.items())
-      if (k != "name" && k != "input" && k != "classes" && k != "blocks")
-        throw error("field '" + k + "': unknown (expected name, input, classes, blocks)");
+      if (k != "name" && k != "input" && k != "classes" && k != "blocks" && k != "label_groups")
+        throw error("field '" + k + "': unknown (expected name, input, classes, label_groups, blocks)");
     if (!p.root.contains("input")) throw error("field 'input': missing");
     p.input = parse_shape(p.root["input"]);
     // (read as 64 bits: an int would wrap 4294967298 to 2)
@@ -261,6 +262,14 @@ parsed parse_root(std::string_view text, std::string_view source) {
         p.root["classes"].get<std::int64_t>() < 2 || p.root["classes"].get<std::int64_t>() > 1000000)
       throw error("field 'classes': missing or not an integer from 2 to 1000000");
     p.n_classes = p.root["classes"].get<int>();
+    if (p.root.contains("label_groups")) {
+      const json& g = p.root["label_groups"];
+      if (!g.is_number_integer() || g.get<std::int64_t>() < 1 || g.get<std::int64_t>() > 1024)
+        throw error("field 'label_groups': not an integer from 1 to 1024");
+      p.label_groups = g.get<int>();
+      if (static_cast<std::int64_t>(p.n_classes) * p.label_groups > 1000000)
+        throw error("fields 'classes' and 'label_groups': more than 1000000 outputs");
+    }
     if (!p.root.contains("blocks") || !p.root["blocks"].is_array() || p.root["blocks"].empty())
       throw error("field 'blocks': missing or not a non-empty list");
     if (p.root.contains("name") && !p.root["name"].is_string()) throw error("field 'name': must be a string");
@@ -279,6 +288,7 @@ model_spec parse_model_spec(std::string_view text, std::string_view source) {
   m.name = p.root.value("name", std::string(source));
   m.input = p.input;
   m.n_classes = p.n_classes;
+  m.label_groups = p.label_groups;
   m.json = p.root.dump();
   shape in = m.input;
   const json& blocks = p.root["blocks"];
@@ -301,11 +311,28 @@ model_spec parse_model_spec(std::string_view text, std::string_view source) {
                         l->flops_per_sample()});
     in = l->output_shape();
   }
-  if (!(in == shape{m.n_classes}))
+  const std::int64_t outputs = static_cast<std::int64_t>(m.n_classes) * m.label_groups;
+  if (!(in == shape{outputs}))
     throw error(prefix + "block " + std::to_string(blocks.size() - 1) + " (" + m.blocks.back().kind + "): outputs " +
-                in.str() + " but the model has " + std::to_string(m.n_classes) +
-                " classes: the last block must output (" + std::to_string(m.n_classes) + ")");
+                in.str() + " but the model has " + std::to_string(m.n_classes) + " classes" +
+                (m.label_groups > 1 ? " in " + std::to_string(m.label_groups) + " label groups" : std::string()) +
+                ": the last block must output (" + std::to_string(outputs) + ")");
   return m;
+}
+
+model_spec with_label_groups(const model_spec& m, int groups) {
+  if (groups < 1 || groups > 1024)
+    throw error("label groups " + std::to_string(groups) + ": must be an integer from 1 to 1024");
+  if (groups == 1) return m;
+  const std::string prefix = "model '" + m.name + "' with " + std::to_string(groups) + " label groups: ";
+  if (m.label_groups != 1) throw error(prefix + "it has " + std::to_string(m.label_groups) + " label groups already");
+  json root = json::parse(m.json);
+  json& last = root["blocks"].back();
+  if (!last.is_object() || last.value("type", std::string()) != "linear")
+    throw error(prefix + "its last block is " + m.blocks.back().kind + ", not the linear layer it needs to widen");
+  last["out_features"] = static_cast<std::int64_t>(m.n_classes) * groups;
+  root["label_groups"] = groups;
+  return parse_model_spec(root.dump(), m.name);
 }
 
 flat_layout layout_of(const model_spec& m) {

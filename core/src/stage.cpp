@@ -1,6 +1,7 @@
 // Stages: block ranges with contiguous parameter storage, forward and backward.
 #include "cleave/core/stage.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cleave/core/random.h"
@@ -119,6 +120,56 @@ tensor loss_backward(backend& b, const loss_result& r, const tensor& labels, flo
   tensor d = b.empty(r.probs.shape());
   b.softmax_xent_backward(r.probs, labels, d, scale);
   return d;
+}
+
+void group_targets(std::span<const std::int32_t> y, int groups, std::uint32_t seed, std::span<std::int32_t> out) {
+  if (groups < 1 || out.size() != y.size())
+    throw error("group_targets: " + std::to_string(y.size()) + " labels, " + std::to_string(out.size()) + " targets, " +
+                std::to_string(groups) + " groups");
+  for (std::size_t i = 0; i < y.size(); ++i)
+    out[i] = y[i] * groups + static_cast<std::int32_t>(hash32(seed, static_cast<std::uint32_t>(i)) %
+                                                       static_cast<std::uint32_t>(groups));
+}
+
+std::uint32_t group_seed(std::uint32_t device, std::uint64_t step, std::uint32_t micro_batch) {
+  const auto s = mix64(0x6c6162656c73ull ^ mix64((std::uint64_t{device} << 40) ^ (step << 8) ^ micro_batch));
+  return static_cast<std::uint32_t>(s >> 32);
+}
+
+void class_logits(std::span<const float> logits, std::int64_t n, int classes, int groups, std::span<float> out) {
+  const std::int64_t k = static_cast<std::int64_t>(classes) * groups;
+  if (n < 0 || classes < 1 || groups < 1 || logits.size() != static_cast<std::size_t>(n * k) ||
+      out.size() != static_cast<std::size_t>(n * classes))
+    throw error("class_logits: " + std::to_string(logits.size()) + " logits, " + std::to_string(out.size()) +
+                " outputs do not make " + std::to_string(n) + " rows of " + std::to_string(classes) + " classes x " +
+                std::to_string(groups) + " groups");
+  for (std::int64_t i = 0; i < n * classes; ++i) {
+    const float* g = logits.data() + i * groups;
+    const float top = *std::max_element(g, g + groups);
+    double s = 0;
+    for (int j = 0; j < groups; ++j) s += std::exp(static_cast<double>(g[j]) - top);
+    out[static_cast<std::size_t>(i)] = static_cast<float>(top + std::log(s));
+  }
+}
+
+class_score score_classes(std::span<const float> logits, std::span<const std::int32_t> y, int classes) {
+  const std::int64_t n = static_cast<std::int64_t>(y.size());
+  if (classes < 1 || logits.size() != static_cast<std::size_t>(n * classes))
+    throw error("score_classes: " + std::to_string(logits.size()) + " logits for " + std::to_string(n) + " labels of " +
+                std::to_string(classes) + " classes");
+  class_score r;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* row = logits.data() + i * classes;
+    const std::int32_t label = y[static_cast<std::size_t>(i)];
+    if (label < 0 || label >= classes) throw error("score_classes: label " + std::to_string(label) + " out of range");
+    const float* best = std::max_element(row, row + classes);
+    double s = 0;
+    for (int j = 0; j < classes; ++j) s += std::exp(static_cast<double>(row[j]) - *best);
+    r.loss += static_cast<double>(*best) + std::log(s) - row[label];
+    r.correct += best - row == label;
+  }
+  if (n > 0) r.loss /= static_cast<double>(n);
+  return r;
 }
 
 }  // namespace cleave::core

@@ -28,10 +28,24 @@ tensor trainer::step(const float* x, const std::int32_t* y, std::int64_t n) {
   samples_seen_ += n;
   stage_->zero_grad();
   tensor logits = stage_->forward(xt, ctx, mode::train, seed);
+  if (m.label_groups > 1) {
+    // Each sample's target: a sub-class of its class drawn from the step's seed.
+    std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+    group_targets({y, static_cast<std::size_t>(n)}, m.label_groups, hash32(seed, 0x6c61626cu), t);
+    b_->upload(yt, t.data());
+  }
   const loss_result lr = loss_forward(*b_, logits, yt);
   stage_->backward(loss_backward(*b_, lr, yt), ctx, false);
   opt_->step(stage_->params(), stage_->grads());
-  return lr.loss;
+  if (m.label_groups == 1) return lr.loss;
+  // The loss reported is the class loss (the sub-class one is log G higher at best).
+  std::vector<float> all(static_cast<std::size_t>(logits.numel())), cl(static_cast<std::size_t>(n * m.n_classes));
+  b_->download(logits, all.data());
+  class_logits(all, n, m.n_classes, m.label_groups, cl);
+  const float l = static_cast<float>(score_classes(cl, {y, static_cast<std::size_t>(n)}, m.n_classes).loss);
+  tensor out = b_->empty({1});
+  b_->upload(out, &l);
+  return out;
 }
 
 std::int64_t steps_per_epoch(std::int64_t n_samples, const train_config& c) {
@@ -114,6 +128,18 @@ eval_report trainer::evaluate(const data_source& d) {
     b_->upload(yt, yb.data());
     stage::context ctx;
     tensor out = stage_->forward(xt, ctx, mode::eval);
+    if (m.label_groups > 1) {
+      // Scored on the class logits, on the host (what a training step reports too).
+      std::vector<float> all(static_cast<std::size_t>(out.numel()));
+      b_->download(out, all.data());
+      logits.resize(static_cast<std::size_t>(n * k));
+      class_logits(all, n, m.n_classes, m.label_groups, logits);
+      const class_score sc = score_classes(logits, {yb.data(), static_cast<std::size_t>(n)}, m.n_classes);
+      loss_total += sc.loss * static_cast<double>(n);
+      correct += sc.correct;
+      r.n += n;
+      continue;
+    }
     const loss_result lr = loss_forward(*b_, out, yt);
     float l = 0.0f;
     b_->download(lr.loss, &l);

@@ -152,6 +152,7 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
     res.out = transport::make_activations(key, bi, *b_, o.value, pass_labels ? &labels : nullptr, spec(seg, true));
     res.to = r.path[static_cast<std::size_t>(seg + 1)];
   } else if (o.dir == split::segment_output::direction::down) {
+    if (res.loss_here && equalise_) equalise_gradient_norms(o.value);
     if (res.loss_here && gradient_noise_ >= 0)
       add_gradient_noise(o.value, core::mix64(noise_seed_ ^ core::mix64((std::uint64_t{device} << 40) ^ (id.step << 8) ^
                                                                         id.micro_batch)));
@@ -163,6 +164,31 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
     res.to = r.path[static_cast<std::size_t>(seg - 1)];
   }
   return res;
+}
+
+void segment_runner::equalise_gradient_norms(core::tensor& g) {
+  const std::int64_t n = g.shape().rank() ? g.shape()[0] : 0;
+  if (n <= 0) return;
+  const std::int64_t d = g.shape().numel() / n;
+  std::vector<float> v(static_cast<std::size_t>(n * d));
+  b_->download(g, v.data());
+  std::vector<double> norm(static_cast<std::size_t>(n), 0.0);
+  double sum2 = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    double s2 = 0;
+    for (std::int64_t k = 0; k < d; ++k)
+      s2 += static_cast<double>(v[static_cast<std::size_t>(i * d + k)]) * v[static_cast<std::size_t>(i * d + k)];
+    norm[static_cast<std::size_t>(i)] = std::sqrt(s2);
+    sum2 += s2;
+  }
+  const double rms = std::sqrt(sum2 / static_cast<double>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double nm = norm[static_cast<std::size_t>(i)];
+    if (!(nm > 0) || !std::isfinite(rms)) continue;
+    const float f = static_cast<float>(rms / nm);
+    for (std::int64_t k = 0; k < d; ++k) v[static_cast<std::size_t>(i * d + k)] *= f;
+  }
+  b_->upload(g, v.data());
 }
 
 void segment_runner::add_gradient_noise(core::tensor& g, std::uint64_t seed) {
@@ -211,6 +237,11 @@ void segment_runner::defend_output(std::uint32_t device, split::micro_batch_id i
     } else {
       st.labels.resize(static_cast<std::size_t>(n));
       b_->download(y, st.labels.data());
+    }
+    // With label groups the gradients follow the sub-class each sample was trained on.
+    if (const int g = host_->model().label_groups; g > 1) {
+      const std::vector<std::int32_t> labels = st.labels;
+      core::group_targets(labels, g, core::group_seed(device, id.step, id.micro_batch), st.labels);
     }
   }
   if (!defence_.any() && !hostile_) return;

@@ -22,6 +22,12 @@ struct model_spec {
   std::string name;
   shape input;  // per sample, (C,H,W) or (F)
   int n_classes = 0;
+  // Label groups G (JSON "label_groups", default 1): the last block outputs n_classes * G
+  // logits, G interchangeable sub-classes per class (logits c*G .. c*G+G-1 are class c's). A
+  // training step targets one sub-class of each sample's class drawn at random (see
+  // core/label_groups.h); evaluation, reported losses and accuracy use the class logits,
+  // log-sum-exp over each group. G = 1 is the plain classifier.
+  int label_groups = 1;
   std::string json;  // the spec as compact JSON (travels to other nodes as is)
   std::vector<block_info> blocks;
 
@@ -51,6 +57,9 @@ struct spec_limits {
 // the block and the field: "model spec 'net.json': block 3 (conv2d): field 'kernel': ...".
 model_spec parse_model_spec(std::string_view json_text, std::string_view source = "<text>");
 model_spec load_model_spec_file(const std::string& path);
+// m with `groups` label groups: its last block, a linear layer with n_classes outputs, widened
+// to n_classes * groups (groups 1: m as is). Errors name what keeps m from it.
+model_spec with_label_groups(const model_spec& m, int groups);
 
 // Built-in models for a per-sample input shape and a class count (input channels come from the
 // shape; 1x28x28 Fashion-MNIST and 3x32x32 CIFAR both work):

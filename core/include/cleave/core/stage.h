@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,5 +79,24 @@ struct loss_result {
 loss_result loss_forward(backend& b, const tensor& logits, const tensor& labels);
 // -> dlogits (N,K) = d(scale * mean loss)/dlogits
 tensor loss_backward(backend& b, const loss_result& r, const tensor& labels, float scale = 1.0f);
+
+// Label groups (model_spec::label_groups = G > 1). A training step's target for sample i of
+// class y[i] is sub-class y[i] * G + r_i, r_i uniform in [0, G) from hash32(seed, i): every
+// sub-class of a class is trained on the same data, so the gradient of the loss points at the
+// drawn sub-class as much as at the class (what a label-inference attack on it reads). out: n.
+void group_targets(std::span<const std::int32_t> y, int groups, std::uint32_t seed, std::span<std::int32_t> out);
+// The seed of a split step's draws: a device's micro-batch of a step, wherever its loss runs
+// (and the device's own gradient check, which compares what comes back with these targets).
+std::uint32_t group_seed(std::uint32_t device, std::uint64_t step, std::uint32_t micro_batch);
+// Class logits (n, classes) from logits (n, classes * groups): log-sum-exp over each group, so
+// softmax over them is the sum of each group's sub-class probabilities.
+void class_logits(std::span<const float> logits, std::int64_t n, int classes, int groups, std::span<float> out);
+// Mean softmax cross-entropy of class logits (n, classes) against labels y, and how many rows'
+// largest logit is their label's (first on ties).
+struct class_score {
+  double loss = 0;
+  std::int64_t correct = 0;
+};
+class_score score_classes(std::span<const float> logits, std::span<const std::int32_t> y, int classes);
 
 }  // namespace cleave::core

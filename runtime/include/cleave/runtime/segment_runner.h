@@ -84,6 +84,11 @@ class segment_runner {
     gradient_noise_ = s;
     noise_seed_ = seed;
   }
+  // Before that noise: each sample's gradient rescaled to the micro-batch's root-mean-square
+  // norm (a sample whose gradient is 0 keeps it), so norms carry nothing. It weighs the samples of
+  // the server's update differently: with label groups (core::with_label_groups) every sample's
+  // gradient keeps a share of its own, and training stays close to the plain one.
+  void set_gradient_equalise(bool on) { equalise_ = on; }
 
   // Defences of what a device sends up at its bottom cut (the output of its route's first
   // segment), see privacy/cut_defence.h: each sample's activation clipped to L2 norm `clip`, then
@@ -182,6 +187,8 @@ class segment_runner {
   double timed(const std::function<void()>& f);
   // See set_gradient_noise: g (B, ...) on this runner's backend, changed in place.
   void add_gradient_noise(core::tensor& g, std::uint64_t seed);
+  // See set_gradient_equalise: g (B, ...) on this runner's backend, changed in place.
+  void equalise_gradient_norms(core::tensor& g);
   void release(std::uint32_t device);
   // See set_cut_defence: a device's bottom-cut output o (of inputs x, labels y) as it leaves, and
   // what its gradient needs on the way back.
@@ -209,6 +216,7 @@ class segment_runner {
   int n_observed_ = 0, n_observed_mark_ = 0;
   double compute_s_ = 0;
   double gradient_noise_ = -1;
+  bool equalise_ = false;
   std::uint64_t noise_seed_ = 0;
   cut_defence defence_;
   std::optional<privacy::gradient_monitor> monitor_;
