@@ -276,6 +276,11 @@ void add_server_command(CLI::App& app) {
   s->add_option("--min-device-blocks", so.c.min_device_blocks,
                 "blocks every device keeps at the bottom at least (initial cuts and every re-split)")
       ->capture_default_str();
+  s->add_option("--label-groups", so.c.label_groups,
+                "train each class as G sub-classes drawn at random per sample and step (hides the label in the "
+                "direction of the gradients a U-shaped device sends up; scored on the class logits)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   s->add_flag("--secure-aggregation", so.c.secure_aggregation,
               "devices upload only masked replicas: the server and edges learn sums, never one device's blocks");
   s->add_option("--min-gain", so.c.min_gain, "re-split only for at least this relative step-time gain")
@@ -357,6 +362,9 @@ void add_agent_command(CLI::App& app) {
   a->add_option("--profile-every", ao.c.profile_every, "steps between profiles sent upstream")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
+  a->add_flag("--equalise-cut-gradients", ao.c.equalise_cut_gradients,
+              "U-shaped plans: every gradient sent up at the top cut rescaled to the micro-batch's RMS norm (the "
+              "server cannot tell labels by norm); meant with the server's --label-groups");
   a->add_option("--cut-gradient-noise", ao.c.cut_gradient_noise,
                 "U-shaped plans: noise on the gradients sent up at the top cut, S >= 0 (1: every sample's "
                 "expected norm the batch's largest; more hides directions too)")

@@ -145,10 +145,10 @@ void agent::impl::on_plan(const wire::Plan& p) {
   }
   const split::route route = transport::route_for(p, c_.id, model_.n_blocks());
   secure_plan_ = p.secure_aggregation();
-  if (c_.cut_gradient_noise >= 0 && !route.u_shape() && !plan_)
+  if ((c_.cut_gradient_noise >= 0 || c_.equalise_cut_gradients) && !route.u_shape() && !plan_)
     spdlog::warn(
-        "device {}: --cut-gradient-noise protects labels in U-shaped plans only; here the server computes "
-        "the loss",
+        "device {}: --cut-gradient-noise and --equalise-cut-gradients protect labels in U-shaped plans only; here "
+        "the server computes the loss",
         c_.id);
   if (c_.secure_aggregation && !secure_plan_) {
     auto e = std::make_exception_ptr(
@@ -409,6 +409,7 @@ int agent::impl::run() {
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   runner_.emplace(*be_, core::tier::device, c_.id, c_.slowdown);
   runner_->set_gradient_noise(c_.cut_gradient_noise, c_.order_seed);
+  runner_->set_gradient_equalise(c_.equalise_cut_gradients);
   runner_->set_cut_defence({c_.activation_clip, c_.activation_noise, c_.nopeek, c_.order_seed});
   if (c_.on_gradient) runner_->set_gradient_hook(c_.on_gradient);
   if (c_.gradient_check != "off") runner_->set_gradient_check(c_.gradient_check_window, c_.gradient_check_threshold);

@@ -442,6 +442,7 @@ void server_node::impl::load_model() {
     throw core::error("model '" + model_.name + "' takes " + model_.input.str() + " inputs and " +
                       std::to_string(model_.n_classes) + " classes; the test data has " + item.str() + " and " +
                       std::to_string(n_classes));
+  if (c_.label_groups != 1) model_ = core::with_label_groups(model_, c_.label_groups);
   if (c_.eval_samples > 0 && c_.eval_samples < test_->size()) {
     auto order = core::epoch_order(test_->size(), c_.seed, 0);
     order.resize(static_cast<std::size_t>(c_.eval_samples));

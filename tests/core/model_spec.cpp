@@ -1,14 +1,17 @@
 // Model specs: the zoo builds, and bad specs are refused with messages naming block and field.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "../support/error_of.h"
 #include "cleave/backend/registry.h"
+#include "cleave/core/data_source.h"
 #include "cleave/core/error.h"
 #include "cleave/core/model.h"
 #include "cleave/core/random.h"
+#include "cleave/core/stage.h"
 #include "cleave/core/trainer.h"
 
 using namespace cleave;
@@ -307,4 +310,106 @@ TEST_CASE("grouped convolutions and clamps are checked like every other field") 
                                         "net.json");
   CHECK(m.blocks[0].n_params == 12 * 2 * 3 * 3);
   CHECK(m.blocks[1].kind == "relu6");
+}
+
+TEST_CASE("label groups widen the last linear layer, and the spec carries them") {
+  const auto lenet = core::zoo_model("lenet5", core::shape{1, 28, 28}, 10);
+  const auto g = core::with_label_groups(lenet, 4);
+  CHECK(g.label_groups == 4);
+  CHECK(g.n_classes == 10);
+  CHECK(g.blocks.back().out == core::shape{40});
+  CHECK(g.n_params() == lenet.n_params() + 3 * (84 * 10 + 10));
+  // The spec travels as JSON: a node parsing it gets the same model.
+  const auto again = core::parse_model_spec(g.json, "peer");
+  CHECK(again.label_groups == 4);
+  CHECK(again.blocks.back().out == core::shape{40});
+  CHECK(core::with_label_groups(lenet, 1).json == lenet.json);
+
+  const std::string tiny = R"({"input":[4],"classes":2,"blocks":[{"type":"linear","out_features":2},{"type":"relu"}]})";
+  CHECK(cleave::testing::error_of([&] {
+          core::with_label_groups(core::parse_model_spec(tiny, "tiny"), 3);
+        }).find("its last block is relu, not the linear layer") != std::string::npos);
+  CHECK(cleave::testing::error_of([&] { core::with_label_groups(lenet, 0); }).find("label groups 0") !=
+        std::string::npos);
+  CHECK(cleave::testing::error_of([&] { core::with_label_groups(g, 2); }).find("4 label groups already") !=
+        std::string::npos);
+  CHECK(error_of(R"({"input":[4],"classes":2,"label_groups":3,"blocks":[{"type":"linear","out_features":2}]})")
+            .find("the last block must output (6)") != std::string::npos);
+  CHECK(error_of(R"({"input":[4],"classes":2,"label_groups":0,"blocks":[{"type":"linear","out_features":2}]})")
+            .find("field 'label_groups'") != std::string::npos);
+  CHECK(error_of(R"({"input":[4],"classes":2,"label_groups":"2","blocks":[{"type":"linear","out_features":2}]})")
+            .find("field 'label_groups'") != std::string::npos);
+}
+
+TEST_CASE("label groups draw each sample a sub-class of its class, and score on the class logits") {
+  std::vector<std::int32_t> y(4000), t(y.size()), again(y.size());
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(i % 3);
+  core::group_targets(y, 5, 77, t);
+  core::group_targets(y, 5, 77, again);
+  CHECK(t == again);
+  std::vector<int> seen(15, 0);
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    REQUIRE(t[i] / 5 == y[i]);
+    ++seen[static_cast<std::size_t>(t[i])];
+  }
+  for (const int n : seen) CHECK(n > 4000 / 15 / 2);  // every sub-class drawn, roughly evenly
+  core::group_targets(y, 5, 78, again);
+  CHECK(t != again);
+
+  // Two rows of 2 classes x 3 sub-classes: class logits are log-sum-exp of each group.
+  const std::vector<float> logits{0, 1, 2, 3, -1, 0.5f, -2, -2, -2, 1, 1, 1};
+  std::vector<float> cl(4);
+  core::class_logits(logits, 2, 2, 3, cl);
+  CHECK(cl[0] == doctest::Approx(std::log(std::exp(0.0) + std::exp(1.0) + std::exp(2.0))));
+  CHECK(cl[1] == doctest::Approx(std::log(std::exp(3.0) + std::exp(-1.0) + std::exp(0.5))));
+  CHECK(cl[2] == doctest::Approx(-2 + std::log(3.0)));
+  CHECK(cl[3] == doctest::Approx(1 + std::log(3.0)));
+  const std::vector<std::int32_t> labels{0, 1};
+  const auto sc = core::score_classes(cl, labels, 2);
+  const double l0 = std::log(std::exp(cl[0]) + std::exp(cl[1])) - cl[0];
+  const double l1 = std::log(std::exp(cl[2]) + std::exp(cl[3])) - cl[3];
+  CHECK(sc.loss == doctest::Approx((l0 + l1) / 2));
+  CHECK(sc.correct == 1);  // row 0 prefers class 1
+}
+
+TEST_CASE("a trainer with label groups reports the class loss and evaluates on the class logits") {
+  auto be = backend::make_backend("reference");
+  const auto m = core::with_label_groups(core::zoo_model("mlp", core::shape{1, 4, 4}, 3), 4);
+  core::train_config c;
+  c.seed = 5;
+  c.opt.lr = 0.05f;
+  core::trainer t(*be, m, c);
+  // Three separable classes: input `class` is high.
+  struct three : core::data_source {
+    std::vector<float> x;
+    std::vector<std::int32_t> y;
+    std::int64_t size() const override { return static_cast<std::int64_t>(y.size()); }
+    core::shape sample_shape() const override { return core::shape{1, 4, 4}; }
+    int class_count() const override { return 3; }
+    std::vector<std::int32_t> labels() const override { return y; }
+    void fetch(const std::int64_t* idx, std::int64_t n, float* x_out, std::int32_t* y_out) const override {
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto k = static_cast<std::size_t>(idx[i]);
+        std::copy_n(x.data() + k * 16, 16, x_out + i * 16);
+        y_out[i] = y[k];
+      }
+    }
+  } d;
+  core::rng r(9);
+  for (int i = 0; i < 96; ++i) {
+    const int cls = i % 3;
+    for (int k = 0; k < 16; ++k) d.x.push_back(r.uniform(-0.2f, 0.2f) + (k == cls ? 2.0f : 0.0f));
+    d.y.push_back(cls);
+  }
+  float first = 0, last = 0;
+  for (int s = 0; s < 30; ++s) {
+    const auto l = t.step(d.x.data() + (s % 3) * 32 * 16, d.y.data() + (s % 3) * 32, 32);
+    be->download(l, s == 0 ? &first : &last);
+  }
+  // Class loss: below log 3 once trained (a sub-class loss could not go under log 4 here).
+  CHECK(first > 0.5f);
+  CHECK(last < 0.5f);
+  const auto ev = t.evaluate(d);
+  CHECK(ev.accuracy == doctest::Approx(1.0));
+  CHECK(ev.loss < 0.5);
 }

@@ -701,6 +701,50 @@ TEST_CASE("--cut-gradient-noise adds each sample its gap to the largest gradient
   CHECK(added < 1.3 * gaps);
 }
 
+TEST_CASE("label groups with equalised cut gradients: one norm per micro-batch up the cut, and it trains") {
+  const std::string be = test_backend();
+  workspace w("label-groups", 1);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 2;
+  sc.local_steps = 20;
+  sc.u_shape = true;
+  sc.label_groups = 4;
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+  std::mutex mu;
+  std::vector<std::vector<double>> norms;  // per gradient frame device 1 sent, per row
+  // The device's gradient check compares what comes back with the sub-classes it trained on: an
+  // honest server must not look like one steering its features.
+  run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
+    a.equalise_cut_gradients = true;
+    a.gradient_check = "refuse";
+    a.gradient_check_window = 8;
+    a.on_send = [&](std::span<const std::byte> f) {
+      auto m = decoded(std::vector<std::byte>(f.begin(), f.end()));
+      const auto* g = m.ok() ? m->as<cleave::wire::Gradients>() : nullptr;
+      if (!g) return;
+      const auto v = transport::view_of(*g->gradient());
+      const auto vals = v.values<float>();
+      const auto d = vals.size() / static_cast<std::size_t>(v.shape[0]);
+      std::vector<double> rows;
+      for (std::int64_t i = 0; i < v.shape[0]; ++i) {
+        double s2 = 0;
+        for (std::size_t k = 0; k < d; ++k) s2 += double(vals[i * d + k]) * vals[i * d + k];
+        rows.push_back(std::sqrt(s2));
+      }
+      std::lock_guard lock(mu);
+      norms.push_back(std::move(rows));
+    };
+  });
+  REQUIRE(norms.size() == 40);
+  for (const auto& rows : norms)
+    for (const double n : rows) CHECK(n == doctest::Approx(rows.front()).epsilon(1e-4));
+  REQUIRE(reports.size() == 2);
+  // Scored on the class logits: a model at chance would sit near 0.1.
+  CHECK(reports.back().test_accuracy > 0.3);
+  CHECK(reports.back().test_loss < reports.front().test_loss + 0.5);
+}
+
 namespace {
 
 // Device 1's Activations frames, in the order sent, as (rows, values).

@@ -57,6 +57,11 @@ struct agent_config {
   // that the server cannot tell labels by gradient norm or direction (segment_runner::set_gradient_noise).
   // Negative: off.
   double cut_gradient_noise = -1;
+  // In U-shaped plans: every gradient this device sends up at its top cut is rescaled, sample by
+  // sample, to the micro-batch's root-mean-square norm, so their norms tell the server nothing
+  // (segment_runner::set_gradient_equalise). Applied before cut_gradient_noise, which then adds
+  // nothing: every gap to the largest norm is 0.
+  bool equalise_cut_gradients = false;
   // Defences of the activations this device sends up at its bottom cut
   // (segment_runner::set_cut_defence): each sample's activation clipped to L2 norm `activation_clip`,
   // then Gaussian noise of std activation_noise * activation_clip per value, with the privacy it

@@ -92,6 +92,12 @@ struct server_config {
   // ones are deepened to it, configured ones must respect it) and every re-split. Activations of
   // shallow cuts are the easiest to invert to the input.
   int min_device_blocks = 0;
+  // Label groups G > 1 (core::with_label_groups): the model's last linear layer is widened to G
+  // sub-classes per class and every step trains a randomly drawn one. In U-shaped plans the
+  // gradients a device sends up then point at the sub-class about as much as at the class, which
+  // defeats label inference by gradient direction against a known sample (Li et al.); the global
+  // model is scored on its class logits. 1: the model as given.
+  int label_groups = 1;
   // Optimizer settings of every replica. Its learning rate is the peak of a per-round schedule:
   // every node trains round r at lr_schedule's rate for step r - 1 of `rounds` (constant: opt.lr;
   // step: x0.1 after every third of the rounds; cosine: down towards 0), after warmup_rounds
