@@ -52,6 +52,8 @@ struct demo_options {
   std::string dashboard, metrics;  // the server's
   int slow = 0;
   int min_device_blocks = 0;  // the server's --min-device-blocks
+  int label_groups = 1;       // the server's --label-groups
+  bool equalise = false;      // the devices' --equalise-cut-gradients
   double slowdown = 1.0;
   float lr = 0.05f;
   std::uint64_t seed = 1;
@@ -150,6 +152,7 @@ std::vector<std::string> server_args(const demo_options& o, const demo_plan& p) 
   if (o.no_adapt) a.push_back("--no-adapt");
   if (o.secure) a.push_back("--secure-aggregation");
   if (o.min_device_blocks > 0) a.insert(a.end(), {"--min-device-blocks", std::to_string(o.min_device_blocks)});
+  if (o.label_groups > 1) a.insert(a.end(), {"--label-groups", std::to_string(o.label_groups)});
   if (o.codecs != "f32") a.insert(a.end(), {"--codecs", o.codecs});
   if (o.micro_batches != 1) a.insert(a.end(), {"--micro-batches", std::to_string(o.micro_batches)});
   if (!o.cuts.empty()) a.insert(a.end(), {"--cuts", o.cuts});
@@ -205,6 +208,7 @@ std::vector<std::string> agent_args(const demo_options& o, const demo_plan& p, i
                              device_backend(p, i)};
   if (!o.schedule.empty()) a.insert(a.end(), {"--schedule", o.schedule});
   if (o.secure) a.push_back("--secure-aggregation");
+  if (o.equalise) a.push_back("--equalise-cut-gradients");
   if (i <= o.slow) a.insert(a.end(), {"--slowdown", std::to_string(o.slowdown)});
   if (o.augment.any()) a.insert(a.end(), {"--augment", core::augment_str(o.augment)});
   return a;
@@ -231,6 +235,7 @@ device::agent_config virtual_agent(const demo_options& o, const demo_plan& p, in
   c.augment = o.augment;
   c.schedule = o.schedule;
   c.secure_aggregation = o.secure;
+  c.equalise_cut_gradients = o.equalise;
   if (i <= o.slow) c.slowdown = o.slowdown;
   c.shared_board = std::move(board);
   return c;
@@ -642,6 +647,11 @@ void register_demo_command(CLI::App& app) {
               "emulating, do not rerun the federation on its first plan kept to compare the time to 0.80");
   d->add_option("--min-device-blocks", dm.min_device_blocks,
                 "blocks every device keeps at least (see cleave server --help)");
+  d->add_option("--label-groups", dm.label_groups, "sub-classes per class (see cleave server --help)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  d->add_flag("--equalise-cut-gradients", dm.equalise,
+              "with --u-shape: devices send gradients of one norm per micro-batch (see cleave agent --help)");
   d->add_flag("--secure-aggregation", dm.secure, "devices upload only masked replicas (see cleave server --help)");
   d->add_option("--cuts", dm.cuts, "initial cuts of devices straight to the server (see cleave server --help)");
   d->add_option("--edge-cuts", dm.edge_cuts, "initial cuts of devices behind an edge, e.g. 3,8");
