@@ -131,6 +131,18 @@ void group_targets(std::span<const std::int32_t> y, int groups, std::uint32_t se
                                                        static_cast<std::uint32_t>(groups));
 }
 
+tensor upload_targets(backend& b, std::span<const std::int32_t> y, int groups, std::uint32_t seed) {
+  tensor t = b.empty({static_cast<std::int64_t>(y.size())}, dtype::i32);
+  if (groups == 1) {
+    b.upload(t, y.data());
+    return t;
+  }
+  std::vector<std::int32_t> drawn(y.size());
+  group_targets(y, groups, seed, drawn);
+  b.upload(t, drawn.data());
+  return t;
+}
+
 std::uint32_t group_seed(std::uint32_t device, std::uint64_t step, std::uint32_t micro_batch) {
   const auto s = mix64(0x6c6162656c73ull ^ mix64((std::uint64_t{device} << 40) ^ (step << 8) ^ micro_batch));
   return static_cast<std::uint32_t>(s >> 32);
@@ -152,8 +164,13 @@ void class_logits(std::span<const float> logits, std::int64_t n, int classes, in
   }
 }
 
-class_score score_classes(std::span<const float> logits, std::span<const std::int32_t> y, int classes) {
+class_score score_classes(std::span<const float> logits, std::span<const std::int32_t> y, int classes, int groups) {
   const std::int64_t n = static_cast<std::int64_t>(y.size());
+  if (groups > 1) {
+    std::vector<float> cl(static_cast<std::size_t>(n) * static_cast<std::size_t>(std::max(classes, 0)));
+    class_logits(logits, n, classes, groups, cl);
+    return score_classes(cl, y, classes);
+  }
   if (classes < 1 || logits.size() != static_cast<std::size_t>(n * classes))
     throw error("score_classes: " + std::to_string(logits.size()) + " logits for " + std::to_string(n) + " labels of " +
                 std::to_string(classes) + " classes");

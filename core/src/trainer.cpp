@@ -19,30 +19,25 @@ trainer::trainer(backend& b, const model_spec& m, const train_config& c)
 tensor trainer::step(const float* x, const std::int32_t* y, std::int64_t n) {
   const model_spec& m = stage_->model();
   const shape xs = m.input.batched(n);
-  tensor xt = b_->empty(xs), yt = b_->empty({n}, dtype::i32);
+  tensor xt = b_->empty(xs);
   b_->upload(xt, x);
-  b_->upload(yt, y);
+  const std::span<const std::int32_t> labels{y, static_cast<std::size_t>(n)};
   stage::context ctx;
   // Dropout seed from the global sample position: identical wherever the blocks run.
   const auto seed = hash32(static_cast<std::uint32_t>(c_.seed), static_cast<std::uint32_t>(samples_seen_));
+  // Under label groups each sample's target is a sub-class of its class drawn from the step's seed.
+  const tensor yt = upload_targets(*b_, labels, m.label_groups, hash32(seed, 0x6c61626cu));
   samples_seen_ += n;
   stage_->zero_grad();
   tensor logits = stage_->forward(xt, ctx, mode::train, seed);
-  if (m.label_groups > 1) {
-    // Each sample's target: a sub-class of its class drawn from the step's seed.
-    std::vector<std::int32_t> t(static_cast<std::size_t>(n));
-    group_targets({y, static_cast<std::size_t>(n)}, m.label_groups, hash32(seed, 0x6c61626cu), t);
-    b_->upload(yt, t.data());
-  }
   const loss_result lr = loss_forward(*b_, logits, yt);
   stage_->backward(loss_backward(*b_, lr, yt), ctx, false);
   opt_->step(stage_->params(), stage_->grads());
   if (m.label_groups == 1) return lr.loss;
   // The loss reported is the class loss (the sub-class one is log G higher at best).
-  std::vector<float> all(static_cast<std::size_t>(logits.numel())), cl(static_cast<std::size_t>(n * m.n_classes));
+  std::vector<float> all(static_cast<std::size_t>(logits.numel()));
   b_->download(logits, all.data());
-  class_logits(all, n, m.n_classes, m.label_groups, cl);
-  const float l = static_cast<float>(score_classes(cl, {y, static_cast<std::size_t>(n)}, m.n_classes).loss);
+  const float l = static_cast<float>(score_classes(all, labels, m.n_classes, m.label_groups).loss);
   tensor out = b_->empty({1});
   b_->upload(out, &l);
   return out;
@@ -123,30 +118,26 @@ eval_report trainer::evaluate(const data_source& d) {
     for (std::int64_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(i)] = first + i;
     d.fetch(idx.data(), n, xb.data(), yb.data());
     const shape xs = m.input.batched(n);
-    tensor xt = b_->empty(xs), yt = b_->empty({n}, dtype::i32);
+    tensor xt = b_->empty(xs);
     b_->upload(xt, xb.data());
-    b_->upload(yt, yb.data());
     stage::context ctx;
     tensor out = stage_->forward(xt, ctx, mode::eval);
+    logits.resize(static_cast<std::size_t>(out.numel()));
+    b_->download(out, logits.data());
     if (m.label_groups > 1) {
       // Scored on the class logits, on the host (what a training step reports too).
-      std::vector<float> all(static_cast<std::size_t>(out.numel()));
-      b_->download(out, all.data());
-      logits.resize(static_cast<std::size_t>(n * k));
-      class_logits(all, n, m.n_classes, m.label_groups, logits);
-      const class_score sc = score_classes(logits, {yb.data(), static_cast<std::size_t>(n)}, m.n_classes);
+      const class_score sc =
+          score_classes(logits, {yb.data(), static_cast<std::size_t>(n)}, m.n_classes, m.label_groups);
       loss_total += sc.loss * static_cast<double>(n);
       correct += sc.correct;
-      r.n += n;
-      continue;
+    } else {
+      const tensor yt = upload_targets(*b_, {yb.data(), static_cast<std::size_t>(n)}, 1, 0);
+      const loss_result lr = loss_forward(*b_, out, yt);
+      float l = 0.0f;
+      b_->download(lr.loss, &l);
+      loss_total += static_cast<double>(l) * static_cast<double>(n);
+      correct += count_correct(logits, yb.data(), n, k);
     }
-    const loss_result lr = loss_forward(*b_, out, yt);
-    float l = 0.0f;
-    b_->download(lr.loss, &l);
-    logits.resize(static_cast<std::size_t>(n * k));
-    b_->download(out, logits.data());
-    loss_total += static_cast<double>(l) * static_cast<double>(n);
-    correct += count_correct(logits, yb.data(), n, k);
     r.n += n;
   }
   b_->release_cached_memory();

@@ -152,10 +152,9 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
     res.out = transport::make_activations(key, bi, *b_, o.value, pass_labels ? &labels : nullptr, spec(seg, true));
     res.to = r.path[static_cast<std::size_t>(seg + 1)];
   } else if (o.dir == split::segment_output::direction::down) {
-    if (res.loss_here && equalise_) equalise_gradient_norms(o.value);
-    if (res.loss_here && gradient_noise_ >= 0)
-      add_gradient_noise(o.value, core::mix64(noise_seed_ ^ core::mix64((std::uint64_t{device} << 40) ^ (id.step << 8) ^
-                                                                        id.micro_batch)));
+    if (res.loss_here && (equalise_ || gradient_noise_ >= 0))
+      defend_labels(o.value, core::mix64(noise_seed_ ^
+                                         core::mix64((std::uint64_t{device} << 40) ^ (id.step << 8) ^ id.micro_batch)));
     const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.begin(seg))};
     const core::codec_spec cs = spec(seg - 1, false);
     std::vector<float>* residual =
@@ -166,52 +165,50 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
   return res;
 }
 
-void segment_runner::equalise_gradient_norms(core::tensor& g) {
-  const std::int64_t n = g.shape().rank() ? g.shape()[0] : 0;
-  if (n <= 0) return;
-  const std::int64_t d = g.shape().numel() / n;
-  std::vector<float> v(static_cast<std::size_t>(n * d));
-  b_->download(g, v.data());
-  std::vector<double> norm(static_cast<std::size_t>(n), 0.0);
-  double sum2 = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    double s2 = 0;
-    for (std::int64_t k = 0; k < d; ++k)
-      s2 += static_cast<double>(v[static_cast<std::size_t>(i * d + k)]) * v[static_cast<std::size_t>(i * d + k)];
-    norm[static_cast<std::size_t>(i)] = std::sqrt(s2);
-    sum2 += s2;
-  }
-  const double rms = std::sqrt(sum2 / static_cast<double>(n));
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double nm = norm[static_cast<std::size_t>(i)];
-    if (!(nm > 0) || !std::isfinite(rms)) continue;
-    const float f = static_cast<float>(rms / nm);
-    for (std::int64_t k = 0; k < d; ++k) v[static_cast<std::size_t>(i * d + k)] *= f;
-  }
-  b_->upload(g, v.data());
-}
+namespace {
 
-void segment_runner::add_gradient_noise(core::tensor& g, std::uint64_t seed) {
-  const std::int64_t n = g.shape().rank() ? g.shape()[0] : 0;
-  if (n <= 0) return;
-  const std::int64_t d = g.shape().numel() / n;
-  std::vector<float> v(static_cast<std::size_t>(n * d));
-  b_->download(g, v.data());
-  std::vector<double> norm2(static_cast<std::size_t>(n), 0.0);
-  double most = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
+// Squared L2 norm of each of the n rows of v (n x d).
+std::vector<double> row_norms2(const std::vector<float>& v, std::int64_t n, std::int64_t d) {
+  std::vector<double> out(static_cast<std::size_t>(n), 0.0);
+  for (std::int64_t i = 0; i < n; ++i)
     for (std::int64_t k = 0; k < d; ++k) {
       const double x = v[static_cast<std::size_t>(i * d + k)];
-      norm2[static_cast<std::size_t>(i)] += x * x;
+      out[static_cast<std::size_t>(i)] += x * x;
     }
-    most = std::max(most, norm2[static_cast<std::size_t>(i)]);
+  return out;
+}
+
+}  // namespace
+
+void segment_runner::defend_labels(core::tensor& g, std::uint64_t seed) {
+  const std::int64_t n = g.shape().rank() ? g.shape()[0] : 0;
+  if (n <= 0) return;
+  const std::int64_t d = g.shape().numel() / n;
+  std::vector<float> v(static_cast<std::size_t>(n * d));
+  b_->download(g, v.data());
+  std::vector<double> norm2 = row_norms2(v, n, d);
+  if (equalise_) {
+    double sum2 = 0;
+    for (const double x : norm2) sum2 += x;
+    const double rms = std::sqrt(sum2 / static_cast<double>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double nm = std::sqrt(norm2[static_cast<std::size_t>(i)]);
+      if (!(nm > 0) || !std::isfinite(rms)) continue;
+      const float f = static_cast<float>(rms / nm);
+      for (std::int64_t k = 0; k < d; ++k) v[static_cast<std::size_t>(i * d + k)] *= f;
+    }
+    norm2 = row_norms2(v, n, d);  // what the noise sees: the rescaled rows
   }
-  const double s2 = gradient_noise_ * gradient_noise_;
-  core::rng r(seed);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double gap = std::max(0.0, most - norm2[static_cast<std::size_t>(i)]);
-    const double sd = std::sqrt(s2 * gap / static_cast<double>(d));
-    for (std::int64_t k = 0; k < d; ++k) v[static_cast<std::size_t>(i * d + k)] += static_cast<float>(sd * r.normal());
+  if (gradient_noise_ >= 0) {
+    const double most = *std::max_element(norm2.begin(), norm2.end());
+    const double s2 = gradient_noise_ * gradient_noise_;
+    core::rng r(seed);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double gap = std::max(0.0, most - norm2[static_cast<std::size_t>(i)]);
+      const double sd = std::sqrt(s2 * gap / static_cast<double>(d));
+      for (std::int64_t k = 0; k < d; ++k)
+        v[static_cast<std::size_t>(i * d + k)] += static_cast<float>(sd * r.normal());
+    }
   }
   b_->upload(g, v.data());
 }
@@ -240,8 +237,7 @@ void segment_runner::defend_output(std::uint32_t device, split::micro_batch_id i
     }
     // With label groups the gradients follow the sub-class each sample was trained on.
     if (const int g = host_->model().label_groups; g > 1) {
-      const std::vector<std::int32_t> labels = st.labels;
-      core::group_targets(labels, g, core::group_seed(device, id.step, id.micro_batch), st.labels);
+      core::group_targets(st.labels, g, core::group_seed(device, id.step, id.micro_batch), st.labels);
     }
   }
   if (!defence_.any() && !hostile_) return;

@@ -316,21 +316,16 @@ segment_output segment_host::forward(std::uint32_t device, int segment, micro_ba
   b_->download(labels, lab.data());
   for (auto l : lab)
     if (l < 0 || l >= m_->n_classes) throw core::error("label " + std::to_string(l) + " out of range");
-  core::tensor targets = labels;
-  if (m_->label_groups > 1) {
-    // Sub-class targets drawn per device, step and micro-batch (the same wherever the loss runs).
-    std::vector<std::int32_t> t(lab.size());
-    core::group_targets(lab, m_->label_groups, core::group_seed(device, id.step, id.micro_batch), t);
-    targets = b_->empty({static_cast<std::int64_t>(t.size())}, core::dtype::i32);
-    b_->upload(targets, t.data());
-  }
+  // Sub-class targets drawn per device, step and micro-batch (the same wherever the loss runs).
+  const core::tensor targets =
+      m_->label_groups > 1
+          ? core::upload_targets(*b_, lab, m_->label_groups, core::group_seed(device, id.step, id.micro_batch))
+          : labels;
   const core::loss_result lr = core::loss_forward(*b_, y, targets);
   std::vector<float> logits(static_cast<std::size_t>(y.numel()));
   b_->download(y, logits.data());
   if (m_->label_groups > 1) {
-    std::vector<float> cl(lab.size() * static_cast<std::size_t>(m_->n_classes));
-    core::class_logits(logits, y.shape()[0], m_->n_classes, m_->label_groups, cl);
-    const core::class_score sc = core::score_classes(cl, lab, m_->n_classes);
+    const core::class_score sc = core::score_classes(logits, lab, m_->n_classes, m_->label_groups);
     out.loss = static_cast<float>(sc.loss);
     out.n_correct = static_cast<std::uint32_t>(sc.correct);
   } else {

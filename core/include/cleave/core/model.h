@@ -25,7 +25,7 @@ struct model_spec {
   // Label groups G (JSON "label_groups", default 1): the last block outputs n_classes * G
   // logits, G interchangeable sub-classes per class (logits c*G .. c*G+G-1 are class c's). A
   // training step targets one sub-class of each sample's class drawn at random (see
-  // core/label_groups.h); evaluation, reported losses and accuracy use the class logits,
+  // core/stage.h); evaluation, reported losses and accuracy use the class logits,
   // log-sum-exp over each group. G = 1 is the plain classifier.
   int label_groups = 1;
   std::string json;  // the spec as compact JSON (travels to other nodes as is)

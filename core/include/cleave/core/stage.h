@@ -83,8 +83,12 @@ tensor loss_backward(backend& b, const loss_result& r, const tensor& labels, flo
 // Label groups (model_spec::label_groups = G > 1). A training step's target for sample i of
 // class y[i] is sub-class y[i] * G + r_i, r_i uniform in [0, G) from hash32(seed, i): every
 // sub-class of a class is trained on the same data, so the gradient of the loss points at the
-// drawn sub-class as much as at the class (what a label-inference attack on it reads). out: n.
+// drawn sub-class as much as at the class (what a label-inference attack on it reads). out: n
+// (may be y itself).
 void group_targets(std::span<const std::int32_t> y, int groups, std::uint32_t seed, std::span<std::int32_t> out);
+// What a step's loss targets, uploaded to b: the labels y themselves (groups 1), else their
+// group_targets.
+tensor upload_targets(backend& b, std::span<const std::int32_t> y, int groups, std::uint32_t seed);
 // The seed of a split step's draws: a device's micro-batch of a step, wherever its loss runs
 // (and the device's own gradient check, which compares what comes back with these targets).
 std::uint32_t group_seed(std::uint32_t device, std::uint64_t step, std::uint32_t micro_batch);
@@ -92,11 +96,12 @@ std::uint32_t group_seed(std::uint32_t device, std::uint64_t step, std::uint32_t
 // softmax over them is the sum of each group's sub-class probabilities.
 void class_logits(std::span<const float> logits, std::int64_t n, int classes, int groups, std::span<float> out);
 // Mean softmax cross-entropy of class logits (n, classes) against labels y, and how many rows'
-// largest logit is their label's (first on ties).
+// largest logit is their label's (first on ties). groups > 1: logits are (n, classes * groups),
+// scored on their class_logits.
 struct class_score {
   double loss = 0;
   std::int64_t correct = 0;
 };
-class_score score_classes(std::span<const float> logits, std::span<const std::int32_t> y, int classes);
+class_score score_classes(std::span<const float> logits, std::span<const std::int32_t> y, int classes, int groups = 1);
 
 }  // namespace cleave::core

@@ -185,10 +185,9 @@ class segment_runner {
                      split::micro_batch_id id, const transport::batch_info& bi, split::segment_output o,
                      const core::tensor& labels, double seconds, bool forward);
   double timed(const std::function<void()>& f);
-  // See set_gradient_noise: g (B, ...) on this runner's backend, changed in place.
-  void add_gradient_noise(core::tensor& g, std::uint64_t seed);
-  // See set_gradient_equalise: g (B, ...) on this runner's backend, changed in place.
-  void equalise_gradient_norms(core::tensor& g);
+  // See set_gradient_equalise and set_gradient_noise (in that order, one download and upload):
+  // g (B, ...) on this runner's backend, changed in place.
+  void defend_labels(core::tensor& g, std::uint64_t seed);
   void release(std::uint32_t device);
   // See set_cut_defence: a device's bottom-cut output o (of inputs x, labels y) as it leaves, and
   // what its gradient needs on the way back.
