@@ -13,11 +13,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -251,10 +253,29 @@ class virtual_devices {
     auto data = std::make_shared<core::dataset>(std::move(core::load_dataset(p.data, lo).train));
     auto board =
         std::make_shared<runtime::shared_board>(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-    for (int i = 1; i <= o.devices; ++i)
-      agents_.push_back(std::make_unique<device::agent>(virtual_agent(o, p, i, data, board)));
+    // A device's first frame goes out once its handshake is done: at most `in_flight` devices
+    // are handshaking at a time, however slowly a loaded machine completes them.
+    constexpr int in_flight = 8;
+    for (int i = 1; i <= o.devices; ++i) {
+      auto c = virtual_agent(o, p, i, data, board);
+      c.on_send = [this, first = std::make_shared<std::once_flag>()](std::span<const std::byte>) {
+        std::call_once(*first, [this] {
+          std::lock_guard lock(mu_);
+          ++connected_;
+          cv_.notify_all();
+        });
+      };
+      agents_.push_back(std::make_unique<device::agent>(c));
+    }
     threads_.reserve(agents_.size());
+    bool paced = true;
     for (std::size_t i = 0; i < agents_.size(); ++i) {
+      if (paced) {
+        // 10 s without a handshake done (the server gone?): the devices' own retries take over.
+        std::unique_lock lock(mu_);
+        paced =
+            cv_.wait_for(lock, std::chrono::seconds(10), [&] { return static_cast<int>(i) - connected_ < in_flight; });
+      }
       threads_.emplace_back([this, i] {
         try {
           agents_[i]->run();
@@ -262,7 +283,6 @@ class virtual_devices {
           spdlog::error("device {}: {}", i + 1, e.what());
         }
       });
-      if (i % 8 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
   ~virtual_devices() { stop(); }
@@ -274,6 +294,9 @@ class virtual_devices {
   }
 
  private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int connected_ = 0;  // devices that have sent a frame
   std::vector<std::unique_ptr<device::agent>> agents_;
   std::vector<std::thread> threads_;
 };
