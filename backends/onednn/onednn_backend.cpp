@@ -70,6 +70,7 @@ onednn_backend::onednn_backend(onednn_options opt)
     : n_threads_(std::clamp(opt.n_threads, 1, hardware_threads())),
       layout_(opt.layout),
       pooling_(opt.pooling),
+      conv_(opt.conv),
       min_parallel_work_(opt.min_parallel_work) {
   set_omp_threads(n_threads_);
   eng_ = CLEAVE_CHECK_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0));
@@ -81,6 +82,12 @@ onednn_backend::~onednn_backend() = default;
 std::string onednn_backend::device_name() const {
   return "host CPU (oneDNN " + library_version() + ", " + isa_name(dnnl::get_effective_cpu_isa()) + ", " +
          std::to_string(n_threads_) + (n_threads_ == 1 ? " thread)" : " threads)");
+}
+
+std::size_t onednn_backend::n_cached_running(const std::string& impl) const {
+  return static_cast<std::size_t>(std::count_if(cache_.begin(), cache_.end(), [&](const auto& kv) {
+    return kv.second->impl().find(impl) != std::string::npos;
+  }));
 }
 
 void onednn_backend::run(planned_op& op, std::initializer_list<binding> args) {

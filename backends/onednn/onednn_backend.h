@@ -50,6 +50,11 @@ enum class conv_layout : std::uint8_t {
   nchw,       // the caller's layout: no reorders (oneDNN then uses im2col + GEMM)
 };
 
+// Which algorithm 3x3 convolutions use. Winograd F(4x4, 3x3) does about a quarter of the
+// multiplications of the direct kernels; oneDNN 2.6 has it for f32 on AVX-512 in blocked
+// layouts. `direct` always takes the direct kernels (for measurements).
+enum class conv_algorithm : std::uint8_t { automatic, direct };
+
 // How pooling runs: loops for 2x2 windows of stride 2 and oneDNN's primitive for the rest, or
 // the primitive for every window (for measurements).
 enum class pool_impl : std::uint8_t { automatic, primitive };
@@ -58,6 +63,7 @@ struct onednn_options {
   int n_threads = 2;  // OpenMP threads for primitives (capped at the hardware's count)
   conv_layout layout = conv_layout::automatic;
   pool_impl pooling = pool_impl::automatic;
+  conv_algorithm conv = conv_algorithm::automatic;
   // Ops with less work than this (flops, or 4 x bytes moved for memory-bound ops) run on one
   // thread. A fork and join costs microseconds on idle cores, but a whole scheduler slice when
   // another process holds a core: on LeNet-5 only the convolutions split.
@@ -74,6 +80,8 @@ class onednn_backend final : public reference_backend {
   int n_threads() const { return n_threads_; }
   // Number of distinct primitive configurations created so far (one per op and shape).
   std::size_t n_cached() const { return cache_.size(); }
+  // How many of them run an implementation whose oneDNN name contains `impl` (e.g. "wino").
+  std::size_t n_cached_running(const std::string& impl) const;
 
   void synchronize() override;
   void download(const core::tensor& src, void* dst) override;
@@ -150,6 +158,7 @@ class onednn_backend final : public reference_backend {
   int n_threads_;
   conv_layout layout_;
   pool_impl pooling_;
+  conv_algorithm conv_;
   double min_parallel_work_;
   dnnl::engine eng_;
   dnnl::stream stream_;

@@ -96,6 +96,23 @@ void planned_op::add(int arg, bool is_output, const dnnl::memory::desc& user, co
   slots_.push_back(std::move(s));
 }
 
+void planned_op::scratchpad(const dnnl::memory::desc& md) {
+  if (md.get_size() == 0) return;
+  scratch_ = CLEAVE_CHECK_DNNL(dnnl::memory(md, eng_, DNNL_MEMORY_NONE));
+  scratch_offset_ = arena_bytes_;
+  arena_bytes_ += (md.get_size() + 63) / 64 * 64;
+  exec_args_[DNNL_ARG_SCRATCHPAD] = scratch_;
+}
+
+std::string planned_op::impl() const {
+  if (!prim_) return {};
+  const char* name = nullptr;
+  if (dnnl_primitive_desc_query(prim_.get_primitive_desc(), dnnl_query_impl_info_str, 0, &name) != dnnl_success ||
+      name == nullptr)
+    return {};
+  return name;
+}
+
 std::size_t planned_op::bytes_of(int arg) const {
   for (const auto& s : slots_)
     if (s.arg == arg) return s.user.get_desc().get_size();
@@ -123,6 +140,10 @@ void planned_op::run(const dnnl::stream& strm, scratch_arena& arena, std::initia
       CLEAVE_CHECK_DNNL(s.inner.set_data_handle(base + s.offset));
       s.inner_ptr = base + s.offset;
     }
+  }
+  if (scratch_ && scratch_ptr_ != base + scratch_offset_) {
+    CLEAVE_CHECK_DNNL(scratch_.set_data_handle(base + scratch_offset_));
+    scratch_ptr_ = base + scratch_offset_;
   }
   for (auto& s : slots_)
     if (s.staged && !s.is_output) {

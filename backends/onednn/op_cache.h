@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -75,7 +76,12 @@ class planned_op {
 
   void input(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want);
   void output(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want, bool accumulate = false);
+  // Memory the primitive asks for during its run (its primitive descriptor was made with
+  // scratchpad_mode::user): a part of the arena, not oneDNN's own per-thread buffer.
+  void scratchpad(const dnnl::memory::desc& md);
   void set_primitive(const dnnl::primitive& p) { prim_ = p; }
+  // oneDNN's name of the implementation the primitive runs (e.g. "jit_wino_4x3:avx512_core").
+  std::string impl() const;
   // Bytes of argument `arg` in the caller's layout.
   std::size_t bytes_of(int arg) const;
 
@@ -106,6 +112,9 @@ class planned_op {
   std::vector<slot> slots_;
   std::unordered_map<int, dnnl::memory> exec_args_;
   std::size_t arena_bytes_ = 0;
+  dnnl::memory scratch_;  // empty without a scratchpad
+  std::size_t scratch_offset_ = 0;
+  void* scratch_ptr_ = nullptr;
 };
 
 }  // namespace cleave::backend::detail

@@ -4,6 +4,7 @@
 // skipped (exit 0), so run.sh can list every model of the comparison. Used by run.sh.
 // Usage: bench_models --model M [--backend onednn:2] [--data D] [--batch 64] [--steps 20]
 //                     [--warmup 3] [--epochs 0] [--lr 0.05] [--momentum 0.9] [--seed 1]
+//                     [--lr-schedule constant|cosine]   (cosine: over every step of the epochs)
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -34,7 +35,7 @@ double peak_rss_mib() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string backend = "onednn:2", model = "lenet5", data = "fashion-mnist";
+  std::string backend = "onednn:2", model = "lenet5", data = "fashion-mnist", schedule = "constant";
   int batch = 64, steps = 20, warmup = 3, epochs = 0;
   float lr = 0.05f, momentum = 0.9f;
   long long seed = 1;
@@ -60,6 +61,8 @@ int main(int argc, char** argv) {
       momentum = std::stof(v);
     else if (k == "--seed")
       seed = std::stoll(v);
+    else if (k == "--lr-schedule")
+      schedule = v;
     else {
       std::fprintf(stderr, "bench_models: unknown option %s\n", k.c_str());
       return 2;
@@ -84,6 +87,8 @@ int main(int argc, char** argv) {
     c.seed = static_cast<std::uint64_t>(seed);
     c.opt.lr = lr;
     c.opt.momentum = momentum;
+    c.opt.schedule = core::parse_schedule_kind(schedule);
+    core::fit_schedule(c, epochs > 0 ? d.train.size() : static_cast<std::int64_t>(warmup + steps) * batch);
     core::trainer t(*b, m, c);
     std::int64_t images = 0;
     double secs = 0;

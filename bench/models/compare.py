@@ -42,10 +42,12 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                    help="cosine: from --lr to 0 over the run, on both sides")
     a = ap.parse_args()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS=str(a.threads))
     common = ["--data", a.data, "--batch", str(a.batch), "--steps", str(a.steps), "--warmup", str(a.warmup),
-              "--epochs", str(a.epochs), "--lr", str(a.lr), "--seed", str(a.seed)]
+              "--epochs", str(a.epochs), "--lr", str(a.lr), "--seed", str(a.seed), "--lr-schedule", a.lr_schedule]
     rows, failed = [], []
     for m in a.models.split(","):
         print(f"{m}: PyTorch CPU, then cleave onednn:{a.threads} ...", file=sys.stderr, flush=True)
@@ -62,7 +64,7 @@ def main():
             continue
         rows.append((m, t, t_wall, t_rss, c, c_wall, c_rss, None))
 
-    print(f"batch {a.batch}, {a.threads} threads, SGD lr {a.lr} momentum 0.9, data {a.data}, "
+    print(f"batch {a.batch}, {a.threads} threads, SGD lr {a.lr} ({a.lr_schedule}) momentum 0.9, data {a.data}, "
           + (f"{a.epochs} epoch(s)" if a.epochs else f"{a.steps} timed steps after {a.warmup} warm-up"))
     print(f"{'model':12} {'params':>9} {'torch img/s':>11} {'cleave img/s':>12} {'ratio':>6} {'target':>6}  "
           f"{'torch RSS':>9} {'cleave RSS':>10} {'ratio':>5}  {'torch wall':>10} {'cleave wall':>11}"

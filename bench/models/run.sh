@@ -3,7 +3,7 @@
 # batch 64, SGD momentum, 2 threads: PyTorch (CPU, Debian's python3-torch) and cleave (onednn)
 # side by side in one run; prints images/s, peak RSS and wall time of both and the ratios
 # cleave/pytorch against the targets. A model cleave's zoo does not have yet is listed as skipped.
-# Usage: bench/models/run.sh [--steps N] [--warmup N] [--epochs E] [--models a,b] [--data DIR]
+# Usage: bench/models/run.sh [--steps N] [--warmup N] [--epochs E] [--lr-schedule cosine] [--models a,b] [--data DIR]
 #                            [--batch N] [--threads N]      (builds bench_models if needed)
 # BUILD (default build) names the build directory.
 set -euo pipefail

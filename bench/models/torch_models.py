@@ -10,7 +10,7 @@ DataLoader): both sides measure the training loop, not data plumbing.
 
   torch_models.py --model resnet18 [--data DIR] [--steps 20] [--warmup 3] [--epochs 0]
 """
-import argparse, gzip, json, os, resource, struct, sys, time
+import argparse, gzip, json, math, os, resource, struct, sys, time
 
 t_start = time.perf_counter()
 import numpy as np
@@ -139,6 +139,8 @@ def main():
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                   help="cosine: from --lr to 0 over every step of the run, as cleave's trainer")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -149,12 +151,17 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     g = torch.Generator().manual_seed(a.seed)
+    # Steps of the run as cleave counts them (a last partial batch is a step).
+    total = a.epochs * -(-len(y_tr) // a.batch) if a.epochs > 0 else a.warmup + a.steps
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda t: 0.5 * (1 + math.cos(math.pi * min(1.0, t / total))) if a.lr_schedule == "cosine" else 1.0)
 
     def step(idx):
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(norm(x_tr[idx])), y_tr[idx])
         loss.backward()
         opt.step()
+        sched.step()
         return loss
 
     model.train()

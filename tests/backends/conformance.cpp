@@ -295,6 +295,8 @@ TEST_CASE("conv2d forward, backward-data and accumulating backward-weights match
       {3, 5, 11, 10, 7, 3, 3, 2, 1, true},    // strided 3x3
       {2, 8, 8, 8, 16, 1, 1, 2, 0, false},    // 1x1 shortcut, stride 2
       {1, 3, 32, 32, 16, 3, 3, 1, 1, false},  // first layer on 32x32x3
+      {2, 32, 10, 10, 48, 3, 3, 1, 1, true},  // 3x3 in 16s of channels: winograd on onednn (AVX-512)
+      {2, 64, 4, 4, 64, 3, 3, 1, 1, false},   // ResNet-18's last stage on 28x28 inputs
       // Pointwise (1x1, stride 1): images over threads, one image split by columns, 49 columns.
       {4, 32, 28, 28, 64, 1, 1, 1, 0, true},
       {1, 64, 32, 32, 96, 1, 1, 1, 0, false},

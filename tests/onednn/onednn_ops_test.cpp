@@ -37,6 +37,8 @@ const conv_case conv_cases[] = {
     {"resnet stem 3x3 pad 1", 8, 3, 16, 16, 16, 3, 3, 1, 1, 1, 1},
     {"resnet 3x3 pad 1 stride 1", 4, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1},
     {"resnet 3x3 pad 1 stride 2", 4, 16, 8, 8, 32, 3, 3, 2, 2, 1, 1},
+    {"resnet-18 3x3 64 -> 128 at 14x14 (winograd)", 4, 64, 14, 14, 128, 3, 3, 1, 1, 1, 1},
+    {"3x3 at 3x3 outputs (direct: too small for winograd's tiles)", 2, 32, 3, 3, 32, 3, 3, 1, 1, 1, 1},
     {"resnet 1x1 stride 2 shortcut", 4, 16, 8, 8, 32, 1, 1, 2, 2, 0, 0},
     {"24 channels 3x3", 2, 24, 6, 6, 8, 3, 3, 1, 1, 1, 1},
     {"odd sizes, unequal stride and padding", 3, 5, 7, 9, 7, 3, 2, 2, 1, 1, 0},
@@ -328,6 +330,35 @@ TEST_CASE("a repeated op reuses its cached primitive") {
   b.dnn.conv2d_forward(d, x.d, w.d, tensor(), y2.d);
   CHECK(b.dnn.n_cached() == n);
   CHECK(values(b.dnn, y.d) == values(b.dnn, y2.d));
+}
+
+TEST_CASE("3x3 stride-1 convolutions in 16s of channels run winograd where the CPU has it, direct when told") {
+  const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core &&
+                      dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic &&
+                      dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic_4ops;
+  for (auto algo : {cleave::backend::detail::conv_algorithm::automatic, cleave::backend::detail::conv_algorithm::direct}) {
+    const bool automatic = algo == cleave::backend::detail::conv_algorithm::automatic;
+    INFO("conv_algorithm " << (automatic ? "automatic" : "direct"));
+    backends b(cleave::backend::detail::onednn_options{.conv = algo});
+    core::rng g(5);
+    const core::conv2d_desc d{1, 1, 1, 1};
+    auto x = b.random({2, 32, 8, 8}, g);
+    auto w = b.random({16, 32, 3, 3}, g);
+    auto y = b.filled({2, 16, 8, 8}, 0.0f);
+    b.dnn.conv2d_forward(d, x.d, w.d, tensor(), y.d);
+    auto dx = b.filled({2, 32, 8, 8}, 0.0f);
+    b.dnn.conv2d_backward_data(d, y.d, w.d, dx.d);
+    auto dw = b.filled({16, 32, 3, 3}, 0.0f);
+    b.dnn.conv2d_backward_weights(d, x.d, y.d, dw.d, tensor());
+    CHECK(b.dnn.n_cached_running("wino") == (automatic && avx512 ? 3 : 0));
+    // Neither stride 2 nor a channel count off the 16s.
+    auto y2 = b.filled({2, 16, 4, 4}, 0.0f);
+    b.dnn.conv2d_forward({2, 2, 1, 1}, x.d, w.d, tensor(), y2.d);
+    auto x3 = b.random({2, 24, 8, 8}, g);
+    auto w3 = b.random({16, 24, 3, 3}, g);
+    b.dnn.conv2d_forward(d, x3.d, w3.d, tensor(), y.d);
+    CHECK(b.dnn.n_cached_running("wino") == (automatic && avx512 ? 3 : 0));
+  }
 }
 
 TEST_CASE("ops on empty tensors do nothing and do not throw") {
