@@ -285,6 +285,42 @@ int main(int argc, char** argv) {
     std::printf(" %9.1f", time_us([&] { nets[i]->step(); }, *by_layout[i], budget * 2));
   std::printf("\n\n");
 
+  std::printf("ResNet-18 3x3 convolutions on 28x28 inputs, batch 64: winograd (default) vs direct (us per call)\n");
+  std::printf("%-26s %10s %10s %10s %10s %10s %10s %7s\n", "channels at size", "fwd wino", "direct", "bwd-d wino",
+              "direct", "bwd-w wino", "direct", "ratio");
+  {
+    onednn_backend direct(onednn_options{.n_threads = n_threads, .conv = cleave::backend::detail::conv_algorithm::direct});
+    struct shape_case {
+      std::int64_t c, hw;
+    };
+    const shape_case cases[] = {{64, 28}, {128, 14}, {256, 7}, {512, 4}};
+    double sum_w = 0, sum_d = 0;
+    for (const auto& sc : cases) {
+      core::rng g(3);
+      const core::conv2d_desc d{1, 1, 1, 1};
+      const core::shape sx{64, sc.c, sc.hw, sc.hw}, sw{sc.c, sc.c, 3, 3};
+      auto x = random_tensor(dnn, sx, g), w = random_tensor(dnn, sw, g), y = dnn.empty(sx), dx = dnn.empty(sx),
+           dw = dnn.empty(sw);
+      auto x2 = random_tensor(direct, sx, g), w2 = random_tensor(direct, sw, g), y2 = direct.empty(sx),
+           dx2 = direct.empty(sx), dw2 = direct.empty(sw);
+      const double t[6] = {
+          time_us([&] { dnn.conv2d_forward(d, x, w, tensor(), y); }, dnn, budget),
+          time_us([&] { direct.conv2d_forward(d, x2, w2, tensor(), y2); }, direct, budget),
+          time_us([&] { dnn.conv2d_backward_data(d, y, w, dx); }, dnn, budget),
+          time_us([&] { direct.conv2d_backward_data(d, y2, w2, dx2); }, direct, budget),
+          time_us([&] { dnn.conv2d_backward_weights(d, x, y, dw, tensor()); }, dnn, budget),
+          time_us([&] { direct.conv2d_backward_weights(d, x2, y2, dw2, tensor()); }, direct, budget)};
+      const double tw = t[0] + t[2] + t[4], td = t[1] + t[3] + t[5];
+      sum_w += tw;
+      sum_d += td;
+      const std::string name = std::to_string(sc.c) + " at " + std::to_string(sc.hw) + "x" + std::to_string(sc.hw);
+      std::printf("%-26s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %6.2fx\n", name.c_str(), t[0], t[1], t[2], t[3],
+                  t[4], t[5], td / tw);
+    }
+    std::printf("%-26s %65s %6.2fx  (direct / winograd, all three ops)\n", "all", "", sum_d / sum_w);
+    std::printf("  plans running winograd: %zu\n\n", dnn.n_cached_running("wino"));
+  }
+
   std::printf("LeNet-5 pooling (2x2, stride 2): loops (default) vs oneDNN primitive (us per call)\n");
   std::printf("%-20s %9s %9s\n", "op", "loops", "primitive");
   onednn_backend prim(onednn_options{.n_threads = n_threads, .pooling = cleave::backend::detail::pool_impl::primitive});
