@@ -55,6 +55,9 @@ enum class conv_layout : std::uint8_t {
 // layouts. `direct` always takes the direct kernels (for measurements).
 enum class conv_algorithm : std::uint8_t { automatic, direct };
 
+// The three passes of a convolution.
+enum class conv_op : std::uint8_t { forward, backward_data, backward_weights };
+
 // How pooling runs: loops for 2x2 windows of stride 2 and oneDNN's primitive for the rest, or
 // the primitive for every window (for measurements).
 enum class pool_impl : std::uint8_t { automatic, primitive };
@@ -82,6 +85,8 @@ class onednn_backend final : public reference_backend {
   std::size_t n_cached() const { return cache_.size(); }
   // How many of them run an implementation whose oneDNN name contains `impl` (e.g. "wino").
   std::size_t n_cached_running(const std::string& impl) const;
+  // Convolution passes run so far on the backend's own few-channel loops (onednn_narrow_conv.cpp).
+  std::size_t n_narrow_calls() const { return narrow_calls_; }
 
   void synchronize() override;
   void download(const core::tensor& src, void* dst) override;
@@ -139,6 +144,16 @@ class onednn_backend final : public reference_backend {
   void pointwise_forward(const core::conv_dims& c, const float* x, const float* w, const float* b, float* y);
   void pointwise_backward_data(const core::conv_dims& c, const float* dy, const float* w, float* dx);
   void pointwise_backward_weights(const core::conv_dims& c, const float* x, const float* dy, float* dw, float* db);
+  // Convolutions with few channels, where oneDNN's kernels pad channels to 16, on AVX-512
+  // loops over the caller's NCHW tensors (onednn_narrow_conv.cpp); only under the automatic
+  // layout and algorithm, and on CPUs with AVX-512.
+  bool narrow(conv_op op, const core::conv2d_desc& d, const core::conv_dims& c) const;
+  void narrow_forward(const core::conv2d_desc& d, const core::conv_dims& c, const float* x, const float* w,
+                      const float* b, float* y);
+  void narrow_backward_data(const core::conv2d_desc& d, const core::conv_dims& c, const float* dy, const float* w,
+                            float* dx);
+  void narrow_backward_weights(const core::conv2d_desc& d, const core::conv_dims& c, const float* x, const float* dy,
+                               float* dw, float* db);
   // Threads for an op of `work` (see onednn_options::min_parallel_work).
   int threads_for(double work) const;
   // The cached plan for `key`, built by `build(planned_op&)` on first use; `work` (see
@@ -165,7 +180,8 @@ class onednn_backend final : public reference_backend {
   scratch_arena arena_;
   std::unordered_map<op_key, std::unique_ptr<planned_op>, op_key_hash> cache_;
   std::vector<float> floats_[2];
-  float alpha_ = 1.0f;  // the runtime output scale of matmul
+  float alpha_ = 1.0f;
+  std::size_t narrow_calls_ = 0;  // the runtime output scale of matmul
 };
 
 }  // namespace cleave::backend::detail

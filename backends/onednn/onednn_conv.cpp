@@ -21,8 +21,6 @@ double conv_flops(const conv_dims& c) {
   return 2.0 * c.n * c.k * c.p * c.q * c.cg() * c.r * c.s;
 }
 
-enum class conv_op : std::uint8_t { forward, backward_data, backward_weights };
-
 // The activation layout per op, measured on oneDNN 2.6.3 with AVX-512 (bench/onednn): the
 // blocked kernels win when C is a multiple of 16; for other C >= 4 channels-last kernels win
 // (oneDNN's own choice there is an AVX2 kernel, 2-3x slower in backward); with C < 4 (a
@@ -125,6 +123,8 @@ void onednn_backend::conv2d_forward(const core::conv2d_desc& d, const tensor& x,
   CLEAVE_ASSERT(!b.defined() || b.numel() == c.k, "conv2d_forward: bias must be (K)");
   if (empty_conv(c)) return reference_backend::conv2d_forward(d, x, w, b, y);
   if (pointwise(d, c)) return pointwise_forward(c, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32());
+  if (narrow(conv_op::forward, d, c))
+    return narrow_forward(d, c, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32());
   const bool bias = b.defined();
   op_key key = make_key(op_tag::conv_fwd);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
@@ -154,6 +154,7 @@ void onednn_backend::conv2d_backward_data(const core::conv2d_desc& d, const tens
   const auto c = core::conv_dims_of(d, dx, w, dy);
   if (empty_conv(c)) return reference_backend::conv2d_backward_data(d, dy, w, dx);
   if (pointwise(d, c)) return pointwise_backward_data(c, dy.f32(), w.f32(), dx.f32());
+  if (narrow(conv_op::backward_data, d, c)) return narrow_backward_data(d, c, dy.f32(), w.f32(), dx.f32());
   op_key key = make_key(op_tag::conv_bwd_data);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
       << std::int64_t{d.pad_h} << std::int64_t{d.pad_w} << c.g;
@@ -184,6 +185,8 @@ void onednn_backend::conv2d_backward_weights(const core::conv2d_desc& d, const t
   if (empty_conv(c)) return reference_backend::conv2d_backward_weights(d, x, dy, dw, db);
   if (pointwise(d, c))
     return pointwise_backward_weights(c, x.f32(), dy.f32(), dw.f32(), db.defined() ? db.f32() : nullptr);
+  if (narrow(conv_op::backward_weights, d, c))
+    return narrow_backward_weights(d, c, x.f32(), dy.f32(), dw.f32(), db.defined() ? db.f32() : nullptr);
   const bool bias = db.defined();
   op_key key = make_key(op_tag::conv_bwd_weights);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}

@@ -39,6 +39,14 @@ const conv_case conv_cases[] = {
     {"resnet 3x3 pad 1 stride 2", 4, 16, 8, 8, 32, 3, 3, 2, 2, 1, 1},
     {"resnet-18 3x3 64 -> 128 at 14x14 (winograd)", 4, 64, 14, 14, 128, 3, 3, 1, 1, 1, 1},
     {"3x3 at 3x3 outputs (direct: too small for winograd's tiles)", 2, 32, 3, 3, 32, 3, 3, 1, 1, 1, 1},
+    // Few channels (own loops): widths with a tail, exactly 16, one vector's tail only; windows
+    // wider than tall; a padding as large as the window (backward data then on oneDNN).
+    {"narrow 3 -> 8, 3x5 window, width 37", 3, 3, 9, 37, 8, 3, 5, 1, 1, 1, 2},
+    {"narrow 2 -> 5, 3x3, width 16, no padding", 2, 2, 6, 18, 5, 3, 3, 1, 1, 0, 0},
+    {"narrow 1 -> 3, 2x2 window, padding 1", 3, 1, 5, 7, 3, 2, 2, 1, 1, 1, 1},
+    {"narrow 4 -> 7, 3x3, padding 3", 2, 4, 6, 6, 7, 3, 3, 1, 1, 3, 3},
+    {"narrow backward data 8 <- 32, 5x5 pad 2, width 20", 2, 8, 20, 20, 32, 5, 5, 1, 1, 2, 2},
+    {"narrow backward data 3 <- 7, 3x3 pad 1, width 33", 3, 3, 4, 33, 7, 3, 3, 1, 1, 1, 1},
     {"resnet 1x1 stride 2 shortcut", 4, 16, 8, 8, 32, 1, 1, 2, 2, 0, 0},
     {"24 channels 3x3", 2, 24, 6, 6, 8, 3, 3, 1, 1, 1, 1},
     {"odd sizes, unequal stride and padding", 3, 5, 7, 9, 7, 3, 2, 2, 1, 1, 0},
@@ -358,6 +366,49 @@ TEST_CASE("3x3 stride-1 convolutions in 16s of channels run winograd where the C
     auto w3 = b.random({16, 24, 3, 3}, g);
     b.dnn.conv2d_forward(d, x3.d, w3.d, tensor(), y.d);
     CHECK(b.dnn.n_cached_running("wino") == (automatic && avx512 ? 3 : 0));
+  }
+}
+
+TEST_CASE("few-channel convolutions run the backend's own loops on AVX-512, oneDNN when told") {
+  const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core &&
+                      dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic &&
+                      dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic_4ops;
+  for (auto algo : {cleave::backend::detail::conv_algorithm::automatic,
+                    cleave::backend::detail::conv_algorithm::direct}) {
+    const bool automatic = algo == cleave::backend::detail::conv_algorithm::automatic;
+    INFO("conv_algorithm " << (automatic ? "automatic" : "direct"));
+    backends b(cleave::backend::detail::onednn_options{.conv = algo});
+    core::rng g(6);
+    // LeNet-5's first layer (1 -> 6, 5x5, pad 2): forward and backward weights on the loops;
+    // its second (6 -> 16): forward on oneDNN, backward data on the loops.
+    const core::conv2d_desc d1{1, 1, 2, 2}, d2{1, 1, 0, 0};
+    auto x = b.random({4, 1, 28, 28}, g);
+    auto w1 = b.random({6, 1, 5, 5}, g), bias1 = b.random({6}, g);
+    auto y1 = b.filled({4, 6, 28, 28}, 0.0f);
+    b.dnn.conv2d_forward(d1, x.d, w1.d, bias1.d, y1.d);
+    b.ref.conv2d_forward(d1, x.r, w1.r, bias1.r, y1.r);
+    CHECK(rel_error(b, y1) < tol);
+    auto dw1 = b.filled({6, 1, 5, 5}, 0.5f), db1 = b.filled({6}, 0.5f);
+    b.dnn.conv2d_backward_weights(d1, x.d, y1.d, dw1.d, db1.d);
+    b.ref.conv2d_backward_weights(d1, x.r, y1.r, dw1.r, db1.r);
+    CHECK(rel_error(b, dw1) < tol);
+    CHECK(rel_error(b, db1) < tol);
+    CHECK(b.dnn.n_narrow_calls() == (automatic && avx512 ? 2 : 0));
+    auto p = b.random({4, 6, 14, 14}, g);
+    auto w2 = b.random({16, 6, 5, 5}, g);
+    auto y2 = b.filled({4, 16, 10, 10}, 0.0f);
+    b.dnn.conv2d_forward(d2, p.d, w2.d, tensor(), y2.d);
+    b.ref.conv2d_forward(d2, p.r, w2.r, tensor(), y2.r);
+    auto dp = b.filled({4, 6, 14, 14}, 0.0f);
+    b.dnn.conv2d_backward_data(d2, y2.d, w2.d, dp.d);
+    b.ref.conv2d_backward_data(d2, y2.r, w2.r, dp.r);
+    CHECK(rel_error(b, dp) < tol);
+    CHECK(b.dnn.n_narrow_calls() == (automatic && avx512 ? 3 : 0));
+    // Repeats bit for bit (per-thread partials added in thread order).
+    auto dw_again = b.filled({6, 1, 5, 5}, 0.5f), db_again = b.filled({6}, 0.5f);
+    b.dnn.conv2d_backward_weights(d1, x.d, y1.d, dw_again.d, db_again.d);
+    CHECK(values(b.dnn, dw_again.d) == values(b.dnn, dw1.d));
+    CHECK(values(b.dnn, db_again.d) == values(b.dnn, db1.d));
   }
 }
 
