@@ -85,9 +85,8 @@ std::string onednn_backend::device_name() const {
 }
 
 std::size_t onednn_backend::n_cached_running(const std::string& impl) const {
-  return static_cast<std::size_t>(std::count_if(cache_.begin(), cache_.end(), [&](const auto& kv) {
-    return kv.second->impl().find(impl) != std::string::npos;
-  }));
+  return static_cast<std::size_t>(std::count_if(
+      cache_.begin(), cache_.end(), [&](const auto& kv) { return kv.second->impl().find(impl) != std::string::npos; }));
 }
 
 void onednn_backend::run(planned_op& op, std::initializer_list<binding> args) {
@@ -206,7 +205,8 @@ void onednn_backend::matmul(const tensor& a, const tensor& b, const tensor& c, b
       po.append_sum(beta);
       attr.set_post_ops(po);
     }
-    auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({a_md, b_md, c_md}, attr, eng_));
+    auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({a_md, b_md, c_md}, arena_scratchpad(attr), eng_));
+    p.scratchpad(pd.scratchpad_desc());
     p.input(DNNL_ARG_SRC, a_md, pd.src_desc());
     p.input(DNNL_ARG_WEIGHTS, b_md, pd.weights_desc());
     if (scaled) {
@@ -234,17 +234,18 @@ void onednn_backend::linear_forward(const tensor& x, const tensor& w, const tens
                 "linear_forward shapes");
   if (n == 0 || in == 0 || out == 0) return reference_backend::linear_forward(x, w, b, y);
   const bool bias = b.defined();
-  auto& op = plan(make_key(op_tag::linear_fwd) << n << in << out << std::int64_t{bias}, 2.0 * n * in * out,
-                  [&](planned_op& p) {
-                    const auto x_md = row_major(n, in), w_md = col_major(in, out), y_md = row_major(n, out);
-                    const auto b_md = bias ? row_major(1, out) : dnnl::memory::desc();
-                    auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({x_md, w_md, b_md, y_md}, eng_));
-                    p.input(DNNL_ARG_SRC, x_md, pd.src_desc());
-                    p.input(DNNL_ARG_WEIGHTS, w_md, pd.weights_desc());
-                    if (bias) p.input(DNNL_ARG_BIAS, b_md, pd.bias_desc());
-                    p.output(DNNL_ARG_DST, y_md, pd.dst_desc());
-                    p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::matmul(pd)));
-                  });
+  auto& op = plan(
+      make_key(op_tag::linear_fwd) << n << in << out << std::int64_t{bias}, 2.0 * n * in * out, [&](planned_op& p) {
+        const auto x_md = row_major(n, in), w_md = col_major(in, out), y_md = row_major(n, out);
+        const auto b_md = bias ? row_major(1, out) : dnnl::memory::desc();
+        auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({x_md, w_md, b_md, y_md}, arena_scratchpad(), eng_));
+        p.scratchpad(pd.scratchpad_desc());
+        p.input(DNNL_ARG_SRC, x_md, pd.src_desc());
+        p.input(DNNL_ARG_WEIGHTS, w_md, pd.weights_desc());
+        if (bias) p.input(DNNL_ARG_BIAS, b_md, pd.bias_desc());
+        p.output(DNNL_ARG_DST, y_md, pd.dst_desc());
+        p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::matmul(pd)));
+      });
   run(op, {{DNNL_ARG_SRC, x.host_data()},
            {DNNL_ARG_WEIGHTS, w.host_data()},
            {DNNL_ARG_BIAS, bias ? b.host_data() : nullptr},
@@ -261,7 +262,8 @@ void onednn_backend::linear_backward_data(const tensor& dy, const tensor& w, con
   if (n == 0 || in == 0 || out == 0) return reference_backend::linear_backward_data(dy, w, dx);
   auto& op = plan(make_key(op_tag::linear_bwd_data) << n << in << out, 2.0 * n * in * out, [&](planned_op& p) {
     const auto dy_md = row_major(n, out), w_md = row_major(out, in), dx_md = row_major(n, in);
-    auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({dy_md, w_md, dx_md}, eng_));
+    auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({dy_md, w_md, dx_md}, arena_scratchpad(), eng_));
+    p.scratchpad(pd.scratchpad_desc());
     p.input(DNNL_ARG_SRC, dy_md, pd.src_desc());
     p.input(DNNL_ARG_WEIGHTS, w_md, pd.weights_desc());
     p.output(DNNL_ARG_DST, dx_md, pd.dst_desc());
@@ -287,7 +289,8 @@ void onednn_backend::linear_backward_weights(const tensor& x, const tensor& dy, 
     po.append_sum(1.0f);
     dnnl::primitive_attr attr;
     attr.set_post_ops(po);
-    auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({dyt_md, x_md, dw_md}, attr, eng_));
+    auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({dyt_md, x_md, dw_md}, arena_scratchpad(attr), eng_));
+    p.scratchpad(pd.scratchpad_desc());
     p.input(DNNL_ARG_SRC, dyt_md, pd.src_desc());
     p.input(DNNL_ARG_WEIGHTS, x_md, pd.weights_desc());
     p.output(DNNL_ARG_DST, dw_md, pd.dst_desc());

@@ -84,17 +84,10 @@ bool winograd_shape(conv_algorithm algo, conv_layout layout, const core::conv2d_
          c.p >= 4 && c.q >= 4;
 }
 
-// Convolutions take their scratchpad from the backend's arena (planned_op::scratchpad).
-dnnl::primitive_attr user_scratchpad() {
-  dnnl::primitive_attr a;
-  a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  return a;
-}
-
 dnnl::convolution_forward::primitive_desc conv_forward_pd(const conv_mds& m, dnnl::algorithm alg,
                                                           const dnnl::engine& eng) {
   return dnnl::convolution_forward::primitive_desc(
-      {dnnl::prop_kind::forward_training, alg, m.x, m.w, m.b, m.y, m.strides, m.pad_l, m.pad_r}, user_scratchpad(),
+      {dnnl::prop_kind::forward_training, alg, m.x, m.w, m.b, m.y, m.strides, m.pad_l, m.pad_r}, arena_scratchpad(),
       eng);
 }
 
@@ -162,7 +155,7 @@ void onednn_backend::conv2d_backward_data(const core::conv2d_desc& d, const tens
     const auto m = conv_descs(d, c, activation_tag(layout_, conv_op::backward_data, c.c), false);
     const auto pd = conv_pd(winograd_shape(conv_, layout_, d, c), [&](dnnl::algorithm alg) {
       return dnnl::convolution_backward_data::primitive_desc({alg, m.x, m.w, m.y, m.strides, m.pad_l, m.pad_r},
-                                                             user_scratchpad(), eng_, conv_forward_pd(m, alg, eng_));
+                                                             arena_scratchpad(), eng_, conv_forward_pd(m, alg, eng_));
     });
     p.input(DNNL_ARG_DIFF_DST, m.uy, pd.diff_dst_desc());
     p.input(DNNL_ARG_WEIGHTS, m.uw, pd.weights_desc());
@@ -194,9 +187,9 @@ void onednn_backend::conv2d_backward_weights(const core::conv2d_desc& d, const t
   auto& op = plan(key, conv_flops(c), [&](planned_op& p) {
     const auto m = conv_descs(d, c, activation_tag(layout_, conv_op::backward_weights, c.c), bias);
     const auto pd = conv_pd(winograd_shape(conv_, layout_, d, c), [&](dnnl::algorithm alg) {
-      return dnnl::convolution_backward_weights::primitive_desc(
-          {alg, m.x, m.w, m.b, m.y, m.strides, m.pad_l, m.pad_r}, user_scratchpad(), eng_,
-          conv_forward_pd(m, alg, eng_));
+      return dnnl::convolution_backward_weights::primitive_desc({alg, m.x, m.w, m.b, m.y, m.strides, m.pad_l, m.pad_r},
+                                                                arena_scratchpad(), eng_,
+                                                                conv_forward_pd(m, alg, eng_));
     });
     p.input(DNNL_ARG_SRC, m.ux, pd.src_desc());
     p.input(DNNL_ARG_DIFF_DST, m.uy, pd.diff_dst_desc());

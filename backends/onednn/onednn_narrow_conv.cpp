@@ -122,7 +122,9 @@ __attribute__((target("avx512f"))) void correlate_rows(const padded_planes& in, 
 }
 
 // Rows per block for NO output channels: at most 24 accumulators of the 32 registers.
-constexpr int rows_for(int no) { return no <= 6 ? 4 : 3; }
+constexpr int rows_for(int no) {
+  return no <= 6 ? 4 : 3;
+}
 
 template <int NO>
 void correlate_planes(const padded_planes& in, std::int64_t n_in, const float* k, const float* bias, std::int64_t r,
@@ -155,7 +157,9 @@ void correlate(const padded_planes& in, std::int64_t n_in, const float* k, const
 }
 
 // Output channels whose S-wide weight rows are accumulated at once: NO x S of the 32 registers.
-constexpr int weights_block(int s, int no) { return std::min(no, std::min(8, 30 / s)); }
+constexpr int weights_block(int s, int no) {
+  return std::min(no, std::min(8, 30 / s));
+}
 
 // part[o][i][dy][dx] += sum_y sum_x g[o][y][x] * in[i][y + dy][x + dx] for NO output channels and
 // a window S wide: the weight gradient of one image, g its (NO, p, q) output gradient. Each
@@ -194,8 +198,8 @@ __attribute__((target("avx512f"))) void correlate_weights_block(const padded_pla
     }
 }
 
-using weights_fn = void (*)(const padded_planes&, std::int64_t, const float*, std::int64_t, std::int64_t,
-                            std::int64_t, float*);
+using weights_fn = void (*)(const padded_planes&, std::int64_t, const float*, std::int64_t, std::int64_t, std::int64_t,
+                            float*);
 
 // The kernels for a window S wide, by the number of output channels (1-8) in a block.
 template <int S>
@@ -212,8 +216,7 @@ constexpr std::array<weights_fn, 9> weights_kernels() {
 }
 
 // The bias gradient of one image: part_b[o] += sum of g[o].
-__attribute__((target("avx512f"))) void sum_planes(const float* g, std::int64_t n_out, std::int64_t pq,
-                                                   float* part_b) {
+__attribute__((target("avx512f"))) void sum_planes(const float* g, std::int64_t n_out, std::int64_t pq, float* part_b) {
   for (std::int64_t o = 0; o < n_out; ++o) {
     __m512 sum = _mm512_setzero_ps();
     for (std::int64_t x0 = 0; x0 < pq; x0 += k_lanes)
@@ -222,11 +225,17 @@ __attribute__((target("avx512f"))) void sum_planes(const float* g, std::int64_t 
   }
 }
 
-void correlate_weights(const padded_planes& in, std::int64_t n_in, const float* g, std::int64_t n_out,
-                       std::int64_t r, std::int64_t s, std::int64_t p, std::int64_t q, float* part, float* part_b) {
-  static constexpr std::array<std::array<weights_fn, 9>, 9> by_width{
-      {{}, weights_kernels<1>(), weights_kernels<2>(), weights_kernels<3>(), weights_kernels<4>(),
-       weights_kernels<5>(), weights_kernels<6>(), weights_kernels<7>(), weights_kernels<8>()}};
+void correlate_weights(const padded_planes& in, std::int64_t n_in, const float* g, std::int64_t n_out, std::int64_t r,
+                       std::int64_t s, std::int64_t p, std::int64_t q, float* part, float* part_b) {
+  static constexpr std::array<std::array<weights_fn, 9>, 9> by_width{{{},
+                                                                      weights_kernels<1>(),
+                                                                      weights_kernels<2>(),
+                                                                      weights_kernels<3>(),
+                                                                      weights_kernels<4>(),
+                                                                      weights_kernels<5>(),
+                                                                      weights_kernels<6>(),
+                                                                      weights_kernels<7>(),
+                                                                      weights_kernels<8>()}};
   const std::int64_t block = weights_block(static_cast<int>(s), 8), per_out = n_in * r * s;
   for (std::int64_t o = 0; o < n_out; o += block) {
     const std::int64_t m = std::min(block, n_out - o);

@@ -41,7 +41,8 @@ op_key bn_key(op_tag t, const dnnl::memory::dims& d, float eps) {
 
 dnnl::batch_normalization_forward::primitive_desc bn_forward_pd(dnnl::prop_kind prop, const dnnl::memory::desc& md,
                                                                 float eps, flags f, const dnnl::engine& eng) {
-  return CLEAVE_CHECK_DNNL(dnnl::batch_normalization_forward::primitive_desc({prop, md, eps, f}, eng));
+  return CLEAVE_CHECK_DNNL(
+      dnnl::batch_normalization_forward::primitive_desc({prop, md, eps, f}, arena_scratchpad(), eng));
 }
 
 // Planes of at least this many values take the direct loops.
@@ -126,6 +127,7 @@ void onednn_backend::batchnorm_forward_train(const core::batchnorm_desc& d, cons
     p.output(DNNL_ARG_DST, md, pd.dst_desc());
     p.output(DNNL_ARG_MEAN, cd, pd.mean_desc());
     p.output(DNNL_ARG_VARIANCE, cd, pd.variance_desc());
+    p.scratchpad(pd.scratchpad_desc());
     p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::batch_normalization_forward(pd)));
   });
   float* var = scratch_floats(static_cast<std::size_t>(c), 0);
@@ -187,6 +189,7 @@ void onednn_backend::batchnorm_forward_infer(const core::batchnorm_desc& d, cons
     p.input(DNNL_ARG_SCALE, cd, cd);
     p.input(DNNL_ARG_SHIFT, cd, cd);
     p.output(DNNL_ARG_DST, md, pd.dst_desc());
+    p.scratchpad(pd.scratchpad_desc());
     p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::batch_normalization_forward(pd)));
   });
   run(op, {{DNNL_ARG_SRC, x.host_data()},
@@ -254,8 +257,8 @@ void onednn_backend::batchnorm_backward(const core::batchnorm_desc& d, const ten
     const dnnl::memory::desc md(dm, dt::f32, tag::nchw), cd({c}, dt::f32, tag::x);
     const auto f = flags::use_scale | flags::use_shift;
     const auto hint = bn_forward_pd(dnnl::prop_kind::forward_training, md, d.eps, f, eng_);
-    const auto pd = CLEAVE_CHECK_DNNL(
-        dnnl::batch_normalization_backward::primitive_desc({dnnl::prop_kind::backward, md, md, d.eps, f}, eng_, hint));
+    const auto pd = CLEAVE_CHECK_DNNL(dnnl::batch_normalization_backward::primitive_desc(
+        {dnnl::prop_kind::backward, md, md, d.eps, f}, arena_scratchpad(), eng_, hint));
     p.input(DNNL_ARG_SRC, md, pd.src_desc());
     p.input(DNNL_ARG_DIFF_DST, md, pd.diff_dst_desc());
     p.input(DNNL_ARG_MEAN, cd, pd.mean_desc());
@@ -267,6 +270,7 @@ void onednn_backend::batchnorm_backward(const core::batchnorm_desc& d, const ten
     // oneDNN overwrites the parameter gradients; the interface accumulates them.
     p.output(DNNL_ARG_DIFF_SCALE, cd, cd, true);
     p.output(DNNL_ARG_DIFF_SHIFT, cd, cd, true);
+    p.scratchpad(pd.scratchpad_desc());
     p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::batch_normalization_backward(pd)));
   });
   // The interface keeps 1/sqrt(var + eps); oneDNN wants var back.

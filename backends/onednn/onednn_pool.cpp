@@ -140,7 +140,7 @@ dnnl::pooling_forward::primitive_desc pool_forward_pd(const pool_setup& s, bool 
   return CLEAVE_CHECK_DNNL(dnnl::pooling_forward::primitive_desc(
       {training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference, s.alg, s.x, s.y, s.strides,
        s.kernel, s.pad_l, s.pad_r},
-      eng));
+      arena_scratchpad(), eng));
 }
 
 }  // namespace
@@ -180,6 +180,7 @@ void onednn_backend::pool2d_forward(const core::pool2d_desc& d, const tensor& x,
     p.input(DNNL_ARG_SRC, s.x, pd.src_desc());
     p.output(DNNL_ARG_DST, s.y, pd.dst_desc());
     if (training) p.output(DNNL_ARG_WORKSPACE, pd.workspace_desc(), pd.workspace_desc());
+    p.scratchpad(pd.scratchpad_desc());
     p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::pooling_forward(pd)));
   });
   void* ws_data = nullptr;
@@ -221,11 +222,12 @@ void onednn_backend::pool2d_backward(const core::pool2d_desc& d, const tensor& x
   auto& op = plan(pool_key(op_tag::pool_bwd, d, dx.shape(), dy.shape()), work, [&](planned_op& p) {
     const auto s = pool_descs(d, dx.shape(), dy.shape());
     const auto hint = pool_forward_pd(s, true, eng_);
-    const auto pd = CLEAVE_CHECK_DNNL(
-        dnnl::pooling_backward::primitive_desc({s.alg, s.x, s.y, s.strides, s.kernel, s.pad_l, s.pad_r}, eng_, hint));
+    const auto pd = CLEAVE_CHECK_DNNL(dnnl::pooling_backward::primitive_desc(
+        {s.alg, s.x, s.y, s.strides, s.kernel, s.pad_l, s.pad_r}, arena_scratchpad(), eng_, hint));
     p.input(DNNL_ARG_DIFF_DST, s.y, pd.diff_dst_desc());
     if (is_max) p.input(DNNL_ARG_WORKSPACE, pd.workspace_desc(), pd.workspace_desc());
     p.output(DNNL_ARG_DIFF_SRC, s.x, pd.diff_src_desc());
+    p.scratchpad(pd.scratchpad_desc());
     p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::pooling_backward(pd)));
   });
   void* ws_data = nullptr;

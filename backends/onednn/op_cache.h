@@ -29,6 +29,13 @@ class op_key {
   int n_ = 0;
 };
 
+// `a` with scratchpad_mode::user: a primitive made with it takes the memory it needs during its
+// run from the backend's arena (planned_op::scratchpad), not from oneDNN's per-thread buffer.
+inline dnnl::primitive_attr arena_scratchpad(dnnl::primitive_attr a = {}) {
+  a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return a;
+}
+
 // Sets the calling thread's OpenMP thread count, which oneDNN's OMP runtime reads both when it
 // creates a primitive (to split the work) and when it runs one.
 void set_omp_threads(int n);

@@ -289,7 +289,8 @@ int main(int argc, char** argv) {
   std::printf("%-26s %10s %10s %10s %10s %10s %10s %7s\n", "channels at size", "fwd wino", "direct", "bwd-d wino",
               "direct", "bwd-w wino", "direct", "ratio");
   {
-    onednn_backend direct(onednn_options{.n_threads = n_threads, .conv = cleave::backend::detail::conv_algorithm::direct});
+    onednn_backend direct(
+        onednn_options{.n_threads = n_threads, .conv = cleave::backend::detail::conv_algorithm::direct});
     struct shape_case {
       std::int64_t c, hw;
     };
@@ -303,13 +304,12 @@ int main(int argc, char** argv) {
            dw = dnn.empty(sw);
       auto x2 = random_tensor(direct, sx, g), w2 = random_tensor(direct, sw, g), y2 = direct.empty(sx),
            dx2 = direct.empty(sx), dw2 = direct.empty(sw);
-      const double t[6] = {
-          time_us([&] { dnn.conv2d_forward(d, x, w, tensor(), y); }, dnn, budget),
-          time_us([&] { direct.conv2d_forward(d, x2, w2, tensor(), y2); }, direct, budget),
-          time_us([&] { dnn.conv2d_backward_data(d, y, w, dx); }, dnn, budget),
-          time_us([&] { direct.conv2d_backward_data(d, y2, w2, dx2); }, direct, budget),
-          time_us([&] { dnn.conv2d_backward_weights(d, x, y, dw, tensor()); }, dnn, budget),
-          time_us([&] { direct.conv2d_backward_weights(d, x2, y2, dw2, tensor()); }, direct, budget)};
+      const double t[6] = {time_us([&] { dnn.conv2d_forward(d, x, w, tensor(), y); }, dnn, budget),
+                           time_us([&] { direct.conv2d_forward(d, x2, w2, tensor(), y2); }, direct, budget),
+                           time_us([&] { dnn.conv2d_backward_data(d, y, w, dx); }, dnn, budget),
+                           time_us([&] { direct.conv2d_backward_data(d, y2, w2, dx2); }, direct, budget),
+                           time_us([&] { dnn.conv2d_backward_weights(d, x, y, dw, tensor()); }, dnn, budget),
+                           time_us([&] { direct.conv2d_backward_weights(d, x2, y2, dw2, tensor()); }, direct, budget)};
       const double tw = t[0] + t[2] + t[4], td = t[1] + t[3] + t[5];
       sum_w += tw;
       sum_d += td;

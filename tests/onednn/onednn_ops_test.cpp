@@ -344,7 +344,8 @@ TEST_CASE("3x3 stride-1 convolutions in 16s of channels run winograd where the C
   const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core &&
                       dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic &&
                       dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic_4ops;
-  for (auto algo : {cleave::backend::detail::conv_algorithm::automatic, cleave::backend::detail::conv_algorithm::direct}) {
+  for (auto algo :
+       {cleave::backend::detail::conv_algorithm::automatic, cleave::backend::detail::conv_algorithm::direct}) {
     const bool automatic = algo == cleave::backend::detail::conv_algorithm::automatic;
     INFO("conv_algorithm " << (automatic ? "automatic" : "direct"));
     backends b(cleave::backend::detail::onednn_options{.conv = algo});
@@ -373,8 +374,8 @@ TEST_CASE("few-channel convolutions run the backend's own loops on AVX-512, oneD
   const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core &&
                       dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic &&
                       dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic_4ops;
-  for (auto algo : {cleave::backend::detail::conv_algorithm::automatic,
-                    cleave::backend::detail::conv_algorithm::direct}) {
+  for (auto algo :
+       {cleave::backend::detail::conv_algorithm::automatic, cleave::backend::detail::conv_algorithm::direct}) {
     const bool automatic = algo == cleave::backend::detail::conv_algorithm::automatic;
     INFO("conv_algorithm " << (automatic ? "automatic" : "direct"));
     backends b(cleave::backend::detail::onednn_options{.conv = algo});
