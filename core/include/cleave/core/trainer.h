@@ -17,7 +17,10 @@ struct train_config {
   std::uint64_t seed = 1;        // initial weights (and data order unless order_seed is set)
   std::uint64_t order_seed = 0;  // data order; 0: seed
   optimizer_config opt;
-  int eval_batch = 500;
+  // Images per evaluation batch. 128 rather than larger: MobileNetV2 on 28x28 at 500 had its
+  // peak RSS at 2.1 GB (its expanded activations are 0.2 GB each at 500), at 128 1.0 GB, and
+  // evaluated 10,000 images faster (25.4 s against 28.6 s for 5 steps and the evaluation).
+  int eval_batch = 128;
   int report_every = 50;        // steps between progress reports
   std::int64_t max_steps = -1;  // stop an epoch early (benchmarks, tests); -1: whole epochs
   // Augmentation of the training batches, drawn with the data-order seed; evaluation never
