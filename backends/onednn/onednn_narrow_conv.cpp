@@ -29,6 +29,8 @@ namespace cleave::backend::detail {
 
 namespace {
 
+#if CLEAVE_NARROW_CONV
+
 constexpr int k_lanes = 16;
 constexpr std::int64_t k_max_out = 8;  // output channels held in registers at once
 
@@ -65,8 +67,6 @@ struct padded_planes {
  private:
   std::array<std::int64_t, 6> geometry_{};
 };
-
-#if CLEAVE_NARROW_CONV
 
 __mmask16 tail_mask(std::int64_t n) {
   return n >= k_lanes ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
