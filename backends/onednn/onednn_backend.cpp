@@ -81,7 +81,8 @@ onednn_backend::~onednn_backend() = default;
 
 std::string onednn_backend::device_name() const {
   return "host CPU (oneDNN " + library_version() + ", " + isa_name(dnnl::get_effective_cpu_isa()) + ", " +
-         std::to_string(n_threads_) + (n_threads_ == 1 ? " thread)" : " threads)");
+         std::to_string(n_threads_) + (n_threads_ == 1 ? " thread" : " threads") +
+         (conv_ == conv_algorithm::direct ? ", portable kernels)" : ")");
 }
 
 std::size_t onednn_backend::n_cached_running(const std::string& impl) const {
@@ -322,17 +323,28 @@ backend_info probe_onednn() {
 }
 
 std::unique_ptr<core::backend> create_onednn(const std::string& device) {
+  // "onednn:<threads>", "onednn:portable" or "onednn:<threads>,portable". portable: only the
+  // kernels a CPU without AVX-512 has too (direct convolutions: no Winograd, no few-channel
+  // loops), as an emulated arm64 board should run.
   onednn_options opt;
-  if (!device.empty()) {
-    // "onednn:<threads>" sets the thread count.
+  std::string threads = device;
+  if (const auto comma = device.find(','); comma != std::string::npos || device == "portable") {
+    const std::string flag = comma == std::string::npos ? device : device.substr(comma + 1);
+    threads = comma == std::string::npos ? std::string{} : device.substr(0, comma);
+    if (flag != "portable")
+      throw core::error(
+          "backend 'onednn' takes a thread count and 'portable', e.g. 'onednn:2,portable' (got ':" + device + "')");
+    opt.conv = conv_algorithm::direct;
+  }
+  if (!threads.empty()) {
     std::size_t used = 0;
     int n = 0;
     try {
-      n = std::stoi(device, &used);
+      n = std::stoi(threads, &used);
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != device.size() || n < 1)
+    if (used != threads.size() || n < 1)
       throw core::error("backend 'onednn' takes an optional thread count, e.g. 'onednn:2' (got ':" + device + "')");
     opt.n_threads = n;
   }

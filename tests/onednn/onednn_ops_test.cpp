@@ -440,6 +440,20 @@ TEST_CASE("the registry builds onednn by name and with a thread count") {
   CHECK(be->host_memory());
   auto one = cleave::backend::make_backend("onednn:1");
   CHECK(one->device_name().find("1 thread)") != std::string::npos);
+  // portable: the kernels a CPU without AVX-512 has (an emulated board runs them).
+  for (const char* spec : {"onednn:1,portable", "onednn:portable"}) {
+    INFO(spec);
+    auto portable = cleave::backend::make_backend(spec);
+    CHECK(portable->device_name().find("portable kernels") != std::string::npos);
+    auto* dnn = dynamic_cast<cleave::backend::detail::onednn_backend*>(portable.get());
+    REQUIRE(dnn != nullptr);
+    auto x = dnn->zeros({2, 1, 28, 28}), w = dnn->zeros({6, 1, 5, 5}), y = dnn->zeros({2, 6, 28, 28});
+    dnn->conv2d_forward({1, 1, 2, 2}, x, w, tensor(), y);
+    auto x2 = dnn->zeros({2, 16, 8, 8}), w2 = dnn->zeros({16, 16, 3, 3}), y2 = dnn->zeros({2, 16, 8, 8});
+    dnn->conv2d_forward({1, 1, 1, 1}, x2, w2, tensor(), y2);
+    CHECK(dnn->n_narrow_calls() == 0);
+    CHECK(dnn->n_cached_running("wino") == 0);
+  }
 }
 
 TEST_CASE("the registry rejects a malformed onednn device with a clear message") {
@@ -451,6 +465,10 @@ TEST_CASE("the registry rejects a malformed onednn device with a clear message")
     } catch (const core::error& e) {
       CHECK(std::string(e.what()).find("optional thread count") != std::string::npos);
     }
+  }
+  for (const char* spec : {"onednn:2,fast", "onednn:0,portable", "onednn:,portable,x"}) {
+    INFO(spec);
+    CHECK_THROWS_AS((void)cleave::backend::make_backend(spec), core::error);
   }
 }
 
