@@ -340,12 +340,22 @@ TEST_CASE("a repeated op reuses its cached primitive") {
   CHECK(values(b.dnn, y.d) == values(b.dnn, y2.d));
 }
 
+namespace {
+
+// Whether this CPU runs oneDNN's AVX-512 core kernels (Winograd and the few-channel loops need them).
+bool avx512_core() {
+  const auto isa = dnnl::get_effective_cpu_isa();
+  return isa >= dnnl::cpu_isa::avx512_core && isa != dnnl::cpu_isa::avx512_mic && isa != dnnl::cpu_isa::avx512_mic_4ops;
+}
+
+constexpr cleave::backend::detail::conv_algorithm both_algorithms[] = {
+    cleave::backend::detail::conv_algorithm::automatic, cleave::backend::detail::conv_algorithm::direct};
+
+}  // namespace
+
 TEST_CASE("3x3 stride-1 convolutions in 16s of channels run winograd where the CPU has it, direct when told") {
-  const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core &&
-                      dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic &&
-                      dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic_4ops;
-  for (auto algo :
-       {cleave::backend::detail::conv_algorithm::automatic, cleave::backend::detail::conv_algorithm::direct}) {
+  const bool avx512 = avx512_core();
+  for (auto algo : both_algorithms) {
     const bool automatic = algo == cleave::backend::detail::conv_algorithm::automatic;
     INFO("conv_algorithm " << (automatic ? "automatic" : "direct"));
     backends b(cleave::backend::detail::onednn_options{.conv = algo});
@@ -371,11 +381,8 @@ TEST_CASE("3x3 stride-1 convolutions in 16s of channels run winograd where the C
 }
 
 TEST_CASE("few-channel convolutions run the backend's own loops on AVX-512, oneDNN when told") {
-  const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core &&
-                      dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic &&
-                      dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_mic_4ops;
-  for (auto algo :
-       {cleave::backend::detail::conv_algorithm::automatic, cleave::backend::detail::conv_algorithm::direct}) {
+  const bool avx512 = avx512_core();
+  for (auto algo : both_algorithms) {
     const bool automatic = algo == cleave::backend::detail::conv_algorithm::automatic;
     INFO("conv_algorithm " << (automatic ? "automatic" : "direct"));
     backends b(cleave::backend::detail::onednn_options{.conv = algo});

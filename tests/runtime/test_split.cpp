@@ -649,6 +649,20 @@ TEST_CASE("the adaptive splitter keeps --min-device-blocks on a slowed device") 
   }
 }
 
+namespace {
+
+// The (rows, values) of a frame a device sent when it is a Gradients message.
+std::optional<std::pair<std::int64_t, std::vector<float>>> sent_gradient(const std::vector<std::byte>& frame) {
+  auto m = decoded(frame);
+  const auto* g = m.ok() ? m->as<cleave::wire::Gradients>() : nullptr;
+  if (!g) return std::nullopt;
+  const auto v = transport::view_of(*g->gradient());
+  const auto vals = v.values<float>();
+  return std::pair{v.shape[0], std::vector<float>(vals.begin(), vals.end())};
+}
+
+}  // namespace
+
 TEST_CASE("--cut-gradient-noise adds each sample its gap to the largest gradient norm, repeatably") {
   const std::string be = test_backend();
   workspace w("grad-noise", 1);
@@ -668,13 +682,10 @@ TEST_CASE("--cut-gradient-noise adds each sample its gap to the largest gradient
       };
     });
     for (const auto& f : frames) {
-      auto m = decoded(f);
-      REQUIRE(m.ok());
-      if (const auto* g = m->as<cleave::wire::Gradients>()) {
-        const auto v = transport::view_of(*g->gradient());
-        rows = v.shape[0];
-        const auto vals = v.values<float>();
-        return std::vector<double>(vals.begin(), vals.end());
+      REQUIRE(decoded(f).ok());
+      if (auto g = sent_gradient(f)) {
+        rows = g->first;
+        return std::vector<double>(g->second.begin(), g->second.end());
       }
     }
     FAIL("no gradient left the device");
@@ -720,14 +731,12 @@ TEST_CASE("label groups with equalised cut gradients: one norm per micro-batch u
     a.gradient_check = "refuse";
     a.gradient_check_window = 8;
     a.on_send = [&](std::span<const std::byte> f) {
-      auto m = decoded(std::vector<std::byte>(f.begin(), f.end()));
-      const auto* g = m.ok() ? m->as<cleave::wire::Gradients>() : nullptr;
+      const auto g = sent_gradient(std::vector<std::byte>(f.begin(), f.end()));
       if (!g) return;
-      const auto v = transport::view_of(*g->gradient());
-      const auto vals = v.values<float>();
-      const auto d = vals.size() / static_cast<std::size_t>(v.shape[0]);
+      const auto& vals = g->second;
+      const auto d = vals.size() / static_cast<std::size_t>(g->first);
       std::vector<double> rows;
-      for (std::int64_t i = 0; i < v.shape[0]; ++i) {
+      for (std::int64_t i = 0; i < g->first; ++i) {
         double s2 = 0;
         for (std::size_t k = 0; k < d; ++k) s2 += double(vals[i * d + k]) * vals[i * d + k];
         rows.push_back(std::sqrt(s2));
