@@ -407,7 +407,7 @@ int agent::impl::run() {
   item_ = shard_->sample_shape();
   n_classes_ = shard_->class_count();
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
-  runner_.emplace(*be_, core::tier::device, c_.id, c_.slowdown);
+  runner_.emplace(*be_, core::tier::device, c_.id, schedule_->start_slowdown(c_.slowdown));
   runner_->set_gradient_noise(c_.cut_gradient_noise, c_.order_seed);
   runner_->set_gradient_equalise(c_.equalise_cut_gradients);
   runner_->set_cut_defence({c_.activation_clip, c_.activation_noise, c_.nopeek, c_.order_seed});

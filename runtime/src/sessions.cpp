@@ -78,29 +78,44 @@ bool certificate_refused(const std::string& why) {
 }  // namespace
 
 link_schedule::link_schedule(const executors& ex, const std::string& text_or_path, std::string node_name)
-    : ex_(ex), schedule_(transport::parse_schedule(text_or_path)), name_(std::move(node_name)) {}
+    : ex_(ex), schedule_(transport::parse_schedule(text_or_path)), name_(std::move(node_name)) {
+  // Round 1's conditions hold from the start: joins and first profiles happen on them.
+  for (const auto& ev : schedule_.at(1, name_))
+    if (ev.what == transport::emulation_event::kind::link)
+      links_.push_back(ev);
+    else
+      start_slowdown_ = ev.slowdown;
+}
 
 std::vector<transport::emulation_event> link_schedule::advance(std::uint64_t round,
                                                                const std::vector<session_ptr>& open) {
   std::vector<transport::emulation_event> others;
   if (schedule_.empty() || round <= round_) return others;
-  round_ = round;
-  for (const auto& ev : schedule_.at(static_cast<int>(round), name_)) {
-    spdlog::info("{}: {}", ex_.who(), ev.str());
-    if (ev.what != transport::emulation_event::kind::link) {
-      others.push_back(ev);
-      continue;
+  // Every round since the last one seen: a node that joins late still gets the earlier events.
+  for (std::uint64_t r = round_ + 1; r <= round; ++r)
+    for (const auto& ev : schedule_.at(static_cast<int>(r), name_)) {
+      spdlog::info("{}: {}", ex_.who(), ev.str());
+      if (ev.what != transport::emulation_event::kind::link) {
+        others.push_back(ev);
+        continue;
+      }
+      if (r > 1) links_.push_back(ev);
+      for (const auto& s : open)
+        if (s && transport::name_matches(ev.b, s->identity)) s->ch.emulate(ev.caps);
     }
-    links_.push_back(ev);
-    for (const auto& s : open)
-      if (s && transport::name_matches(ev.b, s->identity)) s->ch.emulate(ev.caps);
-  }
+  round_ = round;
   return others;
 }
 
-void link_schedule::apply(session& s) const {
+std::optional<transport::link_caps> link_schedule::caps_for(const std::string& peer) const {
+  std::optional<transport::link_caps> caps;
   for (const auto& ev : links_)
-    if (transport::name_matches(ev.b, s.identity)) s.ch.emulate(ev.caps);
+    if (transport::name_matches(ev.b, peer)) caps = ev.caps;
+  return caps;
+}
+
+void link_schedule::apply(session& s) const {
+  if (const auto caps = caps_for(s.identity)) s.ch.emulate(*caps);
 }
 
 acceptor::acceptor(executors& ex, const transport::tls_context& tls, const std::string& host, std::uint16_t port,

@@ -46,22 +46,28 @@ using session_ptr = std::shared_ptr<session>;
 
 // The emulated links and slowdowns a schedule (transport/emulation.h) gives this node, by round:
 // link caps go to the sessions whose peer they name, those open at once and later ones as they
-// connect.
+// connect. Round 1's events are in force from the start, before round 1 opens.
 class link_schedule {
  public:
   // Throws core::error naming a bad event (configuration errors first).
   link_schedule(const executors& ex, const std::string& text_or_path, std::string node_name);
-  // Round `round`'s events for this node, once per round: link caps are set on the open sessions
-  // they name and kept for later ones; the other events (slowdowns) are returned.
+  // The events of the rounds after the last one seen up to `round`, for this node: link caps are
+  // set on the open sessions they name and kept for later ones; the other events (slowdowns) are
+  // returned, in order.
   std::vector<transport::emulation_event> advance(std::uint64_t round, const std::vector<session_ptr>& open);
-  // Sets on a new session the caps of its links that are in force.
+  // The caps in force on the link to `peer` (the last event naming it), if any.
+  std::optional<transport::link_caps> caps_for(const std::string& peer) const;
+  // Sets on a new session the caps of its link that are in force.
   void apply(session& s) const;
+  // The compute slowdown round 1 sets for this node, or `otherwise`.
+  double start_slowdown(double otherwise) const { return start_slowdown_.value_or(otherwise); }
 
  private:
   const executors& ex_;
   transport::emulation_schedule schedule_;
   std::string name_;
   std::vector<transport::emulation_event> links_;
+  std::optional<double> start_slowdown_;
   std::uint64_t round_ = 0;
 };
 
