@@ -526,8 +526,10 @@ demo_plan plan_demo(const demo_options& o) {
 // explicitly wins): devices are boards ~10x slower than one server core (a Raspberry Pi 4 runs
 // ~13.5 GFLOPS of HPL on its 4 cores; one AVX-512 server core ~100-150), behind Wi-Fi-class
 // links (50 Mbit/s, 5 ms each way) to their edge, which has a 1 Gbit/s, 0.5 ms link to the
-// server; from round 5 the Wi-Fi drops to 20 Mbit/s. The cut may be compressed (f16, int8, top
-// 10% of gradients) and each step runs as 4 pipelined micro-batches.
+// server. In rounds 3-5 the Wi-Fi degrades to 10 Mbit/s (802.11n at the edge of its range, or
+// through walls) and from round 6 it is back: the splitter should move blocks onto the boards and
+// back. The cut may be compressed (f16, int8, top 10% of gradients) and each step runs as 4
+// pipelined micro-batches.
 void emulate_deployment(demo_options& o, const CLI::App& cmd) {
   if (o.no_emulation) return;
   if (!cmd.count("--slow")) o.slow = o.devices;
@@ -545,7 +547,8 @@ void emulate_deployment(demo_options& o, const CLI::App& cmd) {
       s += fmt::format("at {0} link * edge-{1} {2} 5ms; at {0} link edge-{1} server 1Gbit/s 0.5ms; ", round, e, wifi);
   };
   links(1, "50Mbit/s");
-  links(5, "20Mbit/s");
+  links(3, "10Mbit/s");
+  links(6, "50Mbit/s");
   o.schedule = s;
 }
 
