@@ -78,14 +78,7 @@ bool certificate_refused(const std::string& why) {
 }  // namespace
 
 link_schedule::link_schedule(const executors& ex, const std::string& text_or_path, std::string node_name)
-    : ex_(ex), schedule_(transport::parse_schedule(text_or_path)), name_(std::move(node_name)) {
-  // Round 1's conditions hold from the start: joins and first profiles happen on them.
-  for (const auto& ev : schedule_.at(1, name_))
-    if (ev.what == transport::emulation_event::kind::link)
-      links_.push_back(ev);
-    else
-      start_slowdown_ = ev.slowdown;
-}
+    : ex_(ex), schedule_(transport::parse_schedule(text_or_path)), name_(std::move(node_name)) {}
 
 std::vector<transport::emulation_event> link_schedule::advance(std::uint64_t round,
                                                                const std::vector<session_ptr>& open) {
@@ -99,7 +92,6 @@ std::vector<transport::emulation_event> link_schedule::advance(std::uint64_t rou
         others.push_back(ev);
         continue;
       }
-      if (r > 1) links_.push_back(ev);
       for (const auto& s : open)
         if (s && transport::name_matches(ev.b, s->identity)) s->ch.emulate(ev.caps);
     }
@@ -108,10 +100,19 @@ std::vector<transport::emulation_event> link_schedule::advance(std::uint64_t rou
 }
 
 std::optional<transport::link_caps> link_schedule::caps_for(const std::string& peer) const {
+  // Round 1's events hold from the start, before round 1 opens: joins and first profiles see them.
   std::optional<transport::link_caps> caps;
-  for (const auto& ev : links_)
-    if (transport::name_matches(ev.b, peer)) caps = ev.caps;
+  if (schedule_.empty()) return caps;
+  for (std::uint64_t r = 1; r <= std::max<std::uint64_t>(round_, 1); ++r)
+    for (const auto& ev : schedule_.at(static_cast<int>(r), name_))
+      if (ev.what == transport::emulation_event::kind::link && transport::name_matches(ev.b, peer)) caps = ev.caps;
   return caps;
+}
+
+double link_schedule::start_slowdown(double otherwise) const {
+  for (const auto& ev : schedule_.at(1, name_))
+    if (ev.what == transport::emulation_event::kind::slowdown) otherwise = ev.slowdown;
+  return otherwise;
 }
 
 void link_schedule::apply(session& s) const {

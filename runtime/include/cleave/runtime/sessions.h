@@ -60,15 +60,13 @@ class link_schedule {
   // Sets on a new session the caps of its link that are in force.
   void apply(session& s) const;
   // The compute slowdown round 1 sets for this node, or `otherwise`.
-  double start_slowdown(double otherwise) const { return start_slowdown_.value_or(otherwise); }
+  double start_slowdown(double otherwise) const;
 
  private:
   const executors& ex_;
   transport::emulation_schedule schedule_;
   std::string name_;
-  std::vector<transport::emulation_event> links_;
-  std::optional<double> start_slowdown_;
-  std::uint64_t round_ = 0;
+  std::uint64_t round_ = 0;  // the last round advanced to
 };
 
 // Timeouts of every channel of a node.
