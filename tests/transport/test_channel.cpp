@@ -594,4 +594,97 @@ TEST_CASE("an emulated link's measured bandwidth is its time on the link, withou
   }());
 }
 
+TEST_CASE("a measured bandwidth follows a changed link after two frames, and one slow frame moves it a quarter") {
+  io_thread rt;
+  listener lis(rt.executor(), tls_context(pki().server()), loopback());
+  rt.run([&]() -> asio::awaitable<void> {
+    auto p = co_await open_pair(lis, tls_context(pki().device()));
+    const auto data = ramp(64 << 10, 0.f);  // 256 KiB
+    global_weights_info info;
+    info.end_block = 1;
+    const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(data.size())}, data.data(), {}};
+    const auto link = [](double rate) {
+      link_caps c;
+      c.bytes_per_second = rate;
+      c.burst_bytes = 1500;
+      return c;
+    };
+    // One frame at a time: each is written before the link changes.
+    const auto one_frame = [&]() -> asio::awaitable<void> {
+      REQUIRE((co_await p.client.send(make_global_weights(info, std::span(&t, 1)))).ok());
+      REQUIRE((co_await p.server.receive()).ok());
+    };
+    const auto measured = [&] { return p.client.stats().send_bytes_per_second; };
+    p.client.emulate(link(16e6));
+    for (int i = 0; i < 3; ++i) co_await one_frame();
+    CHECK(measured() == doctest::Approx(16e6).epsilon(0.05));
+    // One frame on a slower link, then the fast one again: an outlier, not a change.
+    p.client.emulate(link(4e6));
+    co_await one_frame();
+    CHECK(measured() == doctest::Approx(13e6).epsilon(0.05));  // 16 + (4 - 16) / 4
+    p.client.emulate(link(16e6));
+    co_await one_frame();
+    CHECK(measured() > 13e6);
+    // The link drops to a quarter and stays there: two frames, and the figure is the new link's.
+    p.client.emulate(link(4e6));
+    co_await one_frame();
+    co_await one_frame();
+    CHECK(measured() == doctest::Approx(4e6).epsilon(0.05));
+    // And back up.
+    p.client.emulate(link(16e6));
+    co_await one_frame();
+    co_await one_frame();
+    CHECK(measured() == doctest::Approx(16e6).epsilon(0.05));
+  }());
+}
+
+TEST_CASE(
+    "a channel carrying only small messages probes its link more often than an idle one, with probes sized to it") {
+  io_thread rt;
+  listener_options lo;
+  lo.channel.heartbeat = 50ms;
+  listener lis(rt.executor(), tls_context(pki().server()), loopback(), lo);
+  rt.run([&]() -> asio::awaitable<void> {
+    connect_options co;
+    co.channel.heartbeat = 50ms;
+    co.channel.bandwidth_probe = 60s;
+    co.channel.bandwidth_probe_in_use = 250ms;
+    auto p = co_await open_pair(lis, tls_context(pki().device()), co);
+    const auto link = [](double rate) {
+      link_caps c;
+      c.bytes_per_second = rate;
+      c.burst_bytes = 1500;
+      return c;
+    };
+    p.client.emulate(link(8e6));
+    // Idle: no probe before bandwidth_probe.
+    co_await sleep_for(600ms);
+    CHECK(p.client.stats().send_bytes_per_second == 0);
+    // Small messages (1 KiB, far below a measuring frame) every 20 ms: the link is in use.
+    const auto small = ramp(256, 0.f);
+    global_weights_info info;
+    info.end_block = 1;
+    const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(small.size())}, small.data(), {}};
+    const auto traffic = [&](std::chrono::milliseconds d) -> asio::awaitable<void> {
+      const auto until = std::chrono::steady_clock::now() + d;
+      while (std::chrono::steady_clock::now() < until) {
+        REQUIRE((co_await p.client.send(make_global_weights(info, std::span(&t, 1)))).ok());
+        REQUIRE((co_await p.server.receive()).ok());
+        co_await sleep_for(20ms);
+      }
+    };
+    co_await traffic(1000ms);
+    CHECK(p.client.stats().send_bytes_per_second == doctest::Approx(8e6).epsilon(0.1));
+    const auto before = p.client.stats().bytes_sent;
+    // The link slows to 1 MB/s: the next probes find it (a probe that finds a change is
+    // confirmed by the next), and they are 16 KB, not 64 KiB: they take 16 ms of the link.
+    p.client.emulate(link(1e6));
+    co_await traffic(1500ms);
+    const auto s = p.client.stats();
+    CHECK(s.send_bytes_per_second == doctest::Approx(1e6).epsilon(0.1));
+    // Small messages of 1.1 KB every 20 ms or more, and no more than five probes since.
+    CHECK(s.bytes_sent - before < 75 * 1200 + 5 * (64 << 10));
+  }());
+}
+
 // ---- post: thread-safe, bounded posting ----

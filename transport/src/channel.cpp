@@ -303,8 +303,8 @@ channel_stats channel_impl::stats() const {
   s.rtt_us = rtt_us_.load();
   s.last_rtt_us = last_rtt_us_.load();
   s.base_rtt_us = base_rtt_us_.load();
-  s.send_bytes_per_second = send_bps_.load();
-  s.receive_bytes_per_second = receive_bps_.load();
+  s.send_bytes_per_second = send_bps_.value();
+  s.receive_bytes_per_second = receive_bps_.value();
   return s;
 }
 

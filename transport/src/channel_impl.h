@@ -7,6 +7,7 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <array>
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -31,6 +32,11 @@ using clock = std::chrono::steady_clock;
 constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
 constexpr std::size_t emulation_chunk = 64 << 10;      // emulated links send in pieces this large
 constexpr std::size_t bandwidth_min_frame = 64 << 10;  // smaller frames do not measure bandwidth
+// ... except sent frames that take this long on a link as fast as measured (at 10 Mbit/s 20 KB
+// do): a link's burst allowance (an emulated link's 1 ms) then distorts a sample by 7% at most,
+// and a probe on a slow link holds the frames behind it 16 ms, not 52.
+constexpr double bandwidth_sample_seconds = 0.016;
+constexpr std::size_t bandwidth_min_sample = 8 << 10;
 
 inline std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(
@@ -42,6 +48,25 @@ inline void ewma(std::atomic<double>& avg, double sample) {
   const double old = avg.load();
   avg.store(old == 0 ? sample : old + 0.25 * (sample - old));
 }
+
+// A link's bandwidth from its samples: the EWMA above, which smooths a sample's noise but takes
+// many samples to follow a link that changed (10 to 50 Mbit/s: 6 samples to get within 20%). So
+// two samples in a row off the average by more than a factor of 1.5, the same way, replace it
+// with their mean: a changed link is followed after two samples, one outlier moves it by a quarter.
+// (An idle channel probes again at once after a sample that was off, so two probes suffice.)
+// value() from any thread, the rest on the executor.
+class bandwidth_estimate {
+ public:
+  void add(double sample);
+  double value() const { return avg_.load(); }
+  // The last sample was off the average by the factor: the next one decides.
+  bool unconfirmed() const { return off_ != 0; }
+
+ private:
+  std::atomic<double> avg_{0};
+  int off_ = 0;      // the last sample: +1 above, -1 below the average by the factor, else 0
+  double last_ = 0;  // the last sample
+};
 
 // A condition to wait for on one executor: a timer that never expires and is cancelled to wake
 // every waiter. Waiters re-check their condition after waking.
@@ -104,11 +129,8 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   const std::string& peer_serial() const { return stream_->peer_serial(); }
   const std::string& remote() const { return stream_->remote(); }
   channel_stats stats() const;
-  void emulate(const link_caps& caps) {
-    emulator_.set(caps);
-    send_bps_.store(0);
-    receive_bps_.store(0);
-  }
+  // The measured bandwidths are kept: they follow the changed link as they would a real one's.
+  void emulate(const link_caps& caps) { emulator_.set(caps); }
   const asio::any_io_executor& executor() const { return ex_; }
 
  private:
@@ -136,6 +158,13 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   failure closed_failure() const;
   // The writer wrote (or dropped) a data frame of `size` bytes: frees its space.
   void data_written(std::size_t size);
+  // The size from which a sent frame measures the send bandwidth, and a probe's padding.
+  std::size_t send_sample_bytes() const {
+    const double bps = send_bps_.value();
+    if (bps <= 0) return bandwidth_min_frame;
+    return static_cast<std::size_t>(
+        std::clamp(bps * bandwidth_sample_seconds, double(bandwidth_min_sample), double(bandwidth_min_frame)));
+  }
   void wake_writer_from_any_thread();
   bool on_io_thread() const;
   void queue_control(message_builder&& m);
@@ -190,7 +219,12 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   clock::time_point frame_began_{};
   std::uint32_t frame_len_ = 0;
   clock::time_point frame_due_ = clock::time_point::max();
-  clock::time_point last_big_send_;  // the last frame that measured the send bandwidth
+  clock::time_point last_big_send_;   // the last frame that measured the send bandwidth
+  clock::time_point last_data_send_;  // the last application frame written
+  // The run of frames sent back to back so far: bytes, time on the link, when the last left it.
+  std::size_t run_bytes_ = 0;
+  clock::duration run_time_{};
+  clock::time_point run_end_{};
   errc close_code_ = errc::closed;
 
   mutable std::mutex reason_mu_;
@@ -207,8 +241,8 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   std::atomic<double> base_rtt_us_{0};
   std::array<double, 8> rtt_window_{};  // executor only
   std::size_t n_rtt_ = 0;
-  std::atomic<double> send_bps_{0};
-  std::atomic<double> receive_bps_{0};
+  bandwidth_estimate send_bps_;
+  bandwidth_estimate receive_bps_;
 };
 
 }  // namespace cleave::transport::detail

@@ -88,7 +88,7 @@ asio::awaitable<std::optional<message>> channel_impl::read_message() {
   }
   if (len >= bandwidth_min_frame) {
     const double secs = std::chrono::duration<double>(clock::now() - t0).count();
-    if (secs > 0) ewma(receive_bps_, static_cast<double>(len) / secs);
+    if (secs > 0) receive_bps_.add(static_cast<double>(len) / secs);
   }
   frame_complete();
   bytes_received_ += frame_header_bytes + len;
@@ -98,6 +98,26 @@ asio::awaitable<std::optional<message>> channel_impl::read_message() {
     co_return std::nullopt;
   }
   co_return std::move(decoded.value());
+}
+
+void bandwidth_estimate::add(double sample) {
+  constexpr double factor = 1.5;
+  const double avg = avg_.load();
+  if (avg == 0) {
+    avg_.store(sample);
+    off_ = 0;
+    last_ = sample;
+    return;
+  }
+  const int off = sample > avg * factor ? 1 : sample * factor < avg ? -1 : 0;
+  if (off != 0 && off == off_) {
+    avg_.store((sample + last_) / 2);
+    off_ = 0;
+  } else {
+    avg_.store(avg + 0.25 * (sample - avg));
+    off_ = off;
+  }
+  last_ = sample;
 }
 
 asio::awaitable<void> channel_impl::reader(std::shared_ptr<channel_impl> self) {
@@ -172,10 +192,21 @@ asio::awaitable<status> channel_impl::write_frame(outgoing& item) {
       off += n;
     }
   }
-  if (size >= bandwidth_min_frame) {
+  // Frames sent back to back (each queued before the link finished the one before) kept the link
+  // busy: together they measure it as one large frame would. A frame after an idle link starts a
+  // new run: the link's burst allowance refilled meanwhile.
+  if (run_bytes_ == 0 || item.queued > run_end_) {
+    run_bytes_ = 0;
+    run_time_ = clock::duration::zero();
+  }
+  run_bytes_ += size;
+  run_time_ += t1 - t0;
+  run_end_ = t1;
+  if (run_bytes_ >= send_sample_bytes()) {
     last_big_send_ = clock::now();
-    const double secs = std::chrono::duration<double>(t1 - t0).count();
-    if (secs > 0) ewma(send_bps_, static_cast<double>(size) / secs);
+    const double secs = std::chrono::duration<double>(run_time_).count();
+    if (secs > 0) send_bps_.add(static_cast<double>(run_bytes_) / secs);
+    run_bytes_ = 0;
   }
   co_return status{};
 }
@@ -246,6 +277,7 @@ asio::awaitable<void> channel_impl::writer(std::shared_ptr<channel_impl> self) {
       if (root->body_type() == wire::Body::Pong) --pongs_queued_;
     } else {
       ++messages_sent_;
+      last_data_send_ = clock::now();
     }
   }
   writer_done_ = true;
@@ -274,11 +306,20 @@ asio::awaitable<void> channel_impl::heartbeat(std::shared_ptr<channel_impl> self
       break;
     }
     if (opts_.heartbeat.count() > 0 && pings_queued_ == 0) {
-      // An idle link is probed now and then: its bandwidth may have changed since last seen.
+      // A link that carries no large frames is probed now and then: its bandwidth may have
+      // changed since last seen. More often while it carries small ones: training uses it, and
+      // the splitter needs to know when moving blocks across it pays again.
+      const auto now = clock::now();
+      const bool in_use = now - last_data_send_ < std::max(period, opts_.bandwidth_probe_in_use);
+      const auto every = in_use && opts_.bandwidth_probe_in_use.count() > 0
+                             ? std::min(opts_.bandwidth_probe, opts_.bandwidth_probe_in_use)
+                             : opts_.bandwidth_probe;
+      // A probe that found the link changed is confirmed by the next.
+      // (Half a period early: the ticks that follow a frame come a little short of the period.)
       const bool probe = opts_.bandwidth_probe.count() > 0 && bytes_in_flight_.load() == 0 &&
-                         clock::now() - last_big_send_ >= opts_.bandwidth_probe;
+                         (now - last_big_send_ + period / 2 >= every || send_bps_.unconfirmed());
       if (probe) last_big_send_ = clock::now();
-      queue_ping(probe ? bandwidth_min_frame : 0);
+      queue_ping(probe ? send_sample_bytes() : 0);
     }
   }
 }

@@ -33,14 +33,16 @@ struct channel_options {
   double min_frame_rate = 32 * 1024;
   std::chrono::milliseconds close_timeout{2000};  // bound on a clean close
   // When no frame of 64 KiB or more went out for this long, a heartbeat carries 64 KiB of
-  // padding so the link's bandwidth stays measured (0: never).
+  // padding so the link's bandwidth stays measured (0: never); this often instead while smaller
+  // application frames go out (the link is in use; 0: no difference).
   std::chrono::milliseconds bandwidth_probe{10000};
+  std::chrono::milliseconds bandwidth_probe_in_use{2000};
   link_caps emulation;  // initial network emulation of outgoing data
 };
 
 // A snapshot of a channel's counters. RTT comes from heartbeats (Ping/Pong); bandwidths are
 // EWMAs over frames of at least 64 KiB (send: time to hand them to the socket; receive: time
-// from their first to last byte).
+// from their first to last byte) that follow a changed link after two frames.
 struct channel_stats {
   std::uint64_t bytes_sent = 0;  // frame bytes, length prefixes included
   std::uint64_t bytes_received = 0;
@@ -58,10 +60,12 @@ struct channel_stats {
 inline double link_rtt_us(const channel_stats& s) {
   return s.base_rtt_us > 0 ? s.base_rtt_us : s.rtt_us;
 }
-// The link's bandwidth as this end saw it: the slower measured direction (0: not measured).
+// The link's bandwidth as this end measures it: its send direction (0: not measured), the
+// receive direction only until then. A sender times every frame it sends from its first byte and
+// probes the link when its frames are small; a receiver sees a frame only once its first bytes
+// arrived, and only frames of 64 KiB or more, so its figure may be as old as the last large one.
+// The other direction is the peer's to measure: the splitter takes the slower of the two.
 inline double link_bytes_per_second(const channel_stats& s) {
-  if (s.send_bytes_per_second > 0 && s.receive_bytes_per_second > 0)
-    return s.send_bytes_per_second < s.receive_bytes_per_second ? s.send_bytes_per_second : s.receive_bytes_per_second;
   return s.send_bytes_per_second > 0 ? s.send_bytes_per_second : s.receive_bytes_per_second;
 }
 
@@ -115,7 +119,8 @@ class channel {
   const std::string& remote() const;
   channel_stats stats() const;
   // Emulates this link for this side's outgoing traffic from now on (thread-safe, effective
-  // immediately): the bandwidths measured so far, which were another link's, are dropped.
+  // immediately). The measured bandwidths learn of the change as they would of a real link's:
+  // from the frames and probes that cross it.
   void emulate(const link_caps& caps);
   asio::any_io_executor get_executor() const;
 
