@@ -61,6 +61,9 @@ class bandwidth_estimate {
   double value() const { return avg_.load(); }
   // The last sample was off the average by the factor: the next one decides.
   bool unconfirmed() const { return off_ != 0; }
+  // The rate a sample's size is reckoned at: the lower of the average and the last sample, so
+  // that a sample which found the link slower is confirmed by the next frames of the same size.
+  double sizing_rate() const { return last_ > 0 && last_ < avg_.load() ? last_ : avg_.load(); }
 
  private:
   std::atomic<double> avg_{0};
@@ -160,7 +163,7 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   void data_written(std::size_t size);
   // The size from which a sent frame measures the send bandwidth, and a probe's padding.
   std::size_t send_sample_bytes() const {
-    const double bps = send_bps_.value();
+    const double bps = send_bps_.sizing_rate();
     if (bps <= 0) return bandwidth_min_frame;
     return static_cast<std::size_t>(
         std::clamp(bps * bandwidth_sample_seconds, double(bandwidth_min_sample), double(bandwidth_min_frame)));
