@@ -284,7 +284,9 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
     co_await wake_.wait_until([&] { return back_ >= n_micro_batches_ || over(gen); });
     if (over(gen)) break;
     n_samples += static_cast<std::uint64_t>(micro_batch_size_) * n_micro_batches_;
-    if (++steps_since_profile_ >= c_.profile_every) {
+    const auto up = up_->current();
+    const bool moved = up && runtime::bandwidth_moved(reported_bps_, up->measured_link(edge_id_).bandwidth_bytes_per_s);
+    if (++steps_since_profile_ >= c_.profile_every || moved) {
       steps_since_profile_ = 0;
       send_profile(step);
     }
@@ -379,7 +381,10 @@ void agent::impl::send_profile(std::uint64_t step) {
     const auto b = transport::make_profile(prof, epoch, 0);
     latest_profile_.assign(b.frame().begin(), b.frame().end());
   }
-  if (const auto s = up_->current()) prof.links.push_back(s->measured_link(edge_id_));
+  if (const auto s = up_->current()) {
+    prof.links.push_back(s->measured_link(edge_id_));
+    reported_bps_ = prof.links.back().bandwidth_bytes_per_s;
+  }
   post(transport::make_profile(prof, epoch, step));
 }
 

@@ -88,6 +88,7 @@ class agent::impl {
   double loss_sum_ = 0;
   std::uint64_t n_loss_ = 0, n_correct_ = 0;
   int steps_since_profile_ = 0;
+  float reported_bps_ = 0;     // the uplink's bandwidth in the last profile sent (compute executor)
   std::int64_t position_ = 0;  // samples drawn from this device's data stream
   std::vector<std::int64_t> order_;
   std::int64_t order_epoch_ = -1;

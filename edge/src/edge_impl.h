@@ -42,6 +42,7 @@ class edge_node::impl {
     bool planned = false, expected = false, done = false;
     std::uint64_t n_samples = 0;   // its upload's, this round
     std::vector<held_part> parts;  // its upload, this round
+    float reported_bps = 0;        // its link's bandwidth in the last profile sent
   };
 
   // Server side.
@@ -91,6 +92,7 @@ class edge_node::impl {
   std::uint64_t memory_budget_ = 0;
   int n_steps_ = 0;  // compute thread: device steps seen
   std::optional<split::node_profile> latest_profile_;
+  float up_reported_bps_ = 0;  // the server link's bandwidth in the last profile sent
   std::map<std::uint32_t, device_state> devices_;
   std::uint64_t run_id_ = 0;  // of the plans in force
   // Compute thread: what each device's segments here started its last round from (a round run

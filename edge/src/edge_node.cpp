@@ -298,6 +298,12 @@ void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier f
                            dev, d.rs.epoch);
     return below_->close(d.s, "step message of plan " + std::to_string(epoch) + ", now " + std::to_string(d.rs.epoch));
   }
+  // A link that changed is reported now: the splitter may move blocks off or back onto it.
+  const auto up = up_->current();
+  if (latest_profile_ &&
+      (runtime::bandwidth_moved(d.reported_bps, d.s->measured_link(dev).bandwidth_bytes_per_s) ||
+       (up && runtime::bandwidth_moved(up_reported_bps_, up->measured_link(0).bandwidth_bytes_per_s))))
+    send_profile(*latest_profile_);
   auto held = std::make_shared<transport::message>(std::move(m));
   auto task = [this, s = d.s, r = d.rs.route, epoch, from, held] {
     auto res = runner_->run(s->id, r, epoch, from, *held);
@@ -318,8 +324,15 @@ void edge_node::impl::install(const runtime::session_ptr& s, transport::message 
 
 void edge_node::impl::send_profile(split::node_profile prof) {
   latest_profile_ = prof;
-  for (const auto& s : below_->sessions()) prof.links.push_back(s->measured_link(s->id));
-  if (const auto s = up_->current()) prof.links.push_back(s->measured_link(0));
+  for (const auto& s : below_->sessions()) {
+    prof.links.push_back(s->measured_link(s->id));
+    if (const auto it = devices_.find(s->id); it != devices_.end())
+      it->second.reported_bps = prof.links.back().bandwidth_bytes_per_s;
+  }
+  if (const auto s = up_->current()) {
+    prof.links.push_back(s->measured_link(0));
+    up_reported_bps_ = prof.links.back().bandwidth_bytes_per_s;
+  }
   up_->post(transport::make_profile(prof, 0, 0));
 }
 

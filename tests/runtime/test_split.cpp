@@ -341,6 +341,32 @@ TEST_CASE("the adaptive splitter moves a slowed device's blocks to the server") 
   CHECK(slow < fast);
 }
 
+TEST_CASE("a device whose link slows mid-round reports it at once, and the splitter re-splits within that round") {
+  const std::string be = test_backend();
+  workspace w("linkdrop", 1);
+  auto sc = server_cfg(w, be);
+  sc.adaptive = true;
+  sc.rounds = 2;
+  sc.local_steps = 30;
+  sc.batch = 32;
+  // From round 2 the link carries 1 MB/s: every cut's activations then cost the slowed board more
+  // than running the blocks itself.
+  const std::string schedule = "at 2 link * * 8Mbit/s";
+  sc.schedule = schedule;
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+  run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
+    a.slowdown = 10;
+    a.schedule = schedule;
+    a.profile_every = 1000;  // no periodic profile within a round: only the link's change sends one
+  });
+  REQUIRE(reports.size() == 2);
+  INFO("round 1: " << reports[0].routes.at(0).second << ", round 2: " << reports[1].routes.at(0).second);
+  // Round 1 on loopback: the board keeps few blocks. Round 2: re-split while it ran.
+  CHECK(reports[0].routes.at(0).second != "device[0,12) server[12,12)");
+  CHECK(reports[1].n_resplits >= 1);
+}
+
 TEST_CASE("a SplitFed-v1 round of four devices equals four local trainings averaged") {
   const std::string be = test_backend();
   workspace w("avg4", 4);

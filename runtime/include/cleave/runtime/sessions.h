@@ -44,6 +44,13 @@ struct session {
 };
 using session_ptr = std::shared_ptr<session>;
 
+// Whether a link's measured bandwidth moved by more than 1.5x either way from `reported`, the
+// figure last sent upstream (0: none yet): the splitter should hear of it now, not at the next
+// profile period (at 20 steps of a slow board, tens of seconds).
+inline bool bandwidth_moved(float reported, float now) {
+  return reported > 0 && now > 0 && (now > 1.5f * reported || now * 1.5f < reported);
+}
+
 // The emulated links and slowdowns a schedule (transport/emulation.h) gives this node, by round:
 // link caps go to the sessions whose peer they name, those open at once and later ones as they
 // connect. Round 1's events are in force from the start, before round 1 opens.
