@@ -324,7 +324,8 @@ void add_edge_command(CLI::App& app) {
   e->add_option("--metrics", eo.c.metrics, metrics_help);
   e->add_option("--idle-timeout", eo.idle_timeout, "seconds without a frame after which a link counts as lost")
       ->capture_default_str();
-  e->add_option("--profile-every", eo.c.profile_every, "device steps between profiles sent upstream")
+  e->add_option("--profile-every", eo.c.profile_every,
+                "device steps between profiles sent upstream (and at once when a link's bandwidth moved by 1.5x)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   e->callback([] { run_edge(eo); });
@@ -359,7 +360,8 @@ void add_agent_command(CLI::App& app) {
   a->add_option("--metrics", ao.c.metrics, metrics_help);
   a->add_option("--idle-timeout", ao.idle_timeout, "seconds without a frame after which a link counts as lost")
       ->capture_default_str();
-  a->add_option("--profile-every", ao.c.profile_every, "steps between profiles sent upstream")
+  a->add_option("--profile-every", ao.c.profile_every,
+                "steps between profiles sent upstream (and at once when the link's bandwidth moved by 1.5x)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   a->add_flag("--equalise-cut-gradients", ao.c.equalise_cut_gradients,
