@@ -594,24 +594,35 @@ TEST_CASE("an emulated link's measured bandwidth is its time on the link, withou
   }());
 }
 
+namespace {
+
+// Global weights carrying `v`, a message of about its size; and an emulated link of `rate`
+// bytes/s with a 1500-byte burst allowance (one packet).
+message_builder weights_of(const std::vector<float>& v) {
+  global_weights_info info;
+  info.end_block = 1;
+  const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(v.size())}, v.data(), {}};
+  return make_global_weights(info, std::span(&t, 1));
+}
+link_caps packet_burst_link(double rate) {
+  link_caps c;
+  c.bytes_per_second = rate;
+  c.burst_bytes = 1500;
+  return c;
+}
+
+}  // namespace
+
 TEST_CASE("a measured bandwidth follows a changed link after two frames, and one slow frame moves it a quarter") {
   io_thread rt;
   listener lis(rt.executor(), tls_context(pki().server()), loopback());
   rt.run([&]() -> asio::awaitable<void> {
     auto p = co_await open_pair(lis, tls_context(pki().device()));
     const auto data = ramp(64 << 10, 0.f);  // 256 KiB
-    global_weights_info info;
-    info.end_block = 1;
-    const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(data.size())}, data.data(), {}};
-    const auto link = [](double rate) {
-      link_caps c;
-      c.bytes_per_second = rate;
-      c.burst_bytes = 1500;
-      return c;
-    };
+    const auto link = packet_burst_link;
     // One frame at a time: each is written before the link changes.
     const auto one_frame = [&]() -> asio::awaitable<void> {
-      REQUIRE((co_await p.client.send(make_global_weights(info, std::span(&t, 1)))).ok());
+      REQUIRE((co_await p.client.send(weights_of(data))).ok());
       REQUIRE((co_await p.server.receive()).ok());
     };
     const auto measured = [&] { return p.client.stats().send_bytes_per_second; };
@@ -650,25 +661,17 @@ TEST_CASE(
     co.channel.bandwidth_probe = 60s;
     co.channel.bandwidth_probe_in_use = 250ms;
     auto p = co_await open_pair(lis, tls_context(pki().device()), co);
-    const auto link = [](double rate) {
-      link_caps c;
-      c.bytes_per_second = rate;
-      c.burst_bytes = 1500;
-      return c;
-    };
+    const auto link = packet_burst_link;
     p.client.emulate(link(8e6));
     // Idle: no probe before bandwidth_probe.
     co_await sleep_for(600ms);
     CHECK(p.client.stats().send_bytes_per_second == 0);
     // Small messages (1 KiB, far below a measuring frame) every 20 ms: the link is in use.
     const auto small = ramp(256, 0.f);
-    global_weights_info info;
-    info.end_block = 1;
-    const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(small.size())}, small.data(), {}};
     const auto traffic = [&](std::chrono::milliseconds d) -> asio::awaitable<void> {
       const auto until = std::chrono::steady_clock::now() + d;
       while (std::chrono::steady_clock::now() < until) {
-        REQUIRE((co_await p.client.send(make_global_weights(info, std::span(&t, 1)))).ok());
+        REQUIRE((co_await p.client.send(weights_of(small))).ok());
         REQUIRE((co_await p.server.receive()).ok());
         co_await sleep_for(20ms);
       }

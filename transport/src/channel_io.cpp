@@ -103,18 +103,12 @@ asio::awaitable<std::optional<message>> channel_impl::read_message() {
 void bandwidth_estimate::add(double sample) {
   constexpr double factor = 1.5;
   const double avg = avg_.load();
-  if (avg == 0) {
-    avg_.store(sample);
-    off_ = 0;
-    last_ = sample;
-    return;
-  }
-  const int off = sample > avg * factor ? 1 : sample * factor < avg ? -1 : 0;
+  const int off = avg == 0 ? 0 : sample > avg * factor ? 1 : sample * factor < avg ? -1 : 0;
   if (off != 0 && off == off_) {
     avg_.store((sample + last_) / 2);
     off_ = 0;
   } else {
-    avg_.store(avg + 0.25 * (sample - avg));
+    ewma(avg_, sample);
     off_ = off;
   }
   last_ = sample;
@@ -195,9 +189,9 @@ asio::awaitable<status> channel_impl::write_frame(outgoing& item) {
   // Frames sent back to back (each queued before the link finished the one before) kept the link
   // busy: together they measure it as one large frame would. A frame after an idle link starts a
   // new run: the link's burst allowance refilled meanwhile.
-  if (run_bytes_ == 0 || item.queued > run_end_) {
+  if (item.queued > run_end_) {
     run_bytes_ = 0;
-    run_time_ = clock::duration::zero();
+    run_time_ = {};
   }
   run_bytes_ += size;
   run_time_ += t1 - t0;
@@ -207,6 +201,7 @@ asio::awaitable<status> channel_impl::write_frame(outgoing& item) {
     const double secs = std::chrono::duration<double>(run_time_).count();
     if (secs > 0) send_bps_.add(static_cast<double>(run_bytes_) / secs);
     run_bytes_ = 0;
+    run_time_ = {};
   }
   co_return status{};
 }
