@@ -57,7 +57,15 @@ class server_node::impl {
     std::string name;                 // from its Hello
     std::uint64_t joined_round = 0;   // the round open when it joined, and when its route last moved
     std::uint64_t moved_round = 0;
-    double predicted_step_seconds = 0;  // the cost model's, at the last round's end
+    double predicted_step_seconds = 0;  // the cost model's for the last round, see predicted_steps
+    // The plans it ran earlier in the open round, each until a cutover: priced with the one in
+    // force for the round's predicted step.
+    struct leg {
+      split::route route;
+      std::vector<core::hop_codecs> hops;
+      std::uint64_t steps = 0;
+    };
+    std::vector<leg> legs;
     // The codecs of each hop of its route chosen by the planner, and of an announced re-split
     // (empty: the most compact allowed ones, see cut_of).
     std::vector<core::hop_codecs> hops, next_hops;
@@ -197,7 +205,9 @@ class server_node::impl {
   void maybe_replan(const std::string& why);
   std::vector<split::profile_book::device_entry> planned_devices() const;
   // The cost model's step of each device of `ids` training together (sharing the server and
-  // their edges as in a round), and of the slowest: empty or 0 without a profile book.
+  // their edges as in a round), and of the slowest: empty or 0 without a profile book. A device
+  // that cut over during the round is priced per step under the plan it ran then, plus the
+  // migrations, all with the profiles of now.
   std::map<std::uint32_t, double> predicted_steps(const std::set<std::uint32_t>& ids);
   double predicted_step(const std::set<std::uint32_t>& ids);
   void publish_profile();  // compute thread: the server's live profile to the book

@@ -114,9 +114,17 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
   if (!at) return;
   auto& d = *at;
   const split::route from = d.rs.cut_over(c.epoch()), to = d.rs.route;
+  const auto steps = static_cast<std::uint64_t>(c_.local_steps);
+  if (round_.at == phase::collecting) {
+    ++round_.n_resplits;
+    if (c.step() / steps == round_.number) {
+      std::uint64_t before = 0;
+      for (const auto& l : d.legs) before += l.steps;
+      d.legs.push_back({from, d.hops, c.step() % steps - std::min(before, c.step() % steps)});
+    }
+  }
   d.hops = std::move(d.next_hops);
   d.next_hops.clear();
-  if (round_.at == phase::collecting) ++round_.n_resplits;
   d.measured = false;
   d.moved_round = round_.number;
   const transport::migrate_desc md{d.rs.epoch, c.step(), dev, d.behind_edge ? s->id : 0, core::tier::server, 0};
@@ -196,8 +204,28 @@ std::map<std::uint32_t, double> server_node::impl::predicted_steps(const std::se
   for (const auto& e : devs) routes.push_back(devices_.at(e.id).rs.route);
   try {
     // All of them at once: each shares the server and its edge with the others, as in a round.
-    const auto cost = split::evaluate_plan(*prob, routes, running_choices(devs));
-    for (std::size_t i = 0; i < devs.size(); ++i) out[devs[i].id] = cost.devices[i].seconds;
+    const auto choices = running_choices(devs);
+    const auto cost = split::evaluate_plan(*prob, routes, choices);
+    const double steps = static_cast<double>(c_.local_steps);
+    for (std::size_t i = 0; i < devs.size(); ++i) {
+      const auto& d = devices_.at(devs[i].id);
+      // The steps it ran under earlier plans this round (the others on theirs of now), and the
+      // moves between them.
+      double seconds = 0, left = steps;
+      for (std::size_t l = 0; l < d.legs.size(); ++l) {
+        const auto& leg = d.legs[l];
+        auto r = routes;
+        auto ch = choices;
+        r[i] = leg.route;
+        ch[i] = {c_.micro_batches, cut_of(leg.route, &leg.hops).hops};
+        const double n = std::min(left, static_cast<double>(leg.steps));
+        seconds += n * split::evaluate_plan(*prob, r, ch).devices[i].seconds;
+        left -= n;
+        const auto& next = l + 1 < d.legs.size() ? d.legs[l + 1].route : routes[i];
+        seconds += split::migration_seconds(*prob, static_cast<int>(i), leg.route, next);
+      }
+      out[devs[i].id] = (seconds + left * cost.devices[i].seconds) / steps;
+    }
   } catch (const core::error&) {
     out.clear();
   }
@@ -214,9 +242,13 @@ void server_node::impl::maybe_replan(const std::string& why) {
   if (!c_.adaptive || c_.mode != training_mode::splitfed || ex_.stopping() || !book_) return;
   const auto devs = planned_devices();
   if (devs.empty()) return;
-  // One re-split at a time, and the next only once every device has been measured under it.
-  for (const auto& e : devs)
-    if (devices_.at(e.id).rs.next || !devices_.at(e.id).measured) return;
+  // One re-split at a time per device, and its next only once it has been measured under it.
+  // The others may move meanwhile: a device's cost depends on the others only through how many
+  // share a node, not on their routes (see splitter.h), so its best route is its own.
+  std::vector<bool> held(devs.size());
+  for (std::size_t i = 0; i < devs.size(); ++i)
+    held[i] = devices_.at(devs[i].id).rs.next || !devices_.at(devs[i].id).measured;
+  if (std::all_of(held.begin(), held.end(), [](bool h) { return h; })) return;
   // This side's view of its links.
   for (const auto& s : acceptor_->sessions()) {
     const auto l = s->measured_link(s->id);
@@ -231,11 +263,21 @@ void server_node::impl::maybe_replan(const std::string& why) {
   add_choices(*prob);
   std::vector<split::route> current;
   for (const auto& e : devs) current.push_back(devices_.at(e.id).rs.route);
+  // How devices run now (the configured micro-batches, their hops' codecs); the plan says how
+  // each could run.
+  const auto running = running_choices(devs);
   split::split_plan best;
   try {
     const auto t0 = clock::now();
     best = split::plan_best(*prob);
     round_.planner_s = std::max(round_.planner_s, std::chrono::duration<double>(clock::now() - t0).count());
+    // The held devices stay as they run.
+    for (std::size_t i = 0; i < devs.size(); ++i)
+      if (held[i]) {
+        best.routes[i] = current[i];
+        best.choices[i] = running[i];
+      }
+    best.cost = split::evaluate_plan(*prob, best.routes, best.choices);
   } catch (const core::error& e) {
     spdlog::warn("server: no plan fits ({}): {}", why, e.what());
     return;
@@ -244,9 +286,6 @@ void server_node::impl::maybe_replan(const std::string& why) {
   policy.min_gain = c_.min_gain;
   policy.repay_rounds = c_.repay_rounds;
   policy.steps_per_round = c_.local_steps;
-  // How devices run now (the configured micro-batches, their hops' codecs); the plan says how
-  // each could run.
-  const auto running = running_choices(devs);
   const auto d = split::decide_resplit(*prob, current, running, best, policy);
   if (!d.change) {
     spdlog::debug("server: plan kept ({}): {}", why, d.reason);
@@ -256,6 +295,7 @@ void server_node::impl::maybe_replan(const std::string& why) {
   // Only the devices whose own step gains enough move (or whose route no longer fits): the
   // others would pay a migration for nothing the federation's step time sees.
   for (std::size_t i = 0; i < devs.size(); ++i) {
+    if (held[i]) continue;
     // (Compared as the nodes run them: the output's hop is always f32.)
     if (best.routes[i] == current[i] && cut_of(best.routes[i], &best.choices[i].hops).hops == running[i].hops) continue;
     const auto now = split::evaluate_route(*prob, static_cast<int>(i), current[i], running[i]);

@@ -59,11 +59,13 @@ asio::awaitable<void> server_node::impl::open_round(std::uint64_t number) {
   round_.bytes0 = acceptor_->bytes_moved();
   round_.lr = round_lr(number);
   std::vector<runtime::session_ptr> via;
-  for (auto& [id, d] : devices_)
+  for (auto& [id, d] : devices_) {
+    d.legs.clear();
     if (d.connected) {
       round_.routes.emplace_back(id, d.rs.route);
       via.push_back(d.via);
     }
+  }
   // Every server replica starts the round from the global weights (and, after a resume, from
   // the optimizer state it had).
   decltype(resumed_opt_) resumed;

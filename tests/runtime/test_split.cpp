@@ -341,6 +341,79 @@ TEST_CASE("the adaptive splitter moves a slowed device's blocks to the server") 
   CHECK(slow < fast);
 }
 
+TEST_CASE("a round with a re-split is predicted under the plan each of its steps ran") {
+  const std::string be = test_backend();
+  workspace w("legs", 1);
+  auto sc = server_cfg(w, be);
+  sc.adaptive = true;
+  sc.min_gain = 1.0;  // the splitter keeps every plan: only the forced re-split moves blocks
+  sc.rounds = 3;
+  sc.local_steps = 12;
+  sc.cuts = "12";  // every block on the board
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+  // Halfway through round 2 the board keeps conv1 only, the server the rest.
+  const auto moved = split::make_route(false, false, {1}, 12);
+  sc.force_route = [&](std::uint32_t, std::uint64_t step, const split::route& current) -> std::optional<split::route> {
+    if (step == 2 * 12 + 6 && !(current == moved)) return moved;
+    return std::nullopt;
+  };
+  run_federation(w, be, sc, 1, false, [](device::agent_config& a) {
+    a.profile_every = 4;
+    a.slowdown = 40;  // the board's blocks cost far more than the server's
+  });
+  REQUIRE(reports.size() == 3);
+  CHECK(reports[1].n_resplits == 1);
+  CHECK(reports[1].routes.at(0).second == moved.str());
+  const double all_on_board = reports[0].predicted_step_seconds, half = reports[1].predicted_step_seconds,
+               split_ = reports[2].predicted_step_seconds;
+  INFO("predicted steps: round 1 " << all_on_board << " s, round 2 " << half << " s, round 3 " << split_ << " s");
+  REQUIRE(split_ > 0);
+  REQUIRE(all_on_board > 2.5 * split_);
+  // Six or more of round 2's steps ran every block on the board: its step is priced near the
+  // middle of the two plans', not as if the round had run the plan in force at its end.
+  CHECK(half > split_ + 0.3 * (all_on_board - split_));
+  CHECK(half < all_on_board * 1.25);
+}
+
+TEST_CASE("a device moving between plans does not hold back the re-split of another") {
+  const std::string be = test_backend();
+  workspace w("held", 2);
+  auto sc = server_cfg(w, be);
+  sc.adaptive = true;
+  sc.rounds = 3;
+  sc.local_steps = 12;
+  sc.min_devices = 2;
+  sc.cuts = "12";  // every block on the boards
+  // From round 2 device 2 is far slower than the server: its blocks belong there. Device 1's
+  // link is paced, so its measured figure holds still (a moved one would be reported at once).
+  const std::string schedule = "at 1 link device-1 * 100Mbit/s; at 2 slowdown device-2 40";
+  sc.schedule = schedule;
+  // Device 1 is re-split at every step: it always has a re-split announced or not yet measured.
+  std::mutex mu;
+  int n_forced = 0;
+  sc.force_route = [&](std::uint32_t dev, std::uint64_t, const split::route& current) -> std::optional<split::route> {
+    if (dev != 1) return std::nullopt;
+    std::lock_guard lock(mu);
+    ++n_forced;
+    return split::make_route(false, false, {current.end(0) == 6 ? 8 : 6}, 12);
+  };
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+  run_federation(w, be, sc, 2, false, [&](device::agent_config& a) {
+    a.profile_every = a.id == 1 ? 1000 : 4;
+    a.schedule = schedule;
+  });
+  REQUIRE(reports.size() == 3);
+  REQUIRE(reports.front().routes.size() == 2);
+  CHECK(reports.front().routes[1].second == "device[0,12) server[12,12)");
+  REQUIRE(reports.back().routes.size() == 2);
+  INFO(n_forced << " forced re-splits of device 1; device 2 ends on " << reports.back().routes[1].second);
+  CHECK(n_forced >= 6);
+  const auto& slow = reports.back().routes[1].second;
+  CHECK(std::stoi(slow.substr(slow.find(',') + 1)) < 12);
+}
+
 TEST_CASE("a device whose link slows mid-round reports it at once, and the splitter re-splits within that round") {
   const std::string be = test_backend();
   workspace w("linkdrop", 1);
