@@ -2,6 +2,9 @@
 // the plan and the round, draws batches and runs the device's segments through the segment
 // runner, so a step follows the last one without a thread hop.
 #include <algorithm>
+#include <asio/post.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 #include <cmath>
 
 #include "agent_impl.h"
@@ -257,11 +260,7 @@ void agent::impl::on_step(const std::shared_ptr<transport::message>& m) {
     if (a) labels_.erase(lab);
     const bool back = !res.out;  // a gradient through the bottom: the micro-batch is done
     if (res.out) post(std::move(*res.out));
-    if (res.loss_here || (back && !r.u_shape())) {
-      loss_sum_ += res.loss * static_cast<double>(res.n_samples);
-      n_loss_ += static_cast<std::uint64_t>(res.n_samples);
-      n_correct_ += res.n_correct;
-    }
+    if (res.loss_here || (back && !r.u_shape())) count_loss(res);
     if (back) check_gradients();
     if (back && ++back_ >= n_micro_batches_) wake_.notify();
   };
@@ -269,8 +268,8 @@ void agent::impl::on_step(const std::shared_ptr<transport::message>& m) {
 }
 
 asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t steps, float lr, std::uint64_t gen) {
-  loss_sum_ = 0;
-  n_loss_ = n_correct_ = 0;
+  loss_sum_ = own_loss_sum_ = 0;
+  n_loss_ = n_correct_ = own_n_loss_ = own_n_correct_ = 0;
   const auto t0 = clock::now();
   if (lr > 0) runner_->host().set_learning_rate(c_.id, lr);  // 0: the plan's rate
   runner_->take_compute_seconds();
@@ -282,6 +281,10 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
     back_ = 0;
     forward_step(step);
     co_await wake_.wait_until([&] { return back_ >= n_micro_batches_ || over(gen); });
+    // What came in meanwhile runs before the next step (with every block here the step did
+    // not wait for anything): a re-split, the round's end, a stop.
+    const auto exec = co_await asio::this_coro::executor;
+    co_await asio::post(exec, asio::use_awaitable);
     if (over(gen)) break;
     n_samples += static_cast<std::uint64_t>(micro_batch_size_) * n_micro_batches_;
     const auto up = up_->current();
@@ -295,8 +298,8 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
   in_round_ = false;
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
   transport::round_stats stats;
-  // The loss is reported by whoever computed it: here only in U-shape.
-  if (plan_->route.u_shape()) stats = {0, 0, 0, loss_sum_, n_loss_, n_correct_};
+  // The loss is reported by whoever computed it: here in U-shape, or with every block here.
+  stats = {0, 0, 0, own_loss_sum_, own_n_loss_, own_n_correct_};
   stats.compute_us = static_cast<std::uint64_t>(runner_->take_compute_seconds() * 1e6);
   upload_replicas(round, n_samples, stats);
   send_profile(round * steps + steps);
@@ -352,8 +355,24 @@ void agent::impl::forward_step(std::uint64_t step) {
     if (plan_->route.u_shape()) labels_[{step, mb}] = y;
     auto res = runner_->run_input(c_.id, plan_->route, plan_->epoch, {step, mb}, x, y, {mbs * n_mb, n_mb},
                                   std::span<const std::int32_t>(yb.data() + mb * mbs, mbs));
-    if (res.out) post(std::move(*res.out));
+    if (res.out) {
+      post(std::move(*res.out));
+    } else {  // every block here: the micro-batch went into the loss and back
+      count_loss(res);
+      ++back_;
+    }
   }
+}
+
+void agent::impl::count_loss(const runtime::step_result& res) {
+  const double n = static_cast<double>(res.n_samples);
+  loss_sum_ += res.loss * n;
+  n_loss_ += static_cast<std::uint64_t>(res.n_samples);
+  n_correct_ += res.n_correct;
+  if (!res.loss_here) return;
+  own_loss_sum_ += res.loss * n;
+  own_n_loss_ += static_cast<std::uint64_t>(res.n_samples);
+  own_n_correct_ += res.n_correct;
 }
 
 void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {

@@ -48,6 +48,8 @@ class agent::impl {
   bool over(std::uint64_t gen) const { return gen != round_gen_; }
   void abandon(const std::string& why);
   void forward_step(std::uint64_t step);
+  // A micro-batch's loss, into the round's figures (and its statistics where computed here).
+  void count_loss(const runtime::step_result& res);
   void report_privacy(std::uint64_t round);
   void check_gradients();
   void next_batch(std::int64_t n, float* x, std::int32_t* y);
@@ -87,6 +89,9 @@ class agent::impl {
   int missing_ = 0;         // blocks of a re-split still to arrive
   double loss_sum_ = 0;
   std::uint64_t n_loss_ = 0, n_correct_ = 0;
+  // Of the losses computed here (a U-shaped top, or every block here): the round's statistics.
+  double own_loss_sum_ = 0;
+  std::uint64_t own_n_loss_ = 0, own_n_correct_ = 0;
   int steps_since_profile_ = 0;
   float reported_bps_ = 0;     // the uplink's bandwidth in the last profile sent (compute executor)
   std::int64_t position_ = 0;  // samples drawn from this device's data stream

@@ -68,6 +68,8 @@ step_result segment_runner::run(std::uint32_t device, const split::route& r, std
   if (!host_) throw core::error("a step message before any plan");
   if (const auto* a = m.as<wire::Activations>()) {
     const int seg = segment_at(r, a->block(), from, true);
+    if (seg > r.loss_segment())
+      throw core::error("activation for block " + std::to_string(a->block()) + " past the loss of route " + r.str());
     // Labels travel up to the loss with the activations, except in U-shape: they stay below.
     if (r.u_shape() == (a->labels() != nullptr))
       throw core::error(r.u_shape() ? "labels sent in a U-shaped plan" : "activation without labels for the loss");
@@ -114,7 +116,9 @@ step_result segment_runner::run_input(std::uint32_t device, const split::route& 
   if (here_ == core::tier::device && o.dir == split::segment_output::direction::up &&
       (defence_.any() || monitor_ || hostile_))
     defend_output(device, id, x, y, host_y, bi, o.value);
-  return finish(device, r, epoch, 0, id, bi, std::move(o), y, secs, true);
+  auto res = finish(device, r, epoch, 0, id, bi, std::move(o), y, secs, true);
+  res.n_samples = x.shape()[0];
+  return res;
 }
 
 step_result segment_runner::finish(std::uint32_t device, const split::route& r, std::uint32_t epoch, int seg,
@@ -137,7 +141,7 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
   }
   res.loss = o.loss;
   res.n_correct = o.n_correct;
-  res.loss_here = forward && o.dir == split::segment_output::direction::down;
+  res.loss_here = forward && o.dir != split::segment_output::direction::up;  // into the loss here
   // Hop k joins segments k and k + 1: the activation goes up hop seg, the gradient down hop seg - 1.
   const auto cut = cut_.find(device);
   const std::uint32_t seed = core::hash32(core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch), device);

@@ -39,7 +39,7 @@ void each_choice(const split_problem& p, int d, const route& r, const std::vecto
     seg[i] = sum * share, fwd[i] = f * share, bwd[i] = b * share;
   }
   route_terms terms;
-  terms.n_segments = r.n_segments();
+  terms.n_segments = r.device_only() ? 1 : r.n_segments();  // no hop: the loss on the device
   terms.u_shape = r.u_shape();
   std::vector<std::size_t> slot(2 * n_hops);
   for (const int m : micro_options(p)) {

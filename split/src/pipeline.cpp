@@ -298,7 +298,7 @@ segment_output segment_host::forward(std::uint32_t device, int segment, micro_ba
                       " does not match its input " + want.str());
   const std::int64_t batch = x.shape()[0];
   n_mb_[{device, segment}] = n_micro_batches;
-  const bool loss_here = segment + 1 == s.r.n_segments();
+  const bool loss_here = segment == s.r.loss_segment();
   core::stage::context ctx;
   core::tensor y = s.rep->st->forward(x.reshaped(want.batched(batch)), ctx, core::mode::train, dropout_seed);
   segment_output out;

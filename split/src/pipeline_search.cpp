@@ -216,7 +216,7 @@ class searcher {
     const auto& lm = low_max_[1];
     int guess = -1;
     double least = unlimited;
-    for (int c = t_.min_first; c <= t_.max_cut(); ++c) {
+    for (int c = t_.min_first; c <= t_.max_first(); ++c) {
       const auto i = static_cast<std::size_t>(c);
       if (mem[i] > t_.cap[0]) break;
       const double s = t_.first[i], h = t_.hop[0][i];
@@ -239,7 +239,7 @@ class searcher {
     const auto& hop_top = t_.hop_top[static_cast<std::size_t>(k)];
     const auto& ts = tail_sum_[static_cast<std::size_t>(k)];
     const auto& tm = tail_max_[static_cast<std::size_t>(k)];
-    for (int c = std::max(b, k == 0 ? t_.min_first : 1); c <= t_.max_cut(); ++c) {
+    for (int c = std::max(b, k == 0 ? t_.min_first : 1); c <= t_.max_at(k); ++c) {
       const auto i = static_cast<std::size_t>(c);
       if (used + mem[i] > cap) break;  // grows with c
       if (only >= 0 && c != only) {
@@ -279,8 +279,8 @@ class searcher {
     const auto& tm = tail_max_[static_cast<std::size_t>(k)];
     const double m = static_cast<double>(t_.m);
     int c = std::max(b, k == 0 ? t_.min_first : 1);
-    while (c <= t_.max_cut() && used_top + tail_mem_[static_cast<std::size_t>(c)] > cap_top) ++c;  // shrinks with c
-    for (; c <= t_.max_cut(); ++c) {
+    while (c <= t_.max_at(k) && used_top + tail_mem_[static_cast<std::size_t>(c)] > cap_top) ++c;  // shrinks with c
+    for (; c <= t_.max_at(k); ++c) {
       const auto i = static_cast<std::size_t>(c);
       if (used + mem[i] > cap) break;
       const double s = t_.segment(k, b, c), st = t_.segment_top(k, b, c);
@@ -327,9 +327,14 @@ pipeline_best search_pipeline(const pipeline_tables& t, double bound) {
 
 route_terms pipeline_tables::terms(const int* cuts) const {
   route_terms r;
-  r.n_segments = n_segments;
   r.m = m;
   r.u_shape = u_shape;
+  if (!u_shape && cuts[0] == n) {  // device-only: segment 0 alone, with the loss
+    r.n_segments = 1;
+    r.seg[0] = first[static_cast<std::size_t>(n)];
+    return r;
+  }
+  r.n_segments = n_segments;
   for (int k = 0; k < n_segments; ++k) {
     const auto i = static_cast<std::size_t>(k);
     const int b = k == 0 ? 0 : cuts[k - 1];

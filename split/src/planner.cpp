@@ -277,6 +277,12 @@ class device_search {
             best_.cuts.empty() ? best_.seconds : std::min(best_.seconds, pipeline_seconds_of(t, best_.cuts));
         r = search_pipeline(t, bound);
       }
+      // The device-only route (off the U), which the search leaves out: no hops, the loss on
+      // the device. Its cuts come last in the tie order.
+      if (!p_.u_shape && shared_.mem(0, p_.n_blocks) <= t.cap[0]) {
+        std::vector<int> all(path_.size() - 1, p_.n_blocks);
+        if (const double s = pipeline_seconds_of(t, all); r.cuts.empty() || s < r.seconds) r = {s, std::move(all)};
+      }
       if (r.cuts.empty()) continue;
       // Ties: smaller cuts, then smaller M (this one, as M decreases).
       if (best_.cuts.empty() || r.seconds < best_.seconds || (r.seconds == best_.seconds && r.cuts <= best_.cuts)) {

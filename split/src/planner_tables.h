@@ -92,6 +92,10 @@ struct pipeline_tables {
   }
   // The largest cut a route may place (U-shape: the device top holds a block).
   int max_cut() const { return u_shape ? n - 1 : n; }
+  // The largest first cut the search places: the device-only route (first cut n) has no hops
+  // and is priced apart (planner.cpp).
+  int max_first() const { return n - 1; }
+  int max_at(int k) const { return k == 0 ? max_first() : max_cut(); }
   // Every term of the route with these cuts (n_segments - 1 of them), as the oracle makes them.
   route_terms terms(const int* cuts) const;
   double seconds(const int* cuts) const { return time_of(terms(cuts)).seconds; }

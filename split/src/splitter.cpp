@@ -57,7 +57,8 @@ struct route_parts {
 
 route_parts parts_of(const split_problem& p, int d, const route& r, const route_choice& c) {
   route_parts out;
-  const int m = c.n_micro_batches, n_segments = r.n_segments();
+  // A route holding every block on the device is its first segment alone (see splitter.h).
+  const int m = c.n_micro_batches, n_segments = r.device_only() ? 1 : r.n_segments();
   out.t.n_segments = n_segments;
   out.t.m = m;
   out.t.u_shape = r.u_shape();

@@ -85,7 +85,7 @@ struct split_rig {
       for (;; ++seg) {
         const auto t = r.path[static_cast<std::size_t>(seg)];
         tensor in = wire(*at, *be[t], v);
-        tensor lab = seg + 1 == r.n_segments() ? wire(dev, *be[t], y) : tensor{};
+        tensor lab = seg == r.loss_segment() ? wire(dev, *be[t], y) : tensor{};
         out = hosts[t]->forward(7, seg, id, in, lab, 1.0f / static_cast<float>(micro_batches),
                                 static_cast<std::uint32_t>(micro_batches), 0);
         at = be[t].get();

@@ -20,10 +20,12 @@ namespace {
 // One block on the device (6 s: forward 2, backward 4), its 20-byte output over a 10 B/s link
 // (2 s each way, rtt 0.5 s) to a server with nothing to run: stages 2 / M, 2 / M, 0, 2 / M, 4 / M
 // (forward, up, server, down, backward), the link's 0.5 s latency once, and the device busy 6 s.
+// Block 0 on the device, block 1 (the head) on the server, which runs it in no time: the board
+// would take 100 s, so no plan keeps every block on the device.
 split_problem two_stage() {
-  auto p = blank(1, false, {-1}, 0);
-  p.devices[0].board.block_seconds = {6.0};
-  p.cut_bytes = {0, 20};
+  auto p = blank(2, false, {-1}, 0);
+  p.devices[0].board.block_seconds = {6.0, 100.0};
+  p.cut_bytes = {0, 20, 0};
   p.devices[0].link = {10.0, 0.5};
   return p;
 }
@@ -37,7 +39,9 @@ route_choice choice(int m, std::vector<core::hop_codecs> hops) {
 double sequential_seconds(const split_problem& p, int d, const route& r) {
   const auto& dev = p.devices[static_cast<std::size_t>(d)];
   std::vector<double> terms, rtts;
-  for (int k = 0; k < r.n_segments(); ++k) {
+  // Every block on the device: its loss there too, no hop.
+  const int n_segments = r.device_only() ? 1 : r.n_segments();
+  for (int k = 0; k < n_segments; ++k) {
     const auto t = r.path[static_cast<std::size_t>(k)];
     const auto& node = t == core::tier::device ? dev.board
                        : t == core::tier::edge ? p.edges[static_cast<std::size_t>(dev.edge)]
@@ -50,7 +54,7 @@ double sequential_seconds(const split_problem& p, int d, const route& r) {
     double sum = 0;
     for (int i = r.begin(k); i < r.end(k); ++i) sum += node.block_seconds[static_cast<std::size_t>(i)];
     terms.push_back(sum * share);
-    if (k + 1 == r.n_segments()) break;
+    if (k + 1 == n_segments) break;
     const auto next = r.path[static_cast<std::size_t>(k + 1)];
     const auto& l = t == core::tier::device || next == core::tier::device
                         ? dev.link
@@ -70,7 +74,7 @@ double sequential_seconds(const split_problem& p, int d, const route& r) {
 
 TEST_CASE("a step of M micro-batches is the flow shop's fill plus M - 1 longest stages, or a node's busy time") {
   const auto p = two_stage();
-  const auto r = split::make_route(false, false, {1}, 1);
+  const auto r = split::make_route(false, false, {1}, 2);
   const core::hop_codecs f32{};
   // M = 1: 6 + 4 + 0, and the latency.
   auto c = split::evaluate_route(p, 0, r, choice(1, {f32}));
@@ -96,7 +100,7 @@ TEST_CASE("a step of M micro-batches is the flow shop's fill plus M - 1 longest 
   // A slower link: 40 bytes each way, 4 s per step and direction; at M = 4 stages 0.5, 1, 0, 1, 1:
   // 3.5 + 0.5 + 3 * 1 (up and down are separate resources, each 1 s a micro-batch).
   auto slow = p;
-  slow.cut_bytes = {0, 40};
+  slow.cut_bytes = {0, 40, 0};
   c = split::evaluate_route(slow, 0, r, choice(4, {f32}));
   CHECK(c.bottleneck_seconds == 1.0);
   CHECK(c.seconds == 7.0);
@@ -116,8 +120,8 @@ TEST_CASE("the planner picks the micro-batch count, and latency delays the fill 
   CHECK(plan.choices[0].n_micro_batches == 8);
   CHECK(plan.cost.step_seconds == 9.75);
   // Nothing to pipeline (no compute, nothing on the wire): every M ties, the fewest wins.
-  p.devices[0].board.block_seconds = {0.0};
-  p.cut_bytes = {0, 0};
+  p.devices[0].board.block_seconds = {0.0, 100.0};
+  p.cut_bytes = {0, 0, 0};
   plan = split::plan_best(p);
   CHECK(plan.choices[0].n_micro_batches == 1);
   CHECK(plan.cost.step_seconds == 5.0);
@@ -127,14 +131,14 @@ TEST_CASE("measured forward times split a segment into its two passes") {
   // The same route with the forward 5 s of the 6: stages at M = 2 2.5, 1, 0, 1, 0.5: P = 5 + 0.5 +
   // 2.5 = 8 (the forward the longest stage), the device's 6 s below it.
   auto p = two_stage();
-  p.devices[0].board.forward_seconds = {5.0};
-  const auto r = split::make_route(false, false, {1}, 1);
+  p.devices[0].board.forward_seconds = {5.0, 0.0};
+  const auto r = split::make_route(false, false, {1}, 2);
   auto c = split::evaluate_route(p, 0, r, choice(2, {{}}));
   CHECK(c.bottleneck_seconds == 2.5);
   CHECK(c.seconds == 8.0);
   // All of it forward: the last forward ends at 6 and its micro-batch's way up and back takes
   // 1 + 0.5 + 1 more (the backward nothing): 8.5 = P = 5 + 0.5 + 3.
-  p.devices[0].board.forward_seconds = {6.0};
+  p.devices[0].board.forward_seconds = {6.0, 0.0};
   CHECK(split::evaluate_route(p, 0, r, choice(2, {{}})).seconds == 8.5);
   // One micro-batch: the split does not matter.
   CHECK(split::evaluate_route(p, 0, r, choice(1, {{}})).seconds == 10.5);
@@ -230,7 +234,7 @@ TEST_CASE("decide_resplit prices the current routes under their choices") {
   auto p = two_stage();
   p.micro_batch_options = {1, 2, 4};
   const auto best = split::plan_best(p);
-  const std::vector<route> current{split::make_route(false, false, {1}, 1)};
+  const std::vector<route> current{split::make_route(false, false, {1}, 2)};
   // Same route: run at M = 1 it gains 10.5 -> 6; already at M = 4 nothing.
   const auto from_one = split::decide_resplit(p, current, {choice(1, {{}})}, best, {});
   CHECK(from_one.current_seconds == 10.5);

@@ -59,14 +59,15 @@ std::vector<stage> unfold(const split_problem& p, const route& r, int m) {
     const double secs = l.bytes_per_second > 0 ? bytes / l.bytes_per_second / dm : 0.0;
     return stage{3 + 2 * (device_link ? 0 : 1) + (up ? 0 : 1), secs, l.rtt_seconds / 2};
   };
-  const int last = r.n_segments() - 1;
+  // Every block on the device (off the U): its loss there too, nothing crosses a link.
+  const int last = r.device_only() ? 0 : r.n_segments() - 1;
   std::vector<stage> out;
   for (int k = 0; k < last; ++k) {
     out.push_back({rank_of(r.path[static_cast<std::size_t>(k)]), passes(k).first, 0});
     out.push_back(hop(k, true));
   }
   const auto [f, b] = passes(last);
-  out.push_back({rank_of(r.path.back()), f + b, 0});
+  out.push_back({rank_of(r.path[static_cast<std::size_t>(last)]), f + b, 0});
   for (int k = last - 1; k >= 0; --k) {
     out.push_back(hop(k, false));
     out.push_back({rank_of(r.path[static_cast<std::size_t>(k)]), passes(k).second, 0});

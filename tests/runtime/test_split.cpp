@@ -136,6 +136,40 @@ TEST_CASE("split training with one device equals local training in 2-tier, 3-tie
   }
 }
 
+TEST_CASE("a device holding every block computes its loss itself, and the round counts it") {
+  const std::string be = test_backend();
+  for (const bool edge : {false, true}) {
+    SUBCASE(edge ? "behind an edge" : "straight to the server") {
+      workspace w(std::string("devonly") + (edge ? "-e" : ""), 1);
+      auto sc = server_cfg(w, be);
+      sc.rounds = 2;
+      sc.local_steps = 25;
+      sc.cuts = "12";
+      sc.edge_cuts = "12,12";
+      std::vector<server::round_report> reports;
+      sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+      const auto got = run_federation(w, be, sc, 1, edge, {});
+      const auto want = local_training(w, be, sc.opt, sc.seed, 1, 50, sc.batch);
+      const double diff = max_rel_diff(got, want);
+      INFO("max relative difference " << diff);
+      CHECK(diff <= 1e-5);
+      REQUIRE(reports.size() == 2);
+      for (const auto& r : reports) {
+        INFO("round " << r.round << ": train loss " << r.train_loss << ", accuracy " << r.train_accuracy);
+        CHECK(r.routes.at(0).second ==
+              (edge ? "device[0,12) edge[12,12) server[12,12)" : "device[0,12) server[12,12)"));
+        // The device's 25 steps, counted from its statistics: nothing ran above it.
+        CHECK(r.train_loss > 0.05);
+        CHECK(r.train_loss < 2.5);
+        CHECK(r.train_accuracy > 0.3);
+        CHECK(r.server_compute_s == 0.0);
+        CHECK(r.edge_compute_s == 0.0);
+      }
+      CHECK(reports[1].train_loss < reports[0].train_loss);
+    }
+  }
+}
+
 TEST_CASE("a device augmenting its batches trains as local training on the same augmented samples") {
   const std::string be = test_backend();
   workspace w("augment", 1);
@@ -349,7 +383,7 @@ TEST_CASE("a round with a re-split is predicted under the plan each of its steps
   sc.min_gain = 1.0;  // the splitter keeps every plan: only the forced re-split moves blocks
   sc.rounds = 3;
   sc.local_steps = 12;
-  sc.cuts = "12";  // every block on the board
+  sc.cuts = "11";  // every block but the last on the board
   std::vector<server::round_report> reports;
   sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
   // Halfway through round 2 the board keeps conv1 only, the server the rest.
@@ -365,15 +399,15 @@ TEST_CASE("a round with a re-split is predicted under the plan each of its steps
   REQUIRE(reports.size() == 3);
   CHECK(reports[1].n_resplits == 1);
   CHECK(reports[1].routes.at(0).second == moved.str());
-  const double all_on_board = reports[0].predicted_step_seconds, half = reports[1].predicted_step_seconds,
+  const double on_board = reports[0].predicted_step_seconds, half = reports[1].predicted_step_seconds,
                split_ = reports[2].predicted_step_seconds;
-  INFO("predicted steps: round 1 " << all_on_board << " s, round 2 " << half << " s, round 3 " << split_ << " s");
+  INFO("predicted steps: round 1 " << on_board << " s, round 2 " << half << " s, round 3 " << split_ << " s");
   REQUIRE(split_ > 0);
-  REQUIRE(all_on_board > 2.5 * split_);
+  REQUIRE(on_board > 2.5 * split_);
   // Six or more of round 2's steps ran every block on the board: its step is priced near the
   // middle of the two plans', not as if the round had run the plan in force at its end.
-  CHECK(half > split_ + 0.3 * (all_on_board - split_));
-  CHECK(half < all_on_board * 1.25);
+  CHECK(half > split_ + 0.3 * (on_board - split_));
+  CHECK(half < on_board * 1.25);
 }
 
 TEST_CASE("a device moving between plans does not hold back the re-split of another") {
@@ -384,7 +418,9 @@ TEST_CASE("a device moving between plans does not hold back the re-split of anot
   sc.rounds = 3;
   sc.local_steps = 12;
   sc.min_devices = 2;
-  sc.cuts = "12";  // every block on the boards
+  // U-shaped, so that every route sends steps to the server (device 1's are where it is forced).
+  sc.u_shape = true;
+  sc.cuts = "11,11";  // every block but the head on the boards, the server relays
   // From round 2 device 2 is far slower than the server: its blocks belong there. Device 1's
   // link is paced, so its measured figure holds still (a moved one would be reported at once).
   const std::string schedule = "at 1 link device-1 * 100Mbit/s; at 2 slowdown device-2 40";
@@ -396,7 +432,7 @@ TEST_CASE("a device moving between plans does not hold back the re-split of anot
     if (dev != 1) return std::nullopt;
     std::lock_guard lock(mu);
     ++n_forced;
-    return split::make_route(false, false, {current.end(0) == 6 ? 8 : 6}, 12);
+    return split::make_route(true, false, {current.end(0) == 6 ? 8 : 6, 11}, 12);
   };
   std::vector<server::round_report> reports;
   sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
@@ -405,13 +441,11 @@ TEST_CASE("a device moving between plans does not hold back the re-split of anot
     a.schedule = schedule;
   });
   REQUIRE(reports.size() == 3);
-  REQUIRE(reports.front().routes.size() == 2);
-  CHECK(reports.front().routes[1].second == "device[0,12) server[12,12)");
   REQUIRE(reports.back().routes.size() == 2);
   INFO(n_forced << " forced re-splits of device 1; device 2 ends on " << reports.back().routes[1].second);
   CHECK(n_forced >= 6);
   const auto& slow = reports.back().routes[1].second;
-  CHECK(std::stoi(slow.substr(slow.find(',') + 1)) < 12);
+  CHECK(std::stoi(slow.substr(slow.find(',') + 1)) < 11);  // its bottom cut
 }
 
 TEST_CASE("a device whose link slows mid-round reports it at once, and the splitter re-splits within that round") {

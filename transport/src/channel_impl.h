@@ -224,6 +224,7 @@ class channel_impl : public std::enable_shared_from_this<channel_impl> {
   clock::time_point frame_due_ = clock::time_point::max();
   clock::time_point last_big_send_;   // the last frame that measured the send bandwidth
   clock::time_point last_data_send_;  // the last application frame written
+  clock::time_point last_data_recv_;  // the last application frame read
   // The run of frames sent back to back so far: bytes, time on the link, when the last left it.
   std::size_t run_bytes_ = 0;
   clock::duration run_time_{};

@@ -144,6 +144,7 @@ asio::awaitable<void> channel_impl::reader(std::shared_ptr<channel_impl> self) {
       continue;
     }
     ++messages_received_;
+    last_data_recv_ = clock::now();
     inbox_bytes_ += m.frame_bytes();
     inbox_.push_back(std::move(m));
     inbox_wake_.notify();
@@ -302,10 +303,11 @@ asio::awaitable<void> channel_impl::heartbeat(std::shared_ptr<channel_impl> self
     }
     if (opts_.heartbeat.count() > 0 && pings_queued_ == 0) {
       // A link that carries no large frames is probed now and then: its bandwidth may have
-      // changed since last seen. More often while it carries small ones: training uses it, and
-      // the splitter needs to know when moving blocks across it pays again.
+      // changed since last seen. More often while it carries small ones either way: training
+      // uses it, and the splitter needs to know when moving blocks across it pays again.
       const auto now = clock::now();
-      const bool in_use = now - last_data_send_ < std::max(period, opts_.bandwidth_probe_in_use);
+      const bool in_use =
+          now - std::max(last_data_send_, last_data_recv_) < std::max(period, opts_.bandwidth_probe_in_use);
       const auto every = in_use && opts_.bandwidth_probe_in_use.count() > 0
                              ? std::min(opts_.bandwidth_probe, opts_.bandwidth_probe_in_use)
                              : opts_.bandwidth_probe;

@@ -1,6 +1,8 @@
 // Plans: which tier runs which blocks for each device. A device's route is a path of tiers
 // (device -> [edge ->] server, or in U-shape back down to the device) and the cuts between
-// them; segment i runs blocks [cut(i-1), cut(i)) and the last segment computes the loss.
+// them; segment i runs blocks [cut(i-1), cut(i)) and the last segment computes the loss, except
+// where the device holds every block (not in U-shape): it computes the loss itself, and nothing
+// of a step crosses a cut.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,10 @@ struct route {
     return segment + 1 == n_segments() ? n_blocks : cuts[static_cast<std::size_t>(segment)];
   }
   bool u_shape() const { return path.size() > 1 && path.back() == core::tier::device; }
+  // Every block on the device, off the U: the device computes the loss (segment 0 does).
+  bool device_only() const { return !u_shape() && !cuts.empty() && cuts.front() == n_blocks; }
+  // The segment that computes the loss.
+  int loss_segment() const { return device_only() ? 0 : n_segments() - 1; }
   bool has_edge() const;
   // Segments of this route on tier t, in order.
   std::vector<int> segments_on(core::tier t) const;

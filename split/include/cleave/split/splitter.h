@@ -5,7 +5,9 @@
 //
 // Cost model (one step = one batch of every device, all devices training at once). Device d's
 // route is a chain of segments on nodes joined by hops, in path order: segment 0, hop 0,
-// segment 1, ..., the last segment (where the loss is).
+// segment 1, ..., the last segment (where the loss is). A route that keeps every block on the
+// device (off the U) is segment 0 alone, the loss computed there: its T_d is the board's time
+// for the whole model, whatever M (route::device_only).
 //   segment k: its blocks' forward and backward times on the node running it, times that node's
 //     share factor (the server serves all devices at once, an edge the devices behind it:
 //     processor sharing, so a node serving k devices gives each 1/k of itself). Empty segments

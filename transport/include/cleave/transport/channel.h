@@ -34,7 +34,7 @@ struct channel_options {
   std::chrono::milliseconds close_timeout{2000};  // bound on a clean close
   // When no frame of 64 KiB or more went out for this long, a heartbeat carries 64 KiB of
   // padding so the link's bandwidth stays measured (0: never); this often instead while smaller
-  // application frames go out (the link is in use; 0: no difference).
+  // application frames go out or come in (the link is in use; 0: no difference).
   std::chrono::milliseconds bandwidth_probe{10000};
   std::chrono::milliseconds bandwidth_probe_in_use{2000};
   link_caps emulation;  // initial network emulation of outgoing data
