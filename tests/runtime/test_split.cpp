@@ -394,7 +394,7 @@ TEST_CASE("a round with a re-split is predicted under the plan each of its steps
   };
   run_federation(w, be, sc, 1, false, [](device::agent_config& a) {
     a.profile_every = 4;
-    a.slowdown = 40;  // the board's blocks cost far more than the server's
+    a.slowdown = 100;  // the board's blocks cost far more than the server's, however loaded
   });
   REQUIRE(reports.size() == 3);
   CHECK(reports[1].n_resplits == 1);
@@ -403,11 +403,13 @@ TEST_CASE("a round with a re-split is predicted under the plan each of its steps
                split_ = reports[2].predicted_step_seconds;
   INFO("predicted steps: round 1 " << on_board << " s, round 2 " << half << " s, round 3 " << split_ << " s");
   REQUIRE(split_ > 0);
-  REQUIRE(on_board > 2.5 * split_);
-  // Six or more of round 2's steps ran every block on the board: its step is priced near the
-  // middle of the two plans', not as if the round had run the plan in force at its end.
-  CHECK(half > split_ + 0.3 * (on_board - split_));
-  CHECK(half < on_board * 1.25);
+  // The board keeps conv1 alone (a quarter of LeNet-5's arithmetic): the split costs about a
+  // third of the board's step.
+  REQUIRE(split_ < 0.5 * on_board);
+  // Six or more of round 2's steps ran the first plan: its step is priced near the middle of the
+  // two plans', not as if the round had run the plan in force at its end.
+  CHECK(half > 0.45 * on_board);
+  CHECK(half < 1.25 * on_board);
 }
 
 TEST_CASE("a device moving between plans does not hold back the re-split of another") {
