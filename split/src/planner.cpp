@@ -266,6 +266,13 @@ class device_search {
     for (auto it = micro_options.rbegin(); it != micro_options.rend(); ++it) {
       const int m = *it;
       pipeline_tables t = tables_at(m);
+      // The device-only route (off the U), which the search leaves out: no hops, the loss on the
+      // device. Its cuts come last in the tie order; its T bounds the search.
+      pipeline_best local;
+      if (!p_.u_shape && shared_.mem(0, p_.n_blocks) <= t.cap[0]) {
+        local.cuts.assign(path_.size() - 1, p_.n_blocks);
+        local.seconds = pipeline_seconds_of(t, local.cuts);
+      }
       pipeline_best r;
       if (m == 1 && path_.size() == 5) {  // O(n^3) at worst where four cuts are enumerated
         std::vector<std::vector<double>> hops(t.hop.begin(), t.hop.begin() + static_cast<long>(path_.size() - 1));
@@ -274,15 +281,11 @@ class device_search {
       } else {
         // The best cuts so far priced at m bound this m's optimum from above.
         const double bound =
-            best_.cuts.empty() ? best_.seconds : std::min(best_.seconds, pipeline_seconds_of(t, best_.cuts));
+            std::min(local.seconds,
+                     best_.cuts.empty() ? best_.seconds : std::min(best_.seconds, pipeline_seconds_of(t, best_.cuts)));
         r = search_pipeline(t, bound);
       }
-      // The device-only route (off the U), which the search leaves out: no hops, the loss on
-      // the device. Its cuts come last in the tie order.
-      if (!p_.u_shape && shared_.mem(0, p_.n_blocks) <= t.cap[0]) {
-        std::vector<int> all(path_.size() - 1, p_.n_blocks);
-        if (const double s = pipeline_seconds_of(t, all); r.cuts.empty() || s < r.seconds) r = {s, std::move(all)};
-      }
+      if (!local.cuts.empty() && (r.cuts.empty() || local.seconds < r.seconds)) r = std::move(local);
       if (r.cuts.empty()) continue;
       // Ties: smaller cuts, then smaller M (this one, as M decreases).
       if (best_.cuts.empty() || r.seconds < best_.seconds || (r.seconds == best_.seconds && r.cuts <= best_.cuts)) {
