@@ -64,6 +64,9 @@ class edge_node::impl {
   void install(const runtime::session_ptr& s, transport::message m);
   void relay_down(std::uint32_t dev, const transport::message& m);
   void send_profile(split::node_profile prof);
+  // A link to the device or the server whose measured figure moved since the last profile is
+  // reported now: the splitter may move blocks off or back onto it.
+  void report_moved_links(const device_state& d);
   void maybe_flush(bool deadline);
   asio::awaitable<void> flush(std::vector<std::uint32_t> done, std::uint64_t round);
   // The parts of the round's upload (per device, or one pre-average) of the devices that finished,

@@ -257,7 +257,8 @@ void edge_node::impl::on_device(const runtime::session_ptr& s, transport::messag
     case wire::Body::Profile:
       if (m.as<wire::Profile>()->node_id() != s->id) throw core::error("profile of another node");
       up_->post(transport::copy_of(m));
-      return;
+      // A device holding every block sends no steps through here, only its profiles.
+      return report_moved_links(d);
     case wire::Body::SecAgg:
       if (m.as<wire::SecAgg>()->device_id() != s->id) throw core::error("secure aggregation message of another device");
       up_->post(transport::copy_of(m));
@@ -298,12 +299,7 @@ void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier f
                            dev, d.rs.epoch);
     return below_->close(d.s, "step message of plan " + std::to_string(epoch) + ", now " + std::to_string(d.rs.epoch));
   }
-  // A link that changed is reported now: the splitter may move blocks off or back onto it.
-  const auto up = up_->current();
-  if (latest_profile_ &&
-      (runtime::bandwidth_moved(d.reported_bps, d.s->measured_link(dev).bandwidth_bytes_per_s) ||
-       (up && runtime::bandwidth_moved(up_reported_bps_, up->measured_link(0).bandwidth_bytes_per_s))))
-    send_profile(*latest_profile_);
+  report_moved_links(d);
   auto held = std::make_shared<transport::message>(std::move(m));
   auto task = [this, s = d.s, r = d.rs.route, epoch, from, held] {
     auto res = runner_->run(s->id, r, epoch, from, *held);
@@ -314,6 +310,14 @@ void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier f
   };
   auto guarded = ex_.guarded(std::move(task), [this, s = d.s](const std::string& why) { below_->close(s, why); });
   ex_.post_compute([this, dev, task = std::move(guarded)] { runner_->submit(dev, task); });
+}
+
+void edge_node::impl::report_moved_links(const device_state& d) {
+  const auto up = up_->current();
+  if (latest_profile_ &&
+      (runtime::bandwidth_moved(d.reported_bps, d.s->measured_link(d.s->id).bandwidth_bytes_per_s) ||
+       (up && runtime::bandwidth_moved(up_reported_bps_, up->measured_link(0).bandwidth_bytes_per_s))))
+    send_profile(*latest_profile_);
 }
 
 void edge_node::impl::install(const runtime::session_ptr& s, transport::message m) {
