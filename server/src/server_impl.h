@@ -58,12 +58,12 @@ class server_node::impl {
     std::uint64_t joined_round = 0;   // the round open when it joined, and when its route last moved
     std::uint64_t moved_round = 0;
     double predicted_step_seconds = 0;  // the cost model's for the last round, see predicted_steps
-    // The plans it ran earlier in the open round, each until a cutover: priced with the one in
-    // force for the round's predicted step.
+    // The plans it ran earlier in the open round, each until the step of the round at which it
+    // cut over: priced with the one in force for the round's predicted step.
     struct leg {
       split::route route;
       std::vector<core::hop_codecs> hops;
-      std::uint64_t steps = 0;
+      std::uint64_t until = 0;
     };
     std::vector<leg> legs;
     // The codecs of each hop of its route chosen by the planner, and of an announced re-split

@@ -117,11 +117,7 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
   const auto steps = static_cast<std::uint64_t>(c_.local_steps);
   if (round_.at == phase::collecting) {
     ++round_.n_resplits;
-    if (c.step() / steps == round_.number) {
-      std::uint64_t before = 0;
-      for (const auto& l : d.legs) before += l.steps;
-      d.legs.push_back({from, d.hops, c.step() % steps - std::min(before, c.step() % steps)});
-    }
+    if (c.step() / steps == round_.number) d.legs.push_back({from, d.hops, c.step() % steps});
   }
   d.hops = std::move(d.next_hops);
   d.next_hops.clear();
@@ -204,27 +200,24 @@ std::map<std::uint32_t, double> server_node::impl::predicted_steps(const std::se
   for (const auto& e : devs) routes.push_back(devices_.at(e.id).rs.route);
   try {
     // All of them at once: each shares the server and its edge with the others, as in a round.
-    const auto choices = running_choices(devs);
-    const auto cost = split::evaluate_plan(*prob, routes, choices);
+    const auto cost = split::evaluate_plan(*prob, routes, running_choices(devs));
     const double steps = static_cast<double>(c_.local_steps);
     for (std::size_t i = 0; i < devs.size(); ++i) {
       const auto& d = devices_.at(devs[i].id);
-      // The steps it ran under earlier plans this round (the others on theirs of now), and the
-      // moves between them.
-      double seconds = 0, left = steps;
+      const int di = static_cast<int>(i);
+      // The steps it ran under earlier plans this round (a device's cost does not depend on the
+      // others' routes), and the moves between them.
+      double seconds = 0;
+      std::uint64_t from = 0;
       for (std::size_t l = 0; l < d.legs.size(); ++l) {
         const auto& leg = d.legs[l];
-        auto r = routes;
-        auto ch = choices;
-        r[i] = leg.route;
-        ch[i] = {c_.micro_batches, cut_of(leg.route, &leg.hops).hops};
-        const double n = std::min(left, static_cast<double>(leg.steps));
-        seconds += n * split::evaluate_plan(*prob, r, ch).devices[i].seconds;
-        left -= n;
+        const split::route_choice ch{c_.micro_batches, cut_of(leg.route, &leg.hops).hops};
+        seconds += static_cast<double>(leg.until - from) * split::evaluate_route(*prob, di, leg.route, ch).seconds;
+        from = leg.until;
         const auto& next = l + 1 < d.legs.size() ? d.legs[l + 1].route : routes[i];
-        seconds += split::migration_seconds(*prob, static_cast<int>(i), leg.route, next);
+        seconds += split::migration_seconds(*prob, di, leg.route, next);
       }
-      out[devs[i].id] = (seconds + left * cost.devices[i].seconds) / steps;
+      out[devs[i].id] = (seconds + (steps - static_cast<double>(from)) * cost.devices[i].seconds) / steps;
     }
   } catch (const core::error&) {
     out.clear();
