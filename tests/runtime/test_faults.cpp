@@ -208,6 +208,53 @@ TEST_CASE("after a re-split, step messages of the old plan epoch are refused and
   rs.join();
 }
 
+TEST_CASE("a device holding every block that sends its logits up anyway is refused naming the route") {
+  const std::string be = test_backend();
+  workspace w("past-loss", 1);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 1;
+  sc.local_steps = 2;
+  sc.round_deadline_s = 5;
+  sc.cuts = "12";  // every block on the device: its loss is computed there
+  log_capture log;
+  std::promise<std::uint16_t> port;
+  sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+
+  asio::io_context io;
+  const transport::tls_context tls(transport::tls_files_in(w.certs, "device-1"));
+  auto device = [&]() -> asio::awaitable<std::string> {
+    auto ch = co_await hello_as(tls, sp, 1);
+    if (!ch) co_return "connect failed: " + ch.error().reason();
+    auto b = backend::make_backend("reference");
+    const core::shape logits{10};
+    std::uint32_t epoch = 0;
+    for (;;) {
+      auto m = co_await ch->receive();
+      if (!m) co_return "closed: " + m.error().reason();
+      if (const auto* p = m->as<cleave::wire::Plan>()) {
+        epoch = p->epoch();
+      } else if (const auto* r = m->as<cleave::wire::RoundStart>()) {
+        co_await ch->send(activation_of(*b, epoch, r->round() * r->local_steps(), 12, logits));
+      } else if (const auto* e = m->as<cleave::wire::Error>()) {
+        const std::string text = e->message() ? e->message()->str() : "";
+        co_return "error: " + text;
+      }
+    }
+  };
+  auto f = asio::co_spawn(io, device(), asio::use_future);
+  std::thread io_thread([&] { io.run(); });
+  const std::string got = f.get();
+  io_thread.join();
+  INFO(got);
+  CHECK(got.rfind("closed", 0) == 0);
+  CHECK(log.count({"device 1", "activation for block 12 past the loss of route device[0,12) server[12,12)"}) >= 1);
+  srv.stop();
+  rs.join();
+}
+
 TEST_CASE("bad sizes, schedules and backends on the command line are refused with the reason") {
   auto run = [](const std::string& args) {
     std::string out;

@@ -2,8 +2,6 @@
 // are refused and their devices counted out; a robust aggregation rule keeps one huge replica
 // from dragging the global model, where the plain mean collapses.
 #include <doctest/doctest.h>
-#include <spdlog/sinks/ringbuffer_sink.h>
-#include <spdlog/spdlog.h>
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
@@ -21,31 +19,6 @@ using namespace cleave;
 using namespace cleave::testing;
 
 namespace {
-
-// Every log line of the nodes of this process while it lives.
-class log_capture {
- public:
-  log_capture() : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(4096)) {
-    spdlog::default_logger()->sinks().push_back(sink_);
-  }
-  ~log_capture() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  // The lines at warning level or above holding every one of `parts`.
-  int count(const std::vector<std::string>& parts) const {
-    int n = 0;
-    for (const auto& m : sink_->last_raw()) {
-      if (m.level < spdlog::level::warn) continue;
-      const std::string text(m.payload.begin(), m.payload.end());
-      n += std::all_of(parts.begin(), parts.end(), [&](const auto& p) { return text.find(p) != std::string::npos; });
-    }
-    return n;
-  }
-
- private:
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
-};
 
 struct outcome {
   std::vector<server::round_report> reports;
