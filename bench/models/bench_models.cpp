@@ -5,17 +5,26 @@
 // Usage: bench_models --model M [--backend onednn:2] [--data D] [--batch 64] [--steps 20]
 //                     [--warmup 3] [--epochs 0] [--lr 0.05] [--momentum 0.9] [--seed 1]
 //                     [--lr-schedule constant|cosine]   (cosine: over every step of the epochs)
+//                     [--init-out F] [--final-out F] [--order-out F]
+// With --epochs, --init-out and --final-out write the model before and after training as
+// safetensors under PyTorch's state_dict names (as `cleave export`), and --order-out the sample
+// order of every epoch (i64 little-endian, epochs x n): compare.py starts PyTorch from the same
+// weights in the same order, and evaluates cleave's trained weights in PyTorch.
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "cleave/backend/registry.h"
+#include "cleave/core/checkpoint.h"
+#include "cleave/core/error.h"
 #include "cleave/core/random.h"
+#include "cleave/core/torch_export.h"
 #include "cleave/core/trainer.h"
 
 namespace {
@@ -32,10 +41,20 @@ double peak_rss_mib() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
+// The trainer's model as safetensors under PyTorch's names.
+void save_torch(const std::string& path, cleave::core::trainer& t, const cleave::core::model_spec& m,
+                std::uint64_t seed, std::int64_t epoch) {
+  using namespace cleave;
+  const auto ck = core::capture(t.model_stage(), t.opt(), seed, epoch);
+  const auto state = core::torch_state_dict(ck, m, path);
+  core::save_safetensors(path, state.tensors, state.metadata);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string backend = "onednn:2", model = "lenet5", data = "fashion-mnist", schedule = "constant";
+  std::string init_out, final_out, order_out;
   int batch = 64, steps = 20, warmup = 3, epochs = 0;
   float lr = 0.05f, momentum = 0.9f;
   long long seed = 1;
@@ -63,6 +82,12 @@ int main(int argc, char** argv) {
       seed = std::stoll(v);
     else if (k == "--lr-schedule")
       schedule = v;
+    else if (k == "--init-out")
+      init_out = v;
+    else if (k == "--final-out")
+      final_out = v;
+    else if (k == "--order-out")
+      order_out = v;
     else {
       std::fprintf(stderr, "bench_models: unknown option %s\n", k.c_str());
       return 2;
@@ -93,6 +118,18 @@ int main(int argc, char** argv) {
     std::int64_t images = 0;
     double secs = 0;
     double accuracy = -1;
+    if (epochs <= 0 && !(init_out.empty() && final_out.empty() && order_out.empty()))
+      throw core::error("--init-out, --final-out and --order-out need --epochs");
+    if (!init_out.empty()) save_torch(init_out, t, m, c.seed, 0);
+    if (!order_out.empty()) {
+      std::ofstream f(order_out, std::ios::binary | std::ios::trunc);
+      for (int e = 0; e < epochs && f; ++e) {
+        const auto order = core::epoch_order(d.train.size(), c.seed, e);
+        f.write(reinterpret_cast<const char*>(order.data()),
+                static_cast<std::streamsize>(order.size() * sizeof(std::int64_t)));
+      }
+      if (!f.flush()) throw core::error("--order-out '" + order_out + "': cannot write");
+    }
     if (epochs > 0) {
       for (int e = 0; e < epochs; ++e) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -100,6 +137,7 @@ int main(int argc, char** argv) {
         secs += seconds_since(t0);
       }
       accuracy = t.evaluate(d.test).accuracy;
+      if (!final_out.empty()) save_torch(final_out, t, m, c.seed, epochs);
     } else {
       // Batches of a seeded permutation, drawn as the trainer draws them (u8 -> normalised f32).
       std::vector<std::int64_t> order(static_cast<std::size_t>(d.train.size()));

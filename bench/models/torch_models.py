@@ -9,6 +9,13 @@ does, so both sides hold the same data. Batches are sliced from in-memory tensor
 DataLoader): both sides measure the training loop, not data plumbing.
 
   torch_models.py --model resnet18 [--data DIR] [--steps 20] [--warmup 3] [--epochs 0]
+                  [--init F] [--order F] [--eval-weights F]
+
+--init starts from cleave's initial weights (bench_models --init-out) and --order draws the
+epochs' samples in cleave's order (bench_models --order-out), so both sides run the same
+training and differ only in arithmetic. --eval-weights only evaluates the given weights (cleave's
+trained model, bench_models --final-out) on the test split: the same accuracy as cleave's own
+evaluation shows that both sides are the same network.
 """
 import argparse, gzip, json, math, os, resource, struct, sys, time
 
@@ -19,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from export_check import LeNet5, ResNet8, ResNet18, VGG11BN  # noqa: E402
+from export_check import LeNet5, ResNet8, ResNet18, VGG11BN, read_safetensors  # noqa: E402
 
 
 def make_divisible(v, divisor=8):
@@ -71,6 +78,35 @@ class MobileNetV2(nn.Module):
 
 
 ZOO = {"lenet5": LeNet5, "resnet8": ResNet8, "resnet18": ResNet18, "vgg11-bn": VGG11BN, "mobilenetv2": MobileNetV2}
+
+
+def load_weights(model, path):
+    """Loads a bench_models safetensors file. Names are PyTorch's for the models `cleave export`
+    maps; a model it does not map (MobileNetV2) keeps cleave's names, and is loaded layer by layer
+    in the order the layers appear on both sides, each layer's tensors checked by name and shape."""
+    tensors, _ = read_safetensors(path)
+    state = model.state_dict()
+    if set(tensors) == set(state):
+        model.load_state_dict(tensors, strict=True)
+        return
+    def layers(named):  # {layer prefix: {suffix: tensor}} in the order the layers first appear
+        out = {}
+        for name, t in named:
+            prefix, _, suffix = name.rpartition(".")
+            out.setdefault(prefix, {})[suffix] = t
+        return list(out.items())
+
+    ours, theirs = layers(state.items()), layers(tensors.items())
+    if len(ours) != len(theirs):
+        raise SystemExit(f"torch_models: {path}: {len(theirs)} layers, the model has {len(ours)}")
+    mapped = {}
+    for (prefix, ts), (cprefix, cs) in zip(ours, theirs):
+        if set(ts) != set(cs) or any(tuple(ts[k].shape) != tuple(cs[k].shape) for k in ts):
+            raise SystemExit(f"torch_models: {path}: layer '{cprefix}' "
+                             f"{ {k: tuple(v.shape) for k, v in cs.items()} } does not match '{prefix}' "
+                             f"{ {k: tuple(v.shape) for k, v in ts.items()} }")
+        mapped.update({f"{prefix}.{k}": v for k, v in cs.items()})
+    model.load_state_dict(mapped, strict=True)
 
 
 # ---- data: IDX (Fashion-MNIST) or CIFAR-10/100 binary, u8 (N,C,H,W) with labels
@@ -141,6 +177,9 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
                    help="cosine: from --lr to 0 over every step of the run, as cleave's trainer")
+    p.add_argument("--init", help="initial weights (bench_models --init-out)")
+    p.add_argument("--order", help="the epochs' sample order (bench_models --order-out)")
+    p.add_argument("--eval-weights", help="only evaluate these weights on the test split")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -148,6 +187,15 @@ def main():
     norm = normaliser(stats)
     classes = int(max(y_tr.max(), y_te.max())) + 1
     model = ZOO[a.model](tuple(x_tr.shape[1:]), classes)
+    if a.init or a.eval_weights:
+        load_weights(model, a.eval_weights or a.init)
+    orders = None
+    if a.order:
+        orders = torch.from_numpy(np.fromfile(a.order, dtype="<i8").astype(np.int64))
+        if a.epochs <= 0 or orders.numel() != a.epochs * len(y_tr):
+            raise SystemExit(f"torch_models: {a.order}: {orders.numel()} indices, expected --epochs x "
+                             f"{len(y_tr)} samples")
+        orders = orders.view(a.epochs, len(y_tr))
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     g = torch.Generator().manual_seed(a.seed)
@@ -164,23 +212,30 @@ def main():
         sched.step()
         return loss
 
-    model.train()
-    images, secs, acc = 0, 0.0, None
-    if a.epochs > 0:
-        for _ in range(a.epochs):
-            model.train()
-            order = torch.randperm(len(y_tr), generator=g)
-            t0 = time.perf_counter()
-            for i in range(0, len(order), a.batch):
-                step(order[i:i + a.batch])
-                images += len(order[i:i + a.batch])
-            secs += time.perf_counter() - t0
+    def evaluate():
         model.eval()
         correct = 0
         with torch.no_grad():
             for i in range(0, len(y_te), 500):
                 correct += int((model(norm(x_te[i:i + 500])).argmax(1) == y_te[i:i + 500]).sum())
-        acc = correct / len(y_te)
+        return correct / len(y_te)
+
+    model.train()
+    images, secs, acc = 0, 0.0, None
+    if a.eval_weights:
+        print(json.dumps({"framework": "pytorch", "version": torch.__version__, "model": a.model,
+                          "params": params, "weights": a.eval_weights, "test_accuracy": evaluate()}))
+        return
+    if a.epochs > 0:
+        for e in range(a.epochs):
+            model.train()
+            order = orders[e] if orders is not None else torch.randperm(len(y_tr), generator=g)
+            t0 = time.perf_counter()
+            for i in range(0, len(order), a.batch):
+                step(order[i:i + a.batch])
+                images += len(order[i:i + a.batch])
+            secs += time.perf_counter() - t0
+        acc = evaluate()
     else:
         order = torch.randperm(len(y_tr), generator=g)
         batch = lambda s: order[(s * a.batch) % (len(order) - a.batch):][:a.batch]
