@@ -31,6 +31,7 @@
 #include "cleave/metrics/registry.h"
 #include "cleave/transport/listener.h"
 #include "commands.h"
+#include "demo_board.h"
 
 namespace cleave::apps {
 
@@ -57,6 +58,8 @@ struct demo_options {
   int label_groups = 1;       // the server's --label-groups
   bool equalise = false;      // the devices' --equalise-cut-gradients
   double slowdown = 1.0;
+  bool emulate_board = false;  // set slowdown from this machine's speed and board_gflops
+  double board_gflops = 4.0;
   float lr = 0.05f;
   std::uint64_t seed = 1;
   core::augment_config augment;
@@ -182,14 +185,16 @@ std::pair<std::string, std::string> upstream_of(const demo_plan& p, int i) {
   return {p.edge_addrs[e], "edge-" + std::to_string(e + 1)};
 }
 
-// Device i's backend. An emulated slow board on onednn runs the portable kernels: Winograd and
-// the few-channel loops need AVX-512, which an arm64 board does not have, and the slowdown
-// factor is a board's peak against a server core's, not against those kernels.
+// An emulated slow board on onednn runs the portable kernels: Winograd and the few-channel
+// loops need AVX-512, which an arm64 board does not have.
+std::string board_backend(const std::string& b) {
+  return b.rfind("onednn:", 0) == 0 && b.find(',') == std::string::npos ? b + ",portable" : b;
+}
+
+// Device i's backend.
 std::string device_backend(const demo_options& o, const demo_plan& p, int i) {
   const std::string& b = p.device_backends[static_cast<std::size_t>(i - 1) % p.device_backends.size()];
-  if (i <= o.slow && o.slowdown > 1.0 && b.rfind("onednn:", 0) == 0 && b.find(',') == std::string::npos)
-    return b + ",portable";
-  return b;
+  return i <= o.slow && o.slowdown > 1.0 ? board_backend(b) : b;
 }
 
 std::vector<std::string> agent_args(const demo_options& o, const demo_plan& p, int i) {
@@ -523,9 +528,13 @@ demo_plan plan_demo(const demo_options& o) {
 }
 
 // The deployment the demo emulates unless told otherwise (--no-emulation; any of the options set
-// explicitly wins): devices are boards ~10x slower than one server core (a Raspberry Pi 4 runs
-// ~13.5 GFLOPS of HPL on its 4 cores; one AVX-512 server core ~100-150), behind Wi-Fi-class
-// links (50 Mbit/s, 5 ms each way) to their edge, which has a 1 Gbit/s, 0.5 ms link to the
+// explicitly wins): devices are boards that train the model at 4 GFLOP/s (--board-gflops): a
+// Raspberry Pi 4 trains MobileNetV2 at about 4 GFLOP/s on its 4 cores and ResNet-18 at about 16
+// (224x224, batch 16: 15.3 and 10.9 s per batch in Flower's federated-embedded-vision benchmark,
+// 2023), and small layers of few channels, as LeNet-5's, run no faster than MobileNetV2's. The
+// slowdown that makes this machine's device processes that slow is measured before the run
+// (emulate_board), so the boards are as slow on a fast machine as on a slow one. They sit behind
+// Wi-Fi-class links (50 Mbit/s, 5 ms each way) to their edge, which has a 1 Gbit/s, 0.5 ms link to the
 // server. In rounds 3-5 the Wi-Fi degrades to 10 Mbit/s (802.11n at the edge of its range, or
 // through walls) and from round 6 it is back: the splitter should move blocks onto the boards and
 // back. The cut may be compressed (f16, int8, top 10% of gradients) and each step runs as 4
@@ -533,7 +542,7 @@ demo_plan plan_demo(const demo_options& o) {
 void emulate_deployment(demo_options& o, const CLI::App& cmd) {
   if (o.no_emulation) return;
   if (!cmd.count("--slow")) o.slow = o.devices;
-  if (!cmd.count("--slowdown")) o.slowdown = 10;
+  if (!cmd.count("--slowdown")) o.emulate_board = true;
   if (!cmd.count("--codecs")) o.codecs = "f16,int8";
   if (!cmd.count("--micro-batches")) o.micro_batches = 4;
   if (cmd.count("--schedule")) return;
@@ -627,11 +636,31 @@ void compare_kept(const demo_options& o, const demo_plan& p, const time_to_targe
                  kept.seconds / adaptive.seconds, adaptive.seconds, kept.seconds);
 }
 
-void run_demo(const demo_options& o) {
+// The emulation's line; with emulate_board first measures this machine and sets o.slowdown.
+void announce_emulation(demo_options& o, const demo_plan& p) {
+  const auto links = fmt::format(
+      "Wi-Fi links to their {} (--no-emulation: as they are); cut codecs {}, {} "
+      "micro-batches per step",
+      o.edges ? "edge" : "server", o.codecs, o.micro_batches);
+  if (!o.emulate_board) {
+    spdlog::info("demo: emulating {} boards {:g}x slower than this machine on {}", o.slow, o.slowdown, links);
+    return;
+  }
+  const std::string b = board_backend(p.device_backends.front());
+  const auto e = emulate_board(o.model, p.data, b, 64, o.board_gflops);
+  o.slowdown = e.slowdown;
+  spdlog::info(
+      "demo: emulating {} boards that train {} at {:g} GFLOP/s (here {:.0f} GFLOP/s, a step {:.1f} ms on "
+      "{}: --slowdown {:.1f}) on {}",
+      o.slow, o.model, o.board_gflops, e.host_gflops, e.step_ms, b, o.slowdown, links);
+}
+
+void run_demo(demo_options o) {
   core::parse_schedule_kind(o.lr_schedule);  // named now, not in the server's log
   parse_aggregate_option(o.aggregate);
   if (o.slow > o.devices) throw core::error("--slow " + std::to_string(o.slow) + ": more than --devices");
   const demo_plan p = plan_demo(o);
+  if (!o.no_emulation) announce_emulation(o, p);
   spdlog::info("demo: 1 server, {} edge{}, {} {}devices on loopback; work directory {}", o.edges,
                o.edges == 1 ? "" : "s", o.devices, o.virtual_devices ? "virtual " : "", p.work.string());
   federation::provision_local(p.certs, o.devices, o.edges);
@@ -696,16 +725,15 @@ void register_demo_command(CLI::App& app) {
   d->add_option("--schedule", dm.schedule, "emulated heterogeneity by round, given to every node (text or file)");
   d->add_option("--slow", dm.slow, "devices 1..N run --slowdown times slower")->check(CLI::Range(0, 4096));
   d->add_option("--slowdown", dm.slowdown, "slowdown of the --slow devices")->check(CLI::Range(1.0, 1000.0));
+  d->add_option("--board-gflops", dm.board_gflops,
+                "emulating, the boards' training speed: sets --slowdown from this machine's, measured before the run")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1e6));
   d->add_option("--dashboard", dm.dashboard, "the server's live dashboard on http://ADDR/ (PORT: loopback)");
   d->add_option("--metrics", dm.metrics, "the server's Prometheus metrics on http://ADDR/metrics (PORT: loopback)");
   add_augment_option(d, dm.augment);  // given to the device agents
   d->callback([d] {
     emulate_deployment(dm, *d);
-    if (!dm.no_emulation)
-      spdlog::info(
-          "demo: emulating {} boards {:g}x slower than a server core on Wi-Fi links to their {} (--no-emulation: "
-          "as they are); cut codecs {}, {} micro-batches per step",
-          dm.slow, dm.slowdown, dm.edges ? "edge" : "server", dm.codecs, dm.micro_batches);
     run_demo(dm);
   });
 }

@@ -1,0 +1,64 @@
+// The demo's emulated edge board (demo_board.h).
+#include "demo_board.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <vector>
+
+#include "cleave/backend/registry.h"
+#include "cleave/core/error.h"
+#include "cleave/core/trainer.h"
+
+namespace cleave::apps {
+
+board_emulation emulate_board(const std::string& model, const std::string& data, const std::string& backend, int batch,
+                              double board_gflops) {
+  if (!(board_gflops > 0)) throw core::error("--board-gflops must be above 0");
+  core::load_options lo;
+  lo.test = false;
+  const std::int64_t kept = 8LL * batch;
+  lo.pick_train = [kept](const std::vector<std::int32_t>& labels, int) {
+    std::vector<std::int64_t> idx(static_cast<std::size_t>(std::min<std::int64_t>(kept, labels.size())));
+    std::iota(idx.begin(), idx.end(), 0);
+    return idx;
+  };
+  const auto d = core::load_dataset(data, lo);
+  if (d.train.size() < batch) throw core::error("data set '" + data + "': fewer samples than one batch");
+  const auto m = core::resolve_model(model, d.train.item, d.train.n_classes);
+  auto b = backend::make_backend(backend);
+  core::train_config c;
+  c.batch = batch;
+  core::trainer t(*b, m, c);
+  std::vector<float> x(static_cast<std::size_t>(batch * d.train.item.numel()));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(batch));
+  std::vector<std::int64_t> order(static_cast<std::size_t>(d.train.size()));
+  std::iota(order.begin(), order.end(), 0);
+  const std::int64_t n_batches = d.train.size() / batch;
+  auto step = [&](int s) {
+    d.train.gather(order.data() + (s % n_batches) * batch, batch, x.data(), y.data());
+    float loss = 0;
+    b->download(t.step(x.data(), y.data(), batch), &loss);  // waits for the step
+  };
+  using clock = std::chrono::steady_clock;
+  for (int s = 0; s < 2; ++s) step(s);
+  std::vector<double> secs;
+  const auto began = clock::now();
+  while (secs.size() < 3 || (clock::now() - began < std::chrono::milliseconds(500) && secs.size() < 200)) {
+    const auto t0 = clock::now();
+    step(static_cast<int>(secs.size()) + 2);
+    secs.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+  }
+  std::nth_element(secs.begin(), secs.begin() + static_cast<std::ptrdiff_t>(secs.size() / 2), secs.end());
+  const double median = secs[secs.size() / 2];
+  double flops = 0;
+  for (const auto& blk : m.blocks) flops += blk.flops;
+  const double step_flops = 3.0 * flops * batch;  // forward, backward data, backward weights
+  board_emulation e;
+  e.step_ms = median * 1e3;
+  e.host_gflops = step_flops / median / 1e9;
+  e.slowdown = std::max(1.0, e.host_gflops / board_gflops);
+  return e;
+}
+
+}  // namespace cleave::apps
