@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The emulated deployment of `cleave demo` (boards 10x slower than a server core on Wi-Fi to
+# The emulated deployment of `cleave demo` (boards training at 4 GFLOP/s on Wi-Fi to
 # their edge, see the README), time to a target test accuracy side by side in one run:
 #   (a) every block on the devices (federated averaging),
 #   (b) the best fixed split among the candidate plans (each run to the target),

@@ -112,6 +112,26 @@ TEST_CASE("the demo refuses sizes it cannot run, naming the option") {
   r = run_cleave({"demo", "--edges", "65"});
   CHECK(r.status != 0);
   CHECK(r.output.find("--edges") != std::string::npos);
+  r = run_cleave({"demo", "--board-gflops", "0"});
+  CHECK(r.status != 0);
+  CHECK(r.output.find("--board-gflops") != std::string::npos);
+}
+
+TEST_CASE("an emulated board the machine is slower than runs at the machine's speed, and --slowdown wins") {
+  const fs::path work = fresh_dir("cleave-demo-fast-board");
+  auto r = run_cleave({"demo", "--rounds", "1", "--local-steps", "3", "--no-compare", "--board-gflops", "100000",
+                       "--work", work.string()});
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("demo: emulating 4 boards that train lenet5 at 100000 GFLOP/s (here ") != std::string::npos);
+  CHECK(r.output.find(": --slowdown 1.0) on Wi-Fi links to their edge") != std::string::npos);
+  fs::remove_all(work);
+  r = run_cleave(
+      {"demo", "--rounds", "1", "--local-steps", "3", "--no-compare", "--slowdown", "3", "--work", work.string()});
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("demo: emulating 4 boards 3x slower than this machine on Wi-Fi links") != std::string::npos);
+  fs::remove_all(work);
 }
 
 TEST_CASE("a demo whose edge is killed stops every node and fails naming it") {
