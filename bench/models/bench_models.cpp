@@ -5,11 +5,12 @@
 // Usage: bench_models --model M [--backend onednn:2] [--data D] [--batch 64] [--steps 20]
 //                     [--warmup 3] [--epochs 0] [--lr 0.05] [--momentum 0.9] [--seed 1]
 //                     [--lr-schedule constant|cosine]   (cosine: over every step of the epochs)
-//                     [--init-out F] [--final-out F] [--order-out F]
+//                     [--init-out F] [--final-out F] [--order-out F] [--max-steps N]
 // With --epochs, --init-out and --final-out write the model before and after training as
 // safetensors under PyTorch's state_dict names (as `cleave export`), and --order-out the sample
 // order of every epoch (i64 little-endian, epochs x n): compare.py starts PyTorch from the same
-// weights in the same order, and evaluates cleave's trained weights in PyTorch.
+// weights in the same order, and evaluates cleave's trained weights in PyTorch. --max-steps cuts
+// each epoch after N steps (the schedule then spans those steps), to compare a few steps.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -55,7 +56,7 @@ void save_torch(const std::string& path, cleave::core::trainer& t, const cleave:
 int main(int argc, char** argv) {
   std::string backend = "onednn:2", model = "lenet5", data = "fashion-mnist", schedule = "constant";
   std::string init_out, final_out, order_out;
-  int batch = 64, steps = 20, warmup = 3, epochs = 0;
+  int batch = 64, steps = 20, warmup = 3, epochs = 0, max_steps = -1;
   float lr = 0.05f, momentum = 0.9f;
   long long seed = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -88,6 +89,8 @@ int main(int argc, char** argv) {
       final_out = v;
     else if (k == "--order-out")
       order_out = v;
+    else if (k == "--max-steps")
+      max_steps = std::stoi(v);
     else {
       std::fprintf(stderr, "bench_models: unknown option %s\n", k.c_str());
       return 2;
@@ -113,6 +116,7 @@ int main(int argc, char** argv) {
     c.opt.lr = lr;
     c.opt.momentum = momentum;
     c.opt.schedule = core::parse_schedule_kind(schedule);
+    c.max_steps = max_steps;
     core::fit_schedule(c, epochs > 0 ? d.train.size() : static_cast<std::int64_t>(warmup + steps) * batch);
     core::trainer t(*b, m, c);
     std::int64_t images = 0;
