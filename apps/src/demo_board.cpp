@@ -32,11 +32,11 @@ board_emulation emulate_board(const std::string& model, const std::string& data,
   core::trainer t(*b, m, c);
   std::vector<float> x(static_cast<std::size_t>(batch * d.train.item.numel()));
   std::vector<std::int32_t> y(static_cast<std::size_t>(batch));
-  std::vector<std::int64_t> order(static_cast<std::size_t>(d.train.size()));
-  std::iota(order.begin(), order.end(), 0);
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(batch));
   const std::int64_t n_batches = d.train.size() / batch;
-  auto step = [&](int s) {
-    d.train.gather(order.data() + (s % n_batches) * batch, batch, x.data(), y.data());
+  auto step = [&](int s) {  // the kept samples are the first ones: batch s % n_batches of them
+    std::iota(idx.begin(), idx.end(), (s % n_batches) * batch);
+    d.train.gather(idx.data(), batch, x.data(), y.data());
     float loss = 0;
     b->download(t.step(x.data(), y.data(), batch), &loss);  // waits for the step
   };

@@ -104,6 +104,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    if (epochs <= 0 && !(init_out.empty() && final_out.empty() && order_out.empty()))
+      throw core::error("--init-out, --final-out and --order-out need --epochs");
     core::load_options lo;
     lo.test = epochs > 0;  // the timed loop never evaluates
     const auto d = core::load_dataset(data, lo);
@@ -122,8 +124,6 @@ int main(int argc, char** argv) {
     std::int64_t images = 0;
     double secs = 0;
     double accuracy = -1;
-    if (epochs <= 0 && !(init_out.empty() && final_out.empty() && order_out.empty()))
-      throw core::error("--init-out, --final-out and --order-out need --epochs");
     if (!init_out.empty()) save_torch(init_out, t, m, c.seed, 0);
     if (!order_out.empty()) {
       std::ofstream f(order_out, std::ios::binary | std::ios::trunc);

@@ -59,8 +59,8 @@ def main():
               "--epochs", str(a.epochs), "--lr", str(a.lr), "--seed", str(a.seed), "--lr-schedule", a.lr_schedule]
     rows, failed = [], []
     for m in a.models.split(","):
-        torch_cmd = ["/usr/bin/python3", os.path.join(HERE, "torch_models.py"), "--model", m,
-                     "--threads", str(a.threads)] + common
+        torch_base = ["/usr/bin/python3", os.path.join(HERE, "torch_models.py"), "--model", m, "--threads", str(a.threads)]
+        torch_cmd = torch_base + common
         cleave_cmd = [a.cleave, "--model", m, "--backend", f"onednn:{a.threads}"] + common
         files = {k: os.path.join(work.name, f"{m}.{k}") for k in ("init", "order", "final")}
         if a.epochs:
@@ -77,7 +77,7 @@ def main():
             t, t_wall, t_rss = run(torch_cmd, env)
             c, c_wall, c_rss = run(cleave_cmd, env)
         if a.epochs and c is not None and "skipped" not in c:
-            e, _, _ = run(torch_cmd[:6] + ["--data", a.data, "--eval-weights", files["final"]], env)
+            e, _, _ = run(torch_base + ["--data", a.data, "--eval-weights", files["final"]], env)
             c["torch_eval"] = e["test_accuracy"] if e else None
         if c is not None and "skipped" in c:
             print(f"{m}: cleave skipped ({c['skipped']})", file=sys.stderr)
