@@ -51,7 +51,7 @@ std::string library_version() {
 dnnl::memory::desc strided(const dims& d, const dims& strides) {
   return {d, dt::f32, strides};
 }
-dnnl::memory::desc row_major(std::int64_t rows, std::int64_t cols) {
+dnnl::memory::desc row_major_matrix(std::int64_t rows, std::int64_t cols) {
   return strided({rows, cols}, {cols, 1});
 }
 // A (rows, cols) matrix stored as the transpose of a row-major (cols, rows) one.
@@ -71,7 +71,8 @@ onednn_backend::onednn_backend(onednn_options opt)
       layout_(opt.layout),
       pooling_(opt.pooling),
       conv_(opt.conv),
-      min_parallel_work_(opt.min_parallel_work) {
+      min_parallel_work_(opt.min_parallel_work),
+      keep_layouts_(opt.keep_layouts) {
   set_omp_threads(n_threads_);
   eng_ = CLEAVE_CHECK_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0));
   stream_ = CLEAVE_CHECK_DNNL(dnnl::stream(eng_));
@@ -104,11 +105,6 @@ void onednn_backend::synchronize() {
   CLEAVE_CHECK_DNNL(stream_.wait());
 }
 
-void onednn_backend::download(const tensor& src, void* dst) {
-  synchronize();
-  reference_backend::download(src, dst);
-}
-
 // ---- ReLU and clamp (eltwise over the flat element range) ------------------------------------
 
 void onednn_backend::eltwise_forward(const char* what, bool relu, float lo, float hi, const tensor& x,
@@ -118,6 +114,9 @@ void onednn_backend::eltwise_forward(const char* what, bool relu, float lo, floa
   same_numel(x, y, what);
   const std::int64_t n = x.numel();
   if (n == 0) return;
+  // Over the flat element range: y in x's layout.
+  const int lx = layout_of(x);
+  claim(y);
   op_key key = make_key(relu ? op_tag::relu_fwd : op_tag::clamp_fwd) << n;
   if (!relu) key << std::int64_t{std::bit_cast<std::uint32_t>(lo)} << std::int64_t{std::bit_cast<std::uint32_t>(hi)};
   auto& op = plan(key, 4.0 * 8 * n, [&](planned_op& p) {
@@ -130,6 +129,7 @@ void onednn_backend::eltwise_forward(const char* what, bool relu, float lo, floa
     p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::eltwise_forward(pd)));
   });
   run(op, {{DNNL_ARG_SRC, x.host_data()}, {DNNL_ARG_DST, y.host_data()}});
+  wrote(y, lx);
 }
 
 void onednn_backend::eltwise_backward(const char* what, bool relu, float lo, float hi, const tensor& y,
@@ -141,6 +141,13 @@ void onednn_backend::eltwise_backward(const char* what, bool relu, float lo, flo
   same_numel(dy, dx, what);
   const std::int64_t n = y.numel();
   if (n == 0) return;
+  // Over the flat element range: y and dy in one layout, dx in it too.
+  int layout = layout_of(y);
+  if (layout_of(dy) != layout) {
+    row_major({&y, &dy});
+    layout = 0;
+  }
+  claim(dx);
   op_key key = make_key(relu ? op_tag::relu_bwd : op_tag::clamp_bwd) << n;
   if (!relu) key << std::int64_t{std::bit_cast<std::uint32_t>(lo)} << std::int64_t{std::bit_cast<std::uint32_t>(hi)};
   auto& op = plan(key, 4.0 * 12 * n, [&](planned_op& p) {
@@ -159,6 +166,7 @@ void onednn_backend::eltwise_backward(const char* what, bool relu, float lo, flo
     p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::eltwise_backward(pd)));
   });
   run(op, {{DNNL_ARG_DST, y.host_data()}, {DNNL_ARG_DIFF_DST, dy.host_data()}, {DNNL_ARG_DIFF_SRC, dx.host_data()}});
+  wrote(dx, layout);
 }
 
 void onednn_backend::relu_forward(const tensor& x, const tensor& y) {
@@ -185,6 +193,7 @@ void onednn_backend::matmul(const tensor& a, const tensor& b, const tensor& c, b
   core::expect_f32(*this, a, "matmul: a");
   core::expect_f32(*this, b, "matmul: b");
   core::expect_f32(*this, c, "matmul: c");
+  row_major({&a, &b, &c});
   CLEAVE_ASSERT(a.shape().rank() == 2 && b.shape().rank() == 2 && c.shape().rank() == 2, "matmul needs 2-D tensors");
   const std::int64_t m = c.shape()[0], n = c.shape()[1];
   const std::int64_t k = trans_a ? a.shape()[0] : a.shape()[1];
@@ -196,9 +205,9 @@ void onednn_backend::matmul(const tensor& a, const tensor& b, const tensor& c, b
   op_key key = make_key(op_tag::matmul);
   key << m << n << k << std::int64_t{trans_a} << std::int64_t{trans_b} << std::int64_t{scaled} << beta;
   auto& op = plan(key, 2.0 * m * n * k, [&](planned_op& p) {
-    const auto a_md = trans_a ? col_major(m, k) : row_major(m, k);
-    const auto b_md = trans_b ? col_major(k, n) : row_major(k, n);
-    const auto c_md = row_major(m, n);
+    const auto a_md = trans_a ? col_major(m, k) : row_major_matrix(m, k);
+    const auto b_md = trans_b ? col_major(k, n) : row_major_matrix(k, n);
+    const auto c_md = row_major_matrix(m, n);
     dnnl::primitive_attr attr;
     if (scaled) attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
     if (beta != 0.0f) {
@@ -229,6 +238,7 @@ void onednn_backend::linear_forward(const tensor& x, const tensor& w, const tens
   core::expect_f32(*this, w, "linear_forward: w");
   core::expect_f32(*this, y, "linear_forward: y");
   if (b.defined()) core::expect_f32(*this, b, "linear_forward: b");
+  row_major({&x, &w, &b, &y});
   CLEAVE_ASSERT(w.shape().rank() == 2 && x.shape().rank() >= 1, "linear_forward: w must be (O,I)");
   const std::int64_t n = x.shape()[0], in = w.shape()[1], out = w.shape()[0];
   CLEAVE_ASSERT(x.numel() == n * in && y.numel() == n * out && (!b.defined() || b.numel() == out),
@@ -237,8 +247,8 @@ void onednn_backend::linear_forward(const tensor& x, const tensor& w, const tens
   const bool bias = b.defined();
   auto& op = plan(
       make_key(op_tag::linear_fwd) << n << in << out << std::int64_t{bias}, 2.0 * n * in * out, [&](planned_op& p) {
-        const auto x_md = row_major(n, in), w_md = col_major(in, out), y_md = row_major(n, out);
-        const auto b_md = bias ? row_major(1, out) : dnnl::memory::desc();
+        const auto x_md = row_major_matrix(n, in), w_md = col_major(in, out), y_md = row_major_matrix(n, out);
+        const auto b_md = bias ? row_major_matrix(1, out) : dnnl::memory::desc();
         auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({x_md, w_md, b_md, y_md}, arena_scratchpad(), eng_));
         p.scratchpad(pd.scratchpad_desc());
         p.input(DNNL_ARG_SRC, x_md, pd.src_desc());
@@ -257,12 +267,13 @@ void onednn_backend::linear_backward_data(const tensor& dy, const tensor& w, con
   core::expect_f32(*this, dy, "linear_backward_data: dy");
   core::expect_f32(*this, w, "linear_backward_data: w");
   core::expect_f32(*this, dx, "linear_backward_data: dx");
+  row_major({&dy, &w, &dx});
   CLEAVE_ASSERT(w.shape().rank() == 2 && dy.shape().rank() >= 1, "linear_backward_data: w must be (O,I)");
   const std::int64_t n = dy.shape()[0], in = w.shape()[1], out = w.shape()[0];
   CLEAVE_ASSERT(dy.numel() == n * out && dx.numel() == n * in, "linear_backward_data shapes");
   if (n == 0 || in == 0 || out == 0) return reference_backend::linear_backward_data(dy, w, dx);
   auto& op = plan(make_key(op_tag::linear_bwd_data) << n << in << out, 2.0 * n * in * out, [&](planned_op& p) {
-    const auto dy_md = row_major(n, out), w_md = row_major(out, in), dx_md = row_major(n, in);
+    const auto dy_md = row_major_matrix(n, out), w_md = row_major_matrix(out, in), dx_md = row_major_matrix(n, in);
     auto pd = CLEAVE_CHECK_DNNL(dnnl::matmul::primitive_desc({dy_md, w_md, dx_md}, arena_scratchpad(), eng_));
     p.scratchpad(pd.scratchpad_desc());
     p.input(DNNL_ARG_SRC, dy_md, pd.src_desc());
@@ -278,6 +289,7 @@ void onednn_backend::linear_backward_weights(const tensor& x, const tensor& dy, 
   core::expect_f32(*this, dy, "linear_backward_weights: dy");
   core::expect_f32(*this, dw, "linear_backward_weights: dw");
   if (db.defined()) core::expect_f32(*this, db, "linear_backward_weights: db");
+  row_major({&x, &dy, &dw, &db});
   CLEAVE_ASSERT(dw.shape().rank() == 2 && dy.shape().rank() >= 1, "linear_backward_weights: dw must be (O,I)");
   const std::int64_t n = dy.shape()[0], in = dw.shape()[1], out = dw.shape()[0];
   CLEAVE_ASSERT(dy.numel() == n * out && x.numel() == n * in && (!db.defined() || db.numel() == out),
@@ -285,7 +297,7 @@ void onednn_backend::linear_backward_weights(const tensor& x, const tensor& dy, 
   if (n == 0 || in == 0 || out == 0) return reference_backend::linear_backward_weights(x, dy, dw, db);
   // dw += dy^T x: the sum post-op makes the primitive accumulate into dw.
   auto& op = plan(make_key(op_tag::linear_bwd_weights) << n << in << out, 2.0 * n * in * out, [&](planned_op& p) {
-    const auto dyt_md = col_major(out, n), x_md = row_major(n, in), dw_md = row_major(out, in);
+    const auto dyt_md = col_major(out, n), x_md = row_major_matrix(n, in), dw_md = row_major_matrix(out, in);
     dnnl::post_ops po;
     po.append_sum(1.0f);
     dnnl::primitive_attr attr;
@@ -323,18 +335,29 @@ backend_info probe_onednn() {
 }
 
 std::unique_ptr<core::backend> create_onednn(const std::string& device) {
-  // "onednn:<threads>", "onednn:portable" or "onednn:<threads>,portable". portable: only the
-  // kernels a CPU without AVX-512 has too (direct convolutions: no Winograd, no few-channel
-  // loops), as an emulated arm64 board should run.
+  // "onednn[:<threads>][,<flag>...]" (or "onednn:<flag>"). portable: only the kernels a CPU
+  // without AVX-512 has too (direct convolutions: no Winograd, no few-channel loops), as an
+  // emulated arm64 board should run. row-major: every activation back in row-major order after
+  // each op (onednn_options::keep_layouts off), for measurements.
   onednn_options opt;
-  std::string threads = device;
-  if (const auto comma = device.find(','); comma != std::string::npos || device == "portable") {
-    const std::string flag = comma == std::string::npos ? device : device.substr(comma + 1);
-    threads = comma == std::string::npos ? std::string{} : device.substr(0, comma);
-    if (flag != "portable")
+  std::string threads;
+  std::size_t pos = 0;
+  for (bool first = true; pos <= device.size(); first = false) {
+    const std::size_t comma = std::min(device.find(',', pos), device.size());
+    const std::string part = device.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (part == "portable") {
+      opt.conv = conv_algorithm::direct;
+    } else if (part == "row-major") {
+      opt.keep_layouts = false;
+    } else if (first) {
+      threads = part;
+    } else {
       throw core::error(
-          "backend 'onednn' takes a thread count and 'portable', e.g. 'onednn:2,portable' (got ':" + device + "')");
-    opt.conv = conv_algorithm::direct;
+          "backend 'onednn' takes a thread count and the flags 'portable' and 'row-major', e.g. "
+          "'onednn:2,portable' (got ':" +
+          device + "')");
+    }
   }
   if (!threads.empty()) {
     std::size_t used = 0;

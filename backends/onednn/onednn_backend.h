@@ -67,6 +67,10 @@ struct onednn_options {
   conv_layout layout = conv_layout::automatic;
   pool_impl pooling = pool_impl::automatic;
   conv_algorithm conv = conv_algorithm::automatic;
+  // Activations a convolution writes in a blocked layout (nChw16c, nChw8c) stay in it through
+  // the ops that run on it (batch norm, ReLU, clamp, add, the next convolution), reordered to
+  // row-major only where an op or a reader needs that; false reorders every output back at once.
+  bool keep_layouts = true;
   // Ops with less work than this (flops, or 4 x bytes moved for memory-bound ops) run on one
   // thread. A fork and join costs microseconds on idle cores, but a whole scheduler slice when
   // another process holds a core: on LeNet-5 only the convolutions split.
@@ -89,7 +93,25 @@ class onednn_backend final : public reference_backend {
   std::size_t n_narrow_calls() const { return narrow_calls_; }
 
   void synchronize() override;
+  void upload(const core::tensor& dst, const void* src) override;
   void download(const core::tensor& src, void* dst) override;
+  void make_row_major(const core::tensor& t) override;
+  // Reorders of a kept layout back to row-major so far (onednn_layout.cpp).
+  std::size_t n_layout_reorders() const { return layout_reorders_; }
+
+  // Element-wise ops run on either layout when their operands share it (onednn_layout.cpp).
+  void fill(const core::tensor& t, float value) override;
+  void copy(const core::tensor& src, const core::tensor& dst) override;
+  void cast(const core::tensor& src, const core::tensor& dst) override;
+  void add(const core::tensor& a, const core::tensor& b, const core::tensor& y) override;
+  void mul(const core::tensor& a, const core::tensor& b, const core::tensor& y) override;
+  void axpy(float alpha, const core::tensor& x, const core::tensor& y) override;
+  void dropout_forward(const core::tensor& x, const core::tensor& y, const core::tensor& mask, float p,
+                       std::uint32_t seed) override;
+  void softmax_xent_forward(const core::tensor& logits, const core::tensor& labels, const core::tensor& probs,
+                            const core::tensor& loss) override;
+  void softmax_xent_backward(const core::tensor& probs, const core::tensor& labels, const core::tensor& dlogits,
+                             float scale) override;
 
   void relu_forward(const core::tensor& x, const core::tensor& y) override;
   void relu_backward(const core::tensor& y, const core::tensor& dy, const core::tensor& dx) override;
@@ -134,6 +156,41 @@ class onednn_backend final : public reference_backend {
                     const core::tensor& m, const core::tensor& v) override;
 
  private:
+  // ---- activation layouts (onednn_layout.cpp) ----
+  // The kept layout `t` holds (an id, 0: row-major); a noted region that only partly overlaps t
+  // is made row-major first.
+  int layout_of(const core::tensor& t);
+  // The same for an op that reads t as (N,C,H,W) images: 0 (after a reorder) unless the layout
+  // describes t's own dimensions.
+  int image_layout_of(const core::tensor& t);
+  // Before an op overwrites all of t: notes inside t are dropped, notes reaching outside it are
+  // made row-major.
+  void claim(const core::tensor& t);
+  // After an op wrote all of t in `layout` (0: row-major).
+  void wrote(const core::tensor& t, int layout);
+  // Every given tensor row-major (for ops that only know that order; undefined ones skipped).
+  void row_major(std::initializer_list<const core::tensor*> ts);
+  // The id of an activation layout a primitive chose, when it is one kept between ops (blocked,
+  // unpadded), else 0.
+  int keep_layout(const dnnl::memory::desc& md);
+  const dnnl::memory::desc& layout_md(int id) const { return layouts_[static_cast<std::size_t>(id - 1)]; }
+  // The channel block (8 or 16) of a kept layout.
+  int layout_block(int id) const;
+  // A tensor in kept layout `id` at src, row-major at dst / in place.
+  void reorder_to_row_major(const void* src, void* dst, int id);
+  void reorder_in_place(void* data, int id);
+  // Batch norm on images in a kept blocked layout (onednn_norm.cpp).
+  void bn_train_blocked(const core::batchnorm_desc& d, int block, const dnnl::memory::dims& dm, const core::tensor& x,
+                        const core::tensor& gamma, const core::tensor& beta, const core::tensor& y,
+                        const core::tensor& save_mean, const core::tensor& save_invstd,
+                        const core::tensor& running_mean, const core::tensor& running_var);
+  void bn_infer_blocked(const core::batchnorm_desc& d, int block, const dnnl::memory::dims& dm, const core::tensor& x,
+                        const core::tensor& gamma, const core::tensor& beta, const core::tensor& running_mean,
+                        const core::tensor& running_var, const core::tensor& y);
+  void bn_backward_blocked(int block, const dnnl::memory::dims& dm, const core::tensor& x, const core::tensor& dy,
+                           const core::tensor& gamma, const core::tensor& save_mean, const core::tensor& save_invstd,
+                           const core::tensor& dx, const core::tensor& dgamma, const core::tensor& dbeta);
+
   // ReLU (relu) or clamp to [lo, hi] through oneDNN eltwise primitives; `what` names the op in errors.
   void eltwise_forward(const char* what, bool relu, float lo, float hi, const core::tensor& x, const core::tensor& y);
   void eltwise_backward(const char* what, bool relu, float lo, float hi, const core::tensor& y, const core::tensor& dy,
@@ -175,6 +232,10 @@ class onednn_backend final : public reference_backend {
   pool_impl pooling_;
   conv_algorithm conv_;
   double min_parallel_work_;
+  bool keep_layouts_;
+  std::vector<dnnl::memory::desc> layouts_;  // kept layouts by id - 1
+  std::vector<dnnl::reorder> to_row_major_;  // by id - 1, made on first use
+  std::size_t layout_reorders_ = 0;
   dnnl::engine eng_;
   dnnl::stream stream_;
   scratch_arena arena_;

@@ -82,6 +82,12 @@ void onednn_backend::batchnorm_forward_train(const core::batchnorm_desc& d, cons
   check_channel(*this, save_invstd, c, "batchnorm_forward_train: save_invstd");
   check_channel(*this, running_mean, c, "batchnorm_forward_train: running_mean");
   check_channel(*this, running_var, c, "batchnorm_forward_train: running_var");
+  if (const int lx = image_layout_of(x); lx != 0 && count > 0 && c > 0) {
+    claim(y);
+    bn_train_blocked(d, layout_block(lx), dm, x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var);
+    return wrote(y, lx);
+  }
+  claim(y);
   if (count == 0 || c == 0)
     return reference_backend::batchnorm_forward_train(d, x, gamma, beta, y, save_mean, save_invstd, running_mean,
                                                       running_var);
@@ -161,6 +167,12 @@ void onednn_backend::batchnorm_forward_infer(const core::batchnorm_desc& d, cons
   check_channel(*this, running_mean, c, "batchnorm_forward_infer: running_mean");
   check_channel(*this, running_var, c, "batchnorm_forward_infer: running_var");
   if (x.numel() == 0) return;
+  if (const int lx = image_layout_of(x); lx != 0) {
+    claim(y);
+    bn_infer_blocked(d, layout_block(lx), dm, x, gamma, beta, running_mean, running_var, y);
+    return wrote(y, lx);
+  }
+  claim(y);
   const std::int64_t n = dm[0], hw = dm[2] * dm[3];
   if (hw >= k_min_plane) {
     const float *px = x.f32(), *pg = gamma.f32(), *pb = beta.f32(), *prm = running_mean.f32(), *prv = running_var.f32();
@@ -214,6 +226,16 @@ void onednn_backend::batchnorm_backward(const core::batchnorm_desc& d, const ten
   check_channel(*this, save_invstd, c, "batchnorm_backward: save_invstd");
   check_channel(*this, dgamma, c, "batchnorm_backward: dgamma");
   check_channel(*this, dbeta, c, "batchnorm_backward: dbeta");
+  if (count > 0 && c > 0) {
+    const int lx = image_layout_of(x);
+    if (lx != 0 && image_layout_of(dy) == lx) {
+      claim(dx);
+      bn_backward_blocked(layout_block(lx), dm, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+      return wrote(dx, lx);
+    }
+  }
+  row_major({&x, &dy});
+  claim(dx);
   if (count == 0 || c == 0)
     return reference_backend::batchnorm_backward(d, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
   const std::int64_t n = dm[0], hw = dm[2] * dm[3];
@@ -290,6 +312,167 @@ void onednn_backend::batchnorm_backward(const core::batchnorm_desc& d, const ten
            {DNNL_ARG_DIFF_SRC, dx.host_data()},
            {DNNL_ARG_DIFF_SCALE, dgamma.host_data()},
            {DNNL_ARG_DIFF_SHIFT, dbeta.host_data()}});
+}
+
+// ---- images in a blocked layout (nChw16c, nChw8c: channels in blocks of B, each pixel's B
+// channels adjacent) ----------------------------------------------------------------------------
+//
+// The same arithmetic as the plane loops above: per image and channel a float sum over the
+// pixels, across images in double (in image order, whatever the thread count); B channels at
+// once in the vector lanes. Statistics are formed per (channel block, image) in parallel into
+// scratch, then reduced per channel.
+
+namespace {
+
+struct blocked_dims {
+  std::int64_t n, cb, hw;  // images, channel blocks, pixels per plane
+};
+
+// out[(b * n + i) * B + l] = sum over the pixels of image i, channel b * B + l, of f(x, dy).
+template <int B, class F>
+void blocked_partials(const blocked_dims& g, const float* px, const float* pdy, float* out, int threads, F&& f) {
+#pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
+  for (std::int64_t b = 0; b < g.cb; ++b)
+    for (std::int64_t i = 0; i < g.n; ++i) {
+      const std::int64_t base = (i * g.cb + b) * g.hw * B;
+      float acc[B] = {};
+      for (std::int64_t j = 0; j < g.hw; ++j) {
+        const float* xp = px + base + j * B;
+        const float* gp = pdy ? pdy + base + j * B : nullptr;
+#pragma omp simd
+        for (int l = 0; l < B; ++l) acc[l] += f(xp[l], gp ? gp[l] : 0.0f, static_cast<int>(b * B + l));
+      }
+      for (int l = 0; l < B; ++l) out[(b * g.n + i) * B + l] = acc[l];
+    }
+}
+
+// Sum over images, in double, of the partials of channel ch.
+template <int B>
+double over_images(const blocked_dims& g, const float* part, std::int64_t ch) {
+  const std::int64_t b = ch / B, l = ch % B;
+  double s = 0.0;
+  for (std::int64_t i = 0; i < g.n; ++i) s += part[(b * g.n + i) * B + l];
+  return s;
+}
+
+// y = x * scale[ch] + shift[ch] over every element.
+template <int B>
+void blocked_affine(const blocked_dims& g, const float* px, float* py, const float* scale, const float* shift,
+                    int threads) {
+#pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
+  for (std::int64_t b = 0; b < g.cb; ++b)
+    for (std::int64_t i = 0; i < g.n; ++i) {
+      const std::int64_t base = (i * g.cb + b) * g.hw * B;
+      const float* sc = scale + b * B;
+      const float* sh = shift + b * B;
+      for (std::int64_t j = 0; j < g.hw; ++j) {
+#pragma omp simd
+        for (int l = 0; l < B; ++l) py[base + j * B + l] = px[base + j * B + l] * sc[l] + sh[l];
+      }
+    }
+}
+
+template <int B>
+void train_blocked(const core::batchnorm_desc& d, const blocked_dims& g, std::int64_t c, const float* px,
+                   const float* pg, const float* pb, float* py, float* pm, float* pi, float* prm, float* prv,
+                   float* part, float* scale, float* shift, int threads) {
+  const double cnt = static_cast<double>(g.n * g.hw), mom = d.momentum;
+  blocked_partials<B>(g, px, nullptr, part, threads, [](float x, float, int) { return x; });
+  for (std::int64_t ch = 0; ch < c; ++ch) pm[ch] = static_cast<float>(over_images<B>(g, part, ch) / cnt);
+  const float* mean = pm;
+  blocked_partials<B>(g, px, nullptr, part, threads, [mean](float x, float, int ch) {
+    const float dv = x - mean[ch];
+    return dv * dv;
+  });
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    const double m = pm[ch];
+    const double var = over_images<B>(g, part, ch) / cnt, invstd = 1.0 / std::sqrt(var + d.eps);
+    pi[ch] = static_cast<float>(invstd);
+    scale[ch] = static_cast<float>(pg[ch] * invstd);
+    shift[ch] = static_cast<float>(pb[ch] - m * pg[ch] * invstd);
+    const double unbiased = cnt > 1 ? var * cnt / (cnt - 1) : var;
+    prm[ch] = static_cast<float>((1.0 - mom) * prm[ch] + mom * m);
+    prv[ch] = static_cast<float>((1.0 - mom) * prv[ch] + mom * unbiased);
+  }
+  blocked_affine<B>(g, px, py, scale, shift, threads);
+}
+
+template <int B>
+void backward_blocked(const blocked_dims& g, std::int64_t c, const float* px, const float* pdy, const float* pg,
+                      const float* pm, const float* pi, float* pdx, float* pdg, float* pdb, float* part_dy,
+                      float* part_xc, float* a, float* mdy, float* k, int threads) {
+  const double cnt = static_cast<double>(g.n * g.hw);
+  blocked_partials<B>(g, px, pdy, part_dy, threads, [](float, float dy, int) { return dy; });
+  blocked_partials<B>(g, px, pdy, part_xc, threads, [pm](float x, float dy, int ch) { return dy * (x - pm[ch]); });
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    const double sum_dy = over_images<B>(g, part_dy, ch);
+    const double sum_dy_xhat = over_images<B>(g, part_xc, ch) * pi[ch];
+    a[ch] = static_cast<float>(pg[ch] * pi[ch]);
+    mdy[ch] = static_cast<float>(sum_dy / cnt);
+    k[ch] = static_cast<float>(sum_dy_xhat / cnt * pi[ch]);
+    pdg[ch] += static_cast<float>(sum_dy_xhat);
+    pdb[ch] += static_cast<float>(sum_dy);
+  }
+  // dx = a * (dy - mean(dy) - (x - mean) * k), as the plane loops.
+#pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
+  for (std::int64_t b = 0; b < g.cb; ++b)
+    for (std::int64_t i = 0; i < g.n; ++i) {
+      const std::int64_t base = (i * g.cb + b) * g.hw * B;
+      const float *ab = a + b * B, *mb = mdy + b * B, *kb = k + b * B, *mean = pm + b * B;
+      for (std::int64_t j = 0; j < g.hw; ++j) {
+        const std::int64_t o = base + j * B;
+#pragma omp simd
+        for (int l = 0; l < B; ++l) pdx[o + l] = ab[l] * (pdy[o + l] - mb[l] - (px[o + l] - mean[l]) * kb[l]);
+      }
+    }
+}
+
+}  // namespace
+
+void onednn_backend::bn_train_blocked(const core::batchnorm_desc& d, int block, const dnnl::memory::dims& dm,
+                                      const tensor& x, const tensor& gamma, const tensor& beta, const tensor& y,
+                                      const tensor& save_mean, const tensor& save_invstd, const tensor& running_mean,
+                                      const tensor& running_var) {
+  const std::int64_t c = dm[1];
+  const blocked_dims g{dm[0], c / block, dm[2] * dm[3]};
+  float* part = scratch_floats(static_cast<std::size_t>(dm[0] * c + 2 * c), 0);
+  const int threads = threads_for(4.0 * 16 * x.numel());
+  auto train = block == 16 ? train_blocked<16> : train_blocked<8>;
+  train(d, g, c, x.f32(), gamma.f32(), beta.f32(), y.f32(), save_mean.f32(), save_invstd.f32(), running_mean.f32(),
+        running_var.f32(), part, part + dm[0] * c, part + dm[0] * c + c, threads);
+}
+
+void onednn_backend::bn_infer_blocked(const core::batchnorm_desc& d, int block, const dnnl::memory::dims& dm,
+                                      const tensor& x, const tensor& gamma, const tensor& beta,
+                                      const tensor& running_mean, const tensor& running_var, const tensor& y) {
+  const std::int64_t c = dm[1];
+  const blocked_dims g{dm[0], c / block, dm[2] * dm[3]};
+  float* scale = scratch_floats(static_cast<std::size_t>(2 * c), 0);
+  float* shift = scale + c;
+  const float *pg = gamma.f32(), *pb = beta.f32(), *prm = running_mean.f32(), *prv = running_var.f32();
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    const double invstd = 1.0 / std::sqrt(static_cast<double>(prv[ch]) + d.eps);
+    scale[ch] = static_cast<float>(pg[ch] * invstd);
+    shift[ch] = static_cast<float>(pb[ch] - prm[ch] * pg[ch] * invstd);
+  }
+  const int threads = threads_for(4.0 * 8 * x.numel());
+  if (block == 16)
+    blocked_affine<16>(g, x.f32(), y.f32(), scale, shift, threads);
+  else
+    blocked_affine<8>(g, x.f32(), y.f32(), scale, shift, threads);
+}
+
+void onednn_backend::bn_backward_blocked(int block, const dnnl::memory::dims& dm, const tensor& x, const tensor& dy,
+                                         const tensor& gamma, const tensor& save_mean, const tensor& save_invstd,
+                                         const tensor& dx, const tensor& dgamma, const tensor& dbeta) {
+  const std::int64_t c = dm[1];
+  const blocked_dims g{dm[0], c / block, dm[2] * dm[3]};
+  float* part = scratch_floats(static_cast<std::size_t>(2 * dm[0] * c + 3 * c), 0);
+  float *part_xc = part + dm[0] * c, *a = part_xc + dm[0] * c, *mdy = a + c, *k = mdy + c;
+  const int threads = threads_for(4.0 * 16 * x.numel());
+  auto bwd = block == 16 ? backward_blocked<16> : backward_blocked<8>;
+  bwd(g, c, x.f32(), dy.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(), dx.f32(), dgamma.f32(), dbeta.f32(),
+      part, part_xc, a, mdy, k, threads);
 }
 
 }  // namespace cleave::backend::detail

@@ -20,6 +20,7 @@ void onednn_backend::sgd_update(const core::sgd_desc& d, const tensor& param, co
   core::expect_f32(*this, param, "sgd_update: param");
   core::expect_f32(*this, grad, "sgd_update: grad");
   CLEAVE_ASSERT(param.numel() == grad.numel(), "sgd_update: param and grad differ in size");
+  row_major({&param, &grad, &momentum_buf});
   const bool use_buf = d.momentum != 0.0f;
   if (use_buf) {
     core::expect_f32(*this, momentum_buf, "sgd_update: momentum_buf");
@@ -58,6 +59,7 @@ void onednn_backend::adamw_update(const core::adamw_desc& d, const tensor& param
   core::expect_f32(*this, grad, "adamw_update: grad");
   core::expect_f32(*this, m, "adamw_update: m");
   core::expect_f32(*this, v, "adamw_update: v");
+  row_major({&param, &grad, &m, &v});
   CLEAVE_ASSERT(param.numel() == grad.numel() && param.numel() == m.numel() && param.numel() == v.numel(),
                 "adamw_update: param, grad, m and v differ in size");
   const std::int64_t n = param.numel();

@@ -115,10 +115,15 @@ struct pool_setup {
   dnnl::algorithm alg;
 };
 
-pool_setup pool_descs(const core::pool2d_desc& d, const core::shape& xs, const core::shape& ys) {
+tag block_tag(int block) {
+  return block == 16 ? tag::nChw16c : tag::nChw8c;
+}
+
+// `layout`: NCHW, or a blocked layout (nChw16c, nChw8c) the images are kept in.
+pool_setup pool_descs(const core::pool2d_desc& d, const core::shape& xs, const core::shape& ys, tag layout) {
   pool_setup s;
-  s.x = {{xs[0], xs[1], xs[2], xs[3]}, dt::f32, tag::nchw};
-  s.y = {{ys[0], ys[1], ys[2], ys[3]}, dt::f32, tag::nchw};
+  s.x = {{xs[0], xs[1], xs[2], xs[3]}, dt::f32, layout};
+  s.y = {{ys[0], ys[1], ys[2], ys[3]}, dt::f32, layout};
   s.strides = {d.stride_h, d.stride_w};
   s.kernel = {d.kernel_h, d.kernel_w};
   s.pad_l = {d.pad_h, d.pad_w};
@@ -149,12 +154,15 @@ void onednn_backend::pool2d_forward(const core::pool2d_desc& d, const tensor& x,
   core::expect_f32(*this, x, "pool2d_forward: x");
   core::expect_f32(*this, y, "pool2d_forward: y");
   check_pool(d, x.shape(), y.shape());
+  // Images kept blocked run the primitive in that layout (the 2x2 loops want NCHW planes).
+  const int lx = image_layout_of(x);
+  claim(y);
   // Only max pooling in training keeps a workspace (the argmax); avg pooling needs none.
   const bool training = ws != nullptr && d.kind == core::pool_kind::max;
   if (ws) *ws = tensor();
   if (x.numel() == 0 || y.numel() == 0) return;
 
-  if (pooling_ == pool_impl::automatic && is_2x2_stride_2(d)) {
+  if (lx == 0 && pooling_ == pool_impl::automatic && is_2x2_stride_2(d)) {
     const auto &xs = x.shape(), &ys = y.shape();
     const std::int64_t n_planes = xs[0] * xs[1], h = xs[2], w = xs[3], ph = ys[2], pw = ys[3];
     if (training) *ws = empty(ys, core::dtype::i32);
@@ -173,12 +181,14 @@ void onednn_backend::pool2d_forward(const core::pool2d_desc& d, const tensor& x,
   }
 
   op_key key = pool_key(op_tag::pool_fwd, d, x.shape(), y.shape());
-  key << std::int64_t{training};
+  key << std::int64_t{training} << std::int64_t{lx};
   auto& op = plan(key, pool_work(x.shape(), y.shape()), [&](planned_op& p) {
-    const auto s = pool_descs(d, x.shape(), y.shape());
+    const auto s = pool_descs(d, x.shape(), y.shape(), lx ? block_tag(layout_block(lx)) : tag::nchw);
     const auto pd = pool_forward_pd(s, training, eng_);
     p.input(DNNL_ARG_SRC, s.x, pd.src_desc());
-    p.output(DNNL_ARG_DST, s.y, pd.dst_desc());
+    p.result_layout = lx ? keep_layout(s.y) : 0;
+    p.output(DNNL_ARG_DST, p.result_layout ? pd.dst_desc() : pool_descs(d, x.shape(), y.shape(), tag::nchw).y,
+             pd.dst_desc());
     if (training) p.output(DNNL_ARG_WORKSPACE, pd.workspace_desc(), pd.workspace_desc());
     p.scratchpad(pd.scratchpad_desc());
     p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::pooling_forward(pd)));
@@ -190,6 +200,10 @@ void onednn_backend::pool2d_forward(const core::pool2d_desc& d, const tensor& x,
     ws_data = ws->host_data();
   }
   run(op, {{DNNL_ARG_SRC, x.host_data()}, {DNNL_ARG_DST, y.host_data()}, {DNNL_ARG_WORKSPACE, ws_data}});
+  wrote(y, op.result_layout);
+  // The workspace is in the layout the primitive ran in: noted so the backward runs in it too
+  // (only pool2d_backward reads it).
+  if (training && lx) wrote(*ws, lx);
 }
 
 void onednn_backend::pool2d_backward(const core::pool2d_desc& d, const tensor& x, const tensor& dy, const tensor& ws,
@@ -200,10 +214,19 @@ void onednn_backend::pool2d_backward(const core::pool2d_desc& d, const tensor& x
   const bool is_max = d.kind == core::pool_kind::max;
   if (dx.numel() == 0) return;
   if (dy.numel() == 0) return fill(dx, 0.0f);
+  // The layout the forward ran in: the workspace's (max), else dy's.
+  const int ldy = image_layout_of(dy);
+  int layout = is_max ? (ws.defined() && ws.owner() == this && ws.dtype() == core::dtype::u8 ? layout_of(ws) : 0) : ldy;
+  if (layout != 0 &&
+      layout_md(layout).dims() != dnnl::memory::dims{dx.shape()[0], dx.shape()[1], dx.shape()[2], dx.shape()[3]})
+    layout = 0;
+  (void)x;  // read by neither path: the argmax is in the workspace
+  claim(dx);
   static const char* const bad_ws =
       "max pool backward needs the workspace from this backend's pool2d_forward of the same shape";
 
-  if (pooling_ == pool_impl::automatic && is_2x2_stride_2(d)) {
+  if (layout == 0 && pooling_ == pool_impl::automatic && is_2x2_stride_2(d)) {
+    row_major({&dy});
     const auto &xs = dx.shape(), &ys = dy.shape();
     const std::int64_t n_planes = xs[0] * xs[1], h = xs[2], w = xs[3], ph = ys[2], pw = ys[3];
     if (is_max)
@@ -219,14 +242,24 @@ void onednn_backend::pool2d_backward(const core::pool2d_desc& d, const tensor& x
   }
 
   const double work = pool_work(dx.shape(), dy.shape());
-  auto& op = plan(pool_key(op_tag::pool_bwd, d, dx.shape(), dy.shape()), work, [&](planned_op& p) {
-    const auto s = pool_descs(d, dx.shape(), dy.shape());
+  // dy in its own layout, staged into the primitive's when they differ.
+  const int dy_layout =
+      ldy && layout_md(ldy).dims() == dnnl::memory::dims{dy.shape()[0], dy.shape()[1], dy.shape()[2], dy.shape()[3]}
+          ? ldy
+          : 0;
+  if (dy_layout == 0) row_major({&dy});
+  op_key key = pool_key(op_tag::pool_bwd, d, dx.shape(), dy.shape());
+  key << std::int64_t{layout} << std::int64_t{dy_layout};
+  auto& op = plan(key, work, [&](planned_op& p) {
+    const auto s = pool_descs(d, dx.shape(), dy.shape(), layout ? block_tag(layout_block(layout)) : tag::nchw);
+    const auto plain = pool_descs(d, dx.shape(), dy.shape(), tag::nchw);
     const auto hint = pool_forward_pd(s, true, eng_);
     const auto pd = CLEAVE_CHECK_DNNL(dnnl::pooling_backward::primitive_desc(
         {s.alg, s.x, s.y, s.strides, s.kernel, s.pad_l, s.pad_r}, arena_scratchpad(), eng_, hint));
-    p.input(DNNL_ARG_DIFF_DST, s.y, pd.diff_dst_desc());
+    p.input(DNNL_ARG_DIFF_DST, dy_layout ? layout_md(dy_layout) : plain.y, pd.diff_dst_desc());
     if (is_max) p.input(DNNL_ARG_WORKSPACE, pd.workspace_desc(), pd.workspace_desc());
-    p.output(DNNL_ARG_DIFF_SRC, s.x, pd.diff_src_desc());
+    p.result_layout = layout ? keep_layout(s.x) : 0;
+    p.output(DNNL_ARG_DIFF_SRC, p.result_layout ? pd.diff_src_desc() : plain.x, pd.diff_src_desc());
     p.scratchpad(pd.scratchpad_desc());
     p.set_primitive(CLEAVE_CHECK_DNNL(dnnl::pooling_backward(pd)));
   });
@@ -238,6 +271,7 @@ void onednn_backend::pool2d_backward(const core::pool2d_desc& d, const tensor& x
     ws_data = ws.host_data();
   }
   run(op, {{DNNL_ARG_DIFF_DST, dy.host_data()}, {DNNL_ARG_WORKSPACE, ws_data}, {DNNL_ARG_DIFF_SRC, dx.host_data()}});
+  wrote(dx, op.result_layout);
 }
 
 }  // namespace cleave::backend::detail

@@ -80,6 +80,8 @@ class planned_op {
 
   // The OpenMP threads the primitive was created for and runs with.
   int n_threads() const { return n_threads_; }
+  // The backend's id of the layout the op leaves its activation output in (0: row-major).
+  int result_layout = 0;
 
   void input(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want);
   void output(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want, bool accumulate = false);

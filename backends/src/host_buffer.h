@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "cleave/core/tensor.h"
 
@@ -25,11 +26,19 @@ void host_cache_release();
 // Bytes the cache holds.
 std::size_t host_cache_bytes();
 
+// What a backend notes on a buffer: the oneDNN backend, which parts of it hold a tensor in one of
+// its blocked layouts instead of the row-major order of the tensor's shape.
+struct buffer_note {
+  virtual ~buffer_note() = default;
+};
+
 class host_buffer final : public core::buffer {
  public:
   host_buffer(core::backend* owner, std::size_t bytes) : core::buffer(owner, bytes), data_(host_alloc(bytes)) {}
   ~host_buffer() override { host_free(data_, bytes()); }
   void* host_data() override { return data_ ? data_ : static_cast<void*>(&empty_); }
+  // The owning backend's note; null until it makes one. It dies with the buffer.
+  std::unique_ptr<buffer_note> note;
 
  private:
   void* data_ = nullptr;

@@ -69,6 +69,7 @@ class host_view {
   host_view(backend& b, const tensor& t, bool read) : b_(b), t_(t) {
     if (b.host_memory()) {
       b.synchronize();  // issued work may still read or write it
+      b.make_row_major(t);
       p_ = t.host<T>();
       return;
     }

@@ -83,6 +83,7 @@ flatbuffers::Offset<wire::Tensor> add_tensor(message_builder& m, core::backend& 
   if (spec.id == core::codec::f32 || t.dtype() != core::dtype::f32) return add_tensor(m, b, t, name);
   if (b.host_memory() && spec.id != core::codec::topk) {
     b.synchronize();  // the work that produces t
+    b.make_row_major(t);
     return m.add_encoded_tensor(spec, t.shape(), name, t.numel() ? t.host<float>() : nullptr, nullptr);
   }
   switch (spec.id) {

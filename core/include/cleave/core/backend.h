@@ -105,6 +105,11 @@ class backend {
   virtual void download(const tensor& src, void* dst) = 0;
   // Waits until all issued work has finished.
   virtual void synchronize() = 0;
+  // Code that reads or writes a host_memory() tensor through its pointer calls this first: a
+  // backend may keep a tensor in a layout of its own between its ops (the oneDNN backend, its
+  // activations in blocked layouts) and puts it back in the row-major order of its shape here.
+  // Default: nothing (tensors are always row-major).
+  virtual void make_row_major(const tensor& t) { (void)t; }
   // Optional (default: nothing): gives back memory the backend keeps for reuse but no tensor
   // uses, between phases that allocate different sizes (training, then evaluation).
   virtual void release_cached_memory() {}
