@@ -142,11 +142,7 @@ void onednn_backend::eltwise_backward(const char* what, bool relu, float lo, flo
   const std::int64_t n = y.numel();
   if (n == 0) return;
   // Over the flat element range: y and dy in one layout, dx in it too.
-  int layout = layout_of(y);
-  if (layout_of(dy) != layout) {
-    row_major({&y, &dy});
-    layout = 0;
-  }
+  const int layout = shared_layout(y, dy);
   claim(dx);
   op_key key = make_key(relu ? op_tag::relu_bwd : op_tag::clamp_bwd) << n;
   if (!relu) key << std::int64_t{std::bit_cast<std::uint32_t>(lo)} << std::int64_t{std::bit_cast<std::uint32_t>(hi)};

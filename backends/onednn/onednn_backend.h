@@ -157,17 +157,23 @@ class onednn_backend final : public reference_backend {
 
  private:
   // ---- activation layouts (onednn_layout.cpp) ----
-  // The kept layout `t` holds (an id, 0: row-major); a noted region that only partly overlaps t
-  // is made row-major first.
-  int layout_of(const core::tensor& t);
+  // What an op does with the notes over t's bytes: `read` keeps the one that covers exactly t
+  // and returns its layout (0: row-major), making partial overlaps row-major; `row_major` makes
+  // every overlapping one row-major; `overwrite` (t is about to be written whole) drops those
+  // inside t and makes those reaching outside it row-major.
+  enum class settle_mode { read, row_major, overwrite };
+  int settle(const core::tensor& t, settle_mode mode);
+  // The kept layout `t` holds (an id, 0: row-major).
+  int layout_of(const core::tensor& t) { return settle(t, settle_mode::read); }
   // The same for an op that reads t as (N,C,H,W) images: 0 (after a reorder) unless the layout
   // describes t's own dimensions.
   int image_layout_of(const core::tensor& t);
-  // Before an op overwrites all of t: notes inside t are dropped, notes reaching outside it are
-  // made row-major.
-  void claim(const core::tensor& t);
+  // Before an op overwrites all of t.
+  void claim(const core::tensor& t) { settle(t, settle_mode::overwrite); }
   // After an op wrote all of t in `layout` (0: row-major).
   void wrote(const core::tensor& t, int layout);
+  // The layout a and b share (element-wise ops run on it), else both made row-major and 0.
+  int shared_layout(const core::tensor& a, const core::tensor& b);
   // Every given tensor row-major (for ops that only know that order; undefined ones skipped).
   void row_major(std::initializer_list<const core::tensor*> ts);
   // The id of an activation layout a primitive chose, when it is one kept between ops (blocked,

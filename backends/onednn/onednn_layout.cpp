@@ -93,7 +93,7 @@ void onednn_backend::reorder_in_place(void* data, int id) {
   std::memcpy(data, tmp, bytes);
 }
 
-int onednn_backend::layout_of(const tensor& t) {
+int onednn_backend::settle(const tensor& t, settle_mode mode) {
   auto* note = note_of(*this, t);
   if (!note) return 0;
   int exact = 0;
@@ -101,15 +101,16 @@ int onednn_backend::layout_of(const tensor& t) {
   char* base = static_cast<char*>(t.buf()->host_data());
   for (std::size_t i = 0; i < regs.size();) {
     const auto& r = regs[i];
-    if (!overlaps(r, t)) {
+    const bool same = r.offset == t.offset() && r.bytes == t.bytes();
+    const bool inside = r.offset >= t.offset() && r.offset + r.bytes <= t.offset() + t.bytes();
+    if (!overlaps(r, t) || (mode == settle_mode::read && same)) {
+      if (overlaps(r, t)) exact = r.layout;
       ++i;
-    } else if (r.offset == t.offset() && r.bytes == t.bytes()) {
-      exact = r.layout;
-      ++i;
-    } else {
-      reorder_in_place(base + r.offset, r.layout);
-      regs.erase(regs.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
     }
+    // Overwritten entirely: nothing to keep. Otherwise its values are needed row-major.
+    if (!(mode == settle_mode::overwrite && inside)) reorder_in_place(base + r.offset, r.layout);
+    regs.erase(regs.begin() + static_cast<std::ptrdiff_t>(i));
   }
   return exact;
 }
@@ -124,38 +125,15 @@ int onednn_backend::image_layout_of(const tensor& t) {
 }
 
 void onednn_backend::row_major(std::initializer_list<const tensor*> ts) {
-  for (const tensor* t : ts) {
-    if (!t) continue;
-    auto* note = note_of(*this, *t);
-    if (!note) continue;
-    auto& regs = note->regions;
-    char* base = static_cast<char*>(t->buf()->host_data());
-    for (std::size_t i = 0; i < regs.size();) {
-      if (overlaps(regs[i], *t)) {
-        reorder_in_place(base + regs[i].offset, regs[i].layout);
-        regs.erase(regs.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        ++i;
-      }
-    }
-  }
+  for (const tensor* t : ts)
+    if (t) settle(*t, settle_mode::row_major);
 }
 
-void onednn_backend::claim(const tensor& t) {
-  auto* note = note_of(*this, t);
-  if (!note) return;
-  auto& regs = note->regions;
-  char* base = static_cast<char*>(t.buf()->host_data());
-  for (std::size_t i = 0; i < regs.size();) {
-    const auto& r = regs[i];
-    if (!overlaps(r, t)) {
-      ++i;
-      continue;
-    }
-    if (r.offset < t.offset() || r.offset + r.bytes > t.offset() + t.bytes())
-      reorder_in_place(base + r.offset, r.layout);  // the part outside t keeps its values
-    regs.erase(regs.begin() + static_cast<std::ptrdiff_t>(i));
-  }
+int onednn_backend::shared_layout(const tensor& a, const tensor& b) {
+  const int id = layout_of(a);
+  if (layout_of(b) == id) return id;
+  row_major({&a, &b});
+  return 0;
 }
 
 void onednn_backend::wrote(const tensor& t, int layout) {
@@ -204,29 +182,21 @@ void onednn_backend::cast(const tensor& src, const tensor& dst) {
 }
 
 void onednn_backend::add(const tensor& a, const tensor& b, const tensor& y) {
-  int id = layout_of(a);
-  if (layout_of(b) != id) {
-    row_major({&a, &b});
-    id = 0;
-  }
+  const int id = shared_layout(a, b);
   claim(y);
   reference_backend::add(a, b, y);
   wrote(y, id);
 }
 
 void onednn_backend::mul(const tensor& a, const tensor& b, const tensor& y) {
-  int id = layout_of(a);
-  if (layout_of(b) != id) {
-    row_major({&a, &b});
-    id = 0;
-  }
+  const int id = shared_layout(a, b);
   claim(y);
   reference_backend::mul(a, b, y);
   wrote(y, id);
 }
 
 void onednn_backend::axpy(float alpha, const tensor& x, const tensor& y) {
-  if (layout_of(x) != layout_of(y)) row_major({&x, &y});  // y keeps its note when both share it
+  shared_layout(x, y);  // y keeps its note when both share it
   reference_backend::axpy(alpha, x, y);
 }
 

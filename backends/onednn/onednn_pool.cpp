@@ -220,8 +220,7 @@ void onednn_backend::pool2d_backward(const core::pool2d_desc& d, const tensor& x
   if (layout != 0 &&
       layout_md(layout).dims() != dnnl::memory::dims{dx.shape()[0], dx.shape()[1], dx.shape()[2], dx.shape()[3]})
     layout = 0;
-  (void)x;  // read by neither path: the argmax is in the workspace
-  claim(dx);
+  claim(dx);  // x is read by neither path: the argmax is in the workspace
   static const char* const bad_ws =
       "max pool backward needs the workspace from this backend's pool2d_forward of the same shape";
 
@@ -242,21 +241,17 @@ void onednn_backend::pool2d_backward(const core::pool2d_desc& d, const tensor& x
   }
 
   const double work = pool_work(dx.shape(), dy.shape());
-  // dy in its own layout, staged into the primitive's when they differ.
-  const int dy_layout =
-      ldy && layout_md(ldy).dims() == dnnl::memory::dims{dy.shape()[0], dy.shape()[1], dy.shape()[2], dy.shape()[3]}
-          ? ldy
-          : 0;
-  if (dy_layout == 0) row_major({&dy});
+  // dy in its own layout (image_layout_of made it row-major otherwise), staged into the
+  // primitive's when they differ.
   op_key key = pool_key(op_tag::pool_bwd, d, dx.shape(), dy.shape());
-  key << std::int64_t{layout} << std::int64_t{dy_layout};
+  key << std::int64_t{layout} << std::int64_t{ldy};
   auto& op = plan(key, work, [&](planned_op& p) {
     const auto s = pool_descs(d, dx.shape(), dy.shape(), layout ? block_tag(layout_block(layout)) : tag::nchw);
     const auto plain = pool_descs(d, dx.shape(), dy.shape(), tag::nchw);
     const auto hint = pool_forward_pd(s, true, eng_);
     const auto pd = CLEAVE_CHECK_DNNL(dnnl::pooling_backward::primitive_desc(
         {s.alg, s.x, s.y, s.strides, s.kernel, s.pad_l, s.pad_r}, arena_scratchpad(), eng_, hint));
-    p.input(DNNL_ARG_DIFF_DST, dy_layout ? layout_md(dy_layout) : plain.y, pd.diff_dst_desc());
+    p.input(DNNL_ARG_DIFF_DST, ldy ? layout_md(ldy) : plain.y, pd.diff_dst_desc());
     if (is_max) p.input(DNNL_ARG_WORKSPACE, pd.workspace_desc(), pd.workspace_desc());
     p.result_layout = layout ? keep_layout(s.x) : 0;
     p.output(DNNL_ARG_DIFF_SRC, p.result_layout ? pd.diff_src_desc() : plain.x, pd.diff_src_desc());

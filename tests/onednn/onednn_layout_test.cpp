@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cleave/core/random.h"
+#include "../support/backend_harness.h"
 #include "onednn_backend.h"
 #include "test_util.h"
 
@@ -15,21 +15,10 @@ using cleave::core::tensor;
 using namespace cleave::test;
 namespace core = cleave::core;
 using cleave::backend::detail::onednn_options;
+using cleave::testing::make;
+using cleave::testing::read;
 
 namespace {
-
-std::vector<float> rand_vec(std::int64_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  core::rng g(seed);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = lo + (hi - lo) * g.uniform();
-  return v;
-}
-
-tensor make(core::backend& b, const shape& s, const std::vector<float>& v) {
-  tensor t = b.empty(s);
-  b.upload(t, v.data());
-  return t;
-}
 
 // A residual block's ops on 32 channels (blocked on x86), forward and backward; returns the
 // tensors, unread.
@@ -41,11 +30,11 @@ struct chain {
     const shape sx{n, c, h, h}, sw{c, c, 3, 3};
     const core::conv2d_desc d{1, 1, 1, 1, 1};
     const core::batchnorm_desc bn{1e-5f, 0.1f};
-    x = make(b, sx, rand_vec(sx.numel(), 1));
-    w = make(b, sw, rand_vec(sw.numel(), 2, -0.1f, 0.1f));
-    w2 = make(b, sw, rand_vec(sw.numel(), 3, -0.1f, 0.1f));
-    g = make(b, {c}, rand_vec(c, 4, 0.5f, 1.5f));
-    be = make(b, {c}, rand_vec(c, 5));
+    x = make(b, sx, cleave::testing::random_vec(sx.numel(), 1));
+    w = make(b, sw, cleave::testing::random_vec(sw.numel(), 2, -0.1f, 0.1f));
+    w2 = make(b, sw, cleave::testing::random_vec(sw.numel(), 3, -0.1f, 0.1f));
+    g = make(b, {c}, cleave::testing::random_vec(c, 4, 0.5f, 1.5f));
+    be = make(b, {c}, cleave::testing::random_vec(c, 5));
     rm = b.zeros({c});
     rv = make(b, {c}, std::vector<float>(c, 1.0f));
     mean = b.empty({c});
@@ -57,7 +46,7 @@ struct chain {
     b.add(a, y, s);
     b.clamp_forward(s, r6, 0.0f, 6.0f);
     b.conv2d_forward(d, r6, w2, {}, y2);
-    dy2 = make(b, sx, rand_vec(sx.numel(), 6));
+    dy2 = make(b, sx, cleave::testing::random_vec(sx.numel(), 6));
     dw = b.zeros(sw);
     dw2 = b.zeros(sw);
     dg = b.zeros({c});
@@ -73,12 +62,6 @@ struct chain {
   }
   std::vector<tensor> outputs() const { return {y, z, a, s, r6, y2, dr6, ds, da, dz, dy, dw, dw2, dg, db, rm, rv}; }
 };
-
-std::vector<float> read(core::backend& b, const tensor& t) {
-  std::vector<float> v(static_cast<std::size_t>(t.numel()));
-  b.download(t, v.data());
-  return v;
-}
 
 // max |a - b| / (1 + max |b|)
 double rel(const std::vector<float>& a, const std::vector<float>& b) {
@@ -133,15 +116,16 @@ TEST_CASE("views, partial writes, host readers and row-major ops see a kept tens
     auto& b = *bp;
     auto& ch = bp == &kept ? ck : cp;
     // One image overwritten through a batch slice, one filled; the other images keep theirs.
-    const tensor part = make(b, {1, c, h, h}, rand_vec(c * h * h, 7));
+    const tensor part = make(b, {1, c, h, h}, cleave::testing::random_vec(c * h * h, 7));
     b.copy(part, ch.y2.slice_batch(1, 1));
     b.fill(ch.z.slice_batch(3, 1), 0.5f);
     // Uploaded over a kept tensor: the new values, row-major.
-    b.upload(ch.a, rand_vec(n * c * h * h, 8).data());
+    b.upload(ch.a, cleave::testing::random_vec(n * c * h * h, 8).data());
     // Codec (host) readers and a dense layer over a flattened view.
     tensor amax = b.empty({c}), logits = b.empty({n, 10});
     b.channel_absmax(ch.s, amax);
-    b.linear_forward(ch.r6.reshaped({n, c * h * h}), make(b, {10, c * h * h}, rand_vec(10 * c * h * h, 9)), {}, logits);
+    b.linear_forward(ch.r6.reshaped({n, c * h * h}),
+                     make(b, {10, c * h * h}, cleave::testing::random_vec(10 * c * h * h, 9)), {}, logits);
     ch.dw = amax;
     ch.dw2 = logits;
   }
