@@ -10,6 +10,7 @@
 #include "cleave/core/codec.h"
 
 #include "../support/backend_harness.h"
+#include "../support/residual_chain.h"
 
 namespace {
 
@@ -340,55 +341,31 @@ TEST_CASE("conv2d forward, backward-data and accumulating backward-weights match
 // A backend may keep a convolution's output in a layout of its own (onednn: nChw16c) through the
 // ops that follow; every op, view and reader must see the same values as on the reference.
 TEST_CASE("ops chained on convolution outputs match the reference, through views, codecs and partial writes") {
-  const std::int64_t n = 4, c = 32, h = 8;
-  const shape sx{n, c, h, h}, sw{c, c, 3, 3};
-  const core::conv2d_desc d{1, 1, 1, 1, 1};
-  const auto vx = random_vec(sx.numel(), 90), vw = random_vec(sw.numel(), 91), vw2 = random_vec(sw.numel(), 92),
-             vdy = random_vec(sx.numel(), 93), vg = random_vec(c, 94, 0.5f, 1.5f), vb = random_vec(c, 95),
-             vfc = random_vec(10 * c * h * h, 96), vpart = random_vec(c * h * h, 97);
+  using chain = cleave::testing::residual_chain;
+  const std::int64_t n = chain::n, c = chain::c, h = chain::h;
+  const auto vfc = random_vec(10 * c * h * h, 96), vpart = random_vec(c * h * h, 97);
   compare_with_reference("chain", [&](core::backend& b) {
-    const core::batchnorm_desc bn{1e-5f, 0.1f};
-    tensor x = make(b, sx, vx), w = make(b, sw, vw), w2 = make(b, sw, vw2), g = make(b, {c}, vg), be = make(b, {c}, vb);
-    tensor rm = b.zeros({c}), rv = b.zeros({c}), mean = b.empty({c}), invstd = b.empty({c});
-    b.fill(rv, 1.0f);
-    // Forward: conv -> bn -> relu -> (+ conv output) -> clamp -> conv.
-    tensor y = b.empty(sx), z = b.empty(sx), a = b.empty(sx), s = b.empty(sx), r6 = b.empty(sx), y2 = b.empty(sx);
-    b.conv2d_forward(d, x, w, {}, y);
-    b.batchnorm_forward_train(bn, y, g, be, z, mean, invstd, rm, rv);
-    b.relu_forward(z, a);
-    b.add(a, y, s);
-    b.clamp_forward(s, r6, 0.0f, 6.0f);
-    b.conv2d_forward(d, r6, w2, {}, y2);
-    // Backward through the same ops.
-    tensor dy2 = make(b, sx, vdy), dr6 = b.empty(sx), ds = b.empty(sx), da = b.empty(sx), dz = b.empty(sx),
-           dy = b.empty(sx), dx = b.empty(sx), dw = b.zeros(sw), dw2 = b.zeros(sw), dg = b.zeros({c}),
-           db = b.zeros({c});
-    b.conv2d_backward_data(d, dy2, w2, dr6);
-    b.conv2d_backward_weights(d, r6, dy2, dw2, {});
-    b.clamp_backward(r6, dr6, ds, 0.0f, 6.0f);
-    b.relu_backward(a, ds, da);
-    b.batchnorm_backward(bn, y, da, g, mean, invstd, dz, dg, db);
-    b.axpy(1.0f, ds, dz);  // the residual's gradient
-    b.conv2d_backward_data(d, dz, w, dy);
-    b.conv2d_backward_weights(d, x, dz, dw, {});
-    b.copy(y, dx);
-    b.mul(dx, x, dx);  // a kept layout times a row-major one
+    const chain ch(b, 90, 1.0f);
+    tensor dx = b.empty(ch.x.shape());
+    b.copy(ch.y, dx);
+    b.mul(dx, ch.x, dx);  // a kept layout times a row-major one
     // Readers of a kept layout: a batch slice, a flattened view into a dense layer, the int8
     // codec's host path, inference batch norm and pooling.
-    tensor yi = b.empty(sx), pooled = b.empty({n, c, 1, 1}), fc_w = make(b, {10, c * h * h}, vfc),
+    tensor yi = b.empty(ch.x.shape()), pooled = b.empty({n, c, 1, 1}), fc_w = make(b, {10, c * h * h}, vfc),
            logits = b.empty({n, 10});
-    b.batchnorm_forward_infer(bn, y2, g, be, rm, rv, yi);
-    b.pool2d_forward({core::pool_kind::avg, static_cast<int>(h), static_cast<int>(h), 1, 1, 0, 0}, y2, pooled, nullptr);
-    b.linear_forward(s.reshaped({n, c * h * h}), fc_w, {}, logits);
+    b.batchnorm_forward_infer({1e-5f, 0.1f}, ch.y2, ch.g, ch.be, ch.rm, ch.rv, yi);
+    b.pool2d_forward({core::pool_kind::avg, static_cast<int>(h), static_cast<int>(h), 1, 1, 0, 0}, ch.y2, pooled,
+                     nullptr);
+    b.linear_forward(ch.s.reshaped({n, c * h * h}), fc_w, {}, logits);
     tensor amax = b.empty({c});
-    b.channel_absmax(r6, amax);
-    const auto slice = read(b, y2.slice_batch(1, 2));
+    b.channel_absmax(ch.r6, amax);
+    const auto slice = read(b, ch.y2.slice_batch(1, 2));
     // A write over one image of a kept tensor leaves the others' values.
     tensor part = make(b, {1, c, h, h}, vpart);
-    b.copy(part, dy.slice_batch(2, 1));
-    return outs_t{read(b, y),  read(b, z),  read(b, s),      read(b, y2),     read(b, dr6),  read(b, dz),
-                  read(b, dy), read(b, dx), read(b, dw),     read(b, dw2),    read(b, dg),   read(b, db),
-                  read(b, yi), read(b, rm), read(b, pooled), read(b, logits), read(b, amax), slice};
+    b.copy(part, ch.dy.slice_batch(2, 1));
+    return outs_t{read(b, ch.y),  read(b, ch.z),  read(b, ch.s),   read(b, ch.y2),  read(b, ch.dr6), read(b, ch.dz),
+                  read(b, ch.dy), read(b, dx),    read(b, ch.dw),  read(b, ch.dw2), read(b, ch.dg),  read(b, ch.db),
+                  read(b, yi),    read(b, ch.rm), read(b, pooled), read(b, logits), read(b, amax),   slice};
   });
 }
 

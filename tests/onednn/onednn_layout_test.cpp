@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "../support/backend_harness.h"
+#include "../support/residual_chain.h"
 #include "onednn_backend.h"
 #include "test_util.h"
 
@@ -20,48 +20,7 @@ using cleave::testing::read;
 
 namespace {
 
-// A residual block's ops on 32 channels (blocked on x86), forward and backward; returns the
-// tensors, unread.
-struct chain {
-  static constexpr std::int64_t n = 4, c = 32, h = 8;
-  tensor x, w, w2, g, be, rm, rv, mean, invstd, y, z, a, s, r6, y2, dy2, dr6, ds, da, dz, dy, dw, dw2, dg, db;
-
-  explicit chain(core::backend& b) {
-    const shape sx{n, c, h, h}, sw{c, c, 3, 3};
-    const core::conv2d_desc d{1, 1, 1, 1, 1};
-    const core::batchnorm_desc bn{1e-5f, 0.1f};
-    x = make(b, sx, cleave::testing::random_vec(sx.numel(), 1));
-    w = make(b, sw, cleave::testing::random_vec(sw.numel(), 2, -0.1f, 0.1f));
-    w2 = make(b, sw, cleave::testing::random_vec(sw.numel(), 3, -0.1f, 0.1f));
-    g = make(b, {c}, cleave::testing::random_vec(c, 4, 0.5f, 1.5f));
-    be = make(b, {c}, cleave::testing::random_vec(c, 5));
-    rm = b.zeros({c});
-    rv = make(b, {c}, std::vector<float>(c, 1.0f));
-    mean = b.empty({c});
-    invstd = b.empty({c});
-    for (tensor* t : {&y, &z, &a, &s, &r6, &y2, &dr6, &ds, &da, &dz, &dy}) *t = b.empty(sx);
-    b.conv2d_forward(d, x, w, {}, y);
-    b.batchnorm_forward_train(bn, y, g, be, z, mean, invstd, rm, rv);
-    b.relu_forward(z, a);
-    b.add(a, y, s);
-    b.clamp_forward(s, r6, 0.0f, 6.0f);
-    b.conv2d_forward(d, r6, w2, {}, y2);
-    dy2 = make(b, sx, cleave::testing::random_vec(sx.numel(), 6));
-    dw = b.zeros(sw);
-    dw2 = b.zeros(sw);
-    dg = b.zeros({c});
-    db = b.zeros({c});
-    b.conv2d_backward_data(d, dy2, w2, dr6);
-    b.conv2d_backward_weights(d, r6, dy2, dw2, {});
-    b.clamp_backward(r6, dr6, ds, 0.0f, 6.0f);
-    b.relu_backward(a, ds, da);
-    b.batchnorm_backward(bn, y, da, g, mean, invstd, dz, dg, db);
-    b.axpy(1.0f, ds, dz);
-    b.conv2d_backward_data(d, dz, w, dy);
-    b.conv2d_backward_weights(d, x, dz, dw, {});
-  }
-  std::vector<tensor> outputs() const { return {y, z, a, s, r6, y2, dr6, ds, da, dz, dy, dw, dw2, dg, db, rm, rv}; }
-};
+using chain = cleave::testing::residual_chain;
 
 // max |a - b| / (1 + max |b|)
 double rel(const std::vector<float>& a, const std::vector<float>& b) {
@@ -87,7 +46,7 @@ TEST_CASE("a residual block's activations stay blocked between ops and equal the
   onednn_options row_major_opt;
   row_major_opt.keep_layouts = false;
   onednn_backend kept, plain(row_major_opt);
-  const chain ck(kept), cp(plain);
+  const chain ck(kept, 1, 0.1f), cp(plain, 1, 0.1f);
   // Forward and backward ran without one reorder back to row-major.
   CHECK(kept.n_layout_reorders() == 0);
   CHECK(plain.n_layout_reorders() == 0);
@@ -110,7 +69,7 @@ TEST_CASE("views, partial writes, host readers and row-major ops see a kept tens
   onednn_options row_major_opt;
   row_major_opt.keep_layouts = false;
   onednn_backend kept, plain(row_major_opt);
-  chain ck(kept), cp(plain);
+  chain ck(kept, 1, 0.1f), cp(plain, 1, 0.1f);
   const std::int64_t n = chain::n, c = chain::c, h = chain::h;
   for (auto* bp : {static_cast<onednn_backend*>(&kept), &plain}) {
     auto& b = *bp;

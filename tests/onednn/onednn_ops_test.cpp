@@ -477,6 +477,22 @@ TEST_CASE("the registry rejects a malformed onednn device with a clear message")
     INFO(spec);
     CHECK_THROWS_AS((void)cleave::backend::make_backend(spec), core::error);
   }
+  // A flag it does not know, or an empty one, is named with the flags it takes.
+  for (const char* spec : {"onednn:2,fast", "onednn:2,portable,rowmajor", "onednn:2,"}) {
+    INFO(spec);
+    try {
+      (void)cleave::backend::make_backend(spec);
+      FAIL("no error for " << spec);
+    } catch (const core::error& e) {
+      CHECK(std::string(e.what()).find("the flags 'portable' and 'row-major'") != std::string::npos);
+    }
+  }
+  // Both flags, in either order, with or without a thread count.
+  for (const char* spec : {"onednn:row-major", "onednn:2,row-major", "onednn:2,portable,row-major",
+                           "onednn:row-major,portable"}) {
+    INFO(spec);
+    CHECK(cleave::backend::make_backend(spec)->name() == "onednn");
+  }
 }
 
 TEST_CASE("a oneDNN failure surfaces as core::error naming the call") {
