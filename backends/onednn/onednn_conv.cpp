@@ -123,16 +123,14 @@ void onednn_backend::conv2d_forward(const core::conv2d_desc& d, const tensor& x,
   if (b.defined()) core::expect_f32(*this, b, "conv2d_forward: b");
   const auto c = core::conv_dims_of(d, x, w, y);
   CLEAVE_ASSERT(!b.defined() || b.numel() == c.k, "conv2d_forward: bias must be (K)");
-  const bool primitive = !empty_conv(c) && !pointwise(d, c) && !narrow(conv_op::forward, d, c);
-  const int lx = primitive ? image_layout_of(x) : 0;
-  if (!primitive) {
+  if (empty_conv(c) || pointwise(d, c) || narrow(conv_op::forward, d, c)) {  // on row-major tensors
     row_major({&x, &w, &b});
     claim(y);
-  }
-  if (empty_conv(c)) return reference_backend::conv2d_forward(d, x, w, b, y);
-  if (pointwise(d, c)) return pointwise_forward(c, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32());
-  if (narrow(conv_op::forward, d, c))
+    if (empty_conv(c)) return reference_backend::conv2d_forward(d, x, w, b, y);
+    if (pointwise(d, c)) return pointwise_forward(c, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32());
     return narrow_forward(d, c, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32());
+  }
+  const int lx = image_layout_of(x);
   const bool bias = b.defined();
   op_key key = make_key(op_tag::conv_fwd);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
@@ -164,15 +162,14 @@ void onednn_backend::conv2d_backward_data(const core::conv2d_desc& d, const tens
   core::expect_f32(*this, w, "conv2d_backward_data: w");
   core::expect_f32(*this, dx, "conv2d_backward_data: dx");
   const auto c = core::conv_dims_of(d, dx, w, dy);
-  const bool primitive = !empty_conv(c) && !pointwise(d, c) && !narrow(conv_op::backward_data, d, c);
-  const int ldy = primitive ? image_layout_of(dy) : 0;
-  if (!primitive) {
+  if (empty_conv(c) || pointwise(d, c) || narrow(conv_op::backward_data, d, c)) {  // on row-major tensors
     row_major({&dy, &w});
     claim(dx);
+    if (empty_conv(c)) return reference_backend::conv2d_backward_data(d, dy, w, dx);
+    if (pointwise(d, c)) return pointwise_backward_data(c, dy.f32(), w.f32(), dx.f32());
+    return narrow_backward_data(d, c, dy.f32(), w.f32(), dx.f32());
   }
-  if (empty_conv(c)) return reference_backend::conv2d_backward_data(d, dy, w, dx);
-  if (pointwise(d, c)) return pointwise_backward_data(c, dy.f32(), w.f32(), dx.f32());
-  if (narrow(conv_op::backward_data, d, c)) return narrow_backward_data(d, c, dy.f32(), w.f32(), dx.f32());
+  const int ldy = image_layout_of(dy);
   op_key key = make_key(op_tag::conv_bwd_data);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
       << std::int64_t{d.pad_h} << std::int64_t{d.pad_w} << c.g << std::int64_t{ldy};
@@ -204,15 +201,15 @@ void onednn_backend::conv2d_backward_weights(const core::conv2d_desc& d, const t
   if (db.defined()) core::expect_f32(*this, db, "conv2d_backward_weights: db");
   const auto c = core::conv_dims_of(d, x, dw, dy);
   CLEAVE_ASSERT(!db.defined() || db.numel() == c.k, "conv2d_backward_weights: db must be (K)");
-  const bool primitive = !empty_conv(c) && !pointwise(d, c) && !narrow(conv_op::backward_weights, d, c);
-  const int lx = primitive ? image_layout_of(x) : 0, ldy = primitive ? image_layout_of(dy) : 0;
   row_major({&dw, &db});
-  if (!primitive) row_major({&x, &dy});
-  if (empty_conv(c)) return reference_backend::conv2d_backward_weights(d, x, dy, dw, db);
-  if (pointwise(d, c))
-    return pointwise_backward_weights(c, x.f32(), dy.f32(), dw.f32(), db.defined() ? db.f32() : nullptr);
-  if (narrow(conv_op::backward_weights, d, c))
+  if (empty_conv(c) || pointwise(d, c) || narrow(conv_op::backward_weights, d, c)) {  // on row-major tensors
+    row_major({&x, &dy});
+    if (empty_conv(c)) return reference_backend::conv2d_backward_weights(d, x, dy, dw, db);
+    if (pointwise(d, c))
+      return pointwise_backward_weights(c, x.f32(), dy.f32(), dw.f32(), db.defined() ? db.f32() : nullptr);
     return narrow_backward_weights(d, c, x.f32(), dy.f32(), dw.f32(), db.defined() ? db.f32() : nullptr);
+  }
+  const int lx = image_layout_of(x), ldy = image_layout_of(dy);
   const bool bias = db.defined();
   op_key key = make_key(op_tag::conv_bwd_weights);
   key << c.n << c.c << c.h << c.w << c.k << c.r << c.s << std::int64_t{d.stride_h} << std::int64_t{d.stride_w}
