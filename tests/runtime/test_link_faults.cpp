@@ -71,6 +71,10 @@ TEST_CASE("a connection reset mid-round counts the device out at once and it tra
   runner rs([&] { srv.run(); });
   const auto sp = port.get_future().get();
   fault_proxy proxy(sp);
+  // Every chunk on device 1's link waits 5 ms, so each round lasts well over the 200 ms after
+  // round 2's start at which the link is reset, however fast the machine trains: the reset lands
+  // in round 2, never in the last round (which would leave the device nothing to rejoin).
+  proxy.set_delay(std::chrono::milliseconds(5));
   auto a1 = fault_agent(w, 1, proxy.port());
   std::mutex mu;
   std::vector<std::pair<std::uint64_t, std::size_t>> weights;  // (round of the weights, rounds reported then)
