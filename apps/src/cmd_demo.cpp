@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstring>
@@ -60,6 +61,8 @@ struct demo_options {
   double slowdown = 1.0;
   bool emulate_board = false;  // set slowdown from this machine's speed and board_gflops
   double board_gflops = 4.0;
+  double stop_at_accuracy = 0;  // the server's --stop-at-accuracy
+  double deadline_s = 0;        // the server's --deadline (0: its default, or from the emulated boards)
   float lr = 0.05f;
   std::uint64_t seed = 1;
   core::augment_config augment;
@@ -157,6 +160,8 @@ std::vector<std::string> server_args(const demo_options& o, const demo_plan& p) 
   if (o.no_adapt) a.push_back("--no-adapt");
   if (o.secure) a.push_back("--secure-aggregation");
   if (o.min_device_blocks > 0) a.insert(a.end(), {"--min-device-blocks", std::to_string(o.min_device_blocks)});
+  if (o.stop_at_accuracy > 0) a.insert(a.end(), {"--stop-at-accuracy", fmt::format("{}", o.stop_at_accuracy)});
+  if (o.deadline_s > 0) a.insert(a.end(), {"--deadline", fmt::format("{:.0f}", std::ceil(o.deadline_s))});
   if (o.label_groups > 1) a.insert(a.end(), {"--label-groups", std::to_string(o.label_groups)});
   if (o.codecs != "f32") a.insert(a.end(), {"--codecs", o.codecs});
   if (o.micro_batches != 1) a.insert(a.end(), {"--micro-batches", std::to_string(o.micro_batches)});
@@ -537,8 +542,8 @@ demo_plan plan_demo(const demo_options& o) {
 // Wi-Fi-class links (50 Mbit/s, 5 ms each way) to their edge, which has a 1 Gbit/s, 0.5 ms link to the
 // server. In rounds 3-5 the Wi-Fi degrades to 10 Mbit/s (802.11n at the edge of its range, or
 // through walls) and from round 6 it is back: the splitter should move blocks onto the boards and
-// back. The cut may be compressed (f16, int8, top 10% of gradients) and each step runs as 4
-// pipelined micro-batches.
+// back. The cut may be compressed (f16 or int8; top-k gradients cost accuracy, bench/codecs) and
+// each step runs as 4 pipelined micro-batches.
 void emulate_deployment(demo_options& o, const CLI::App& cmd) {
   if (o.no_emulation) return;
   if (!cmd.count("--slow")) o.slow = o.devices;
@@ -608,13 +613,15 @@ node_usage run_nodes(const demo_options& o, const demo_plan& p, bool quiet_serve
 
 // The same federation on the plan it started from, kept (--no-adapt): what the splitter is
 // judged against. Splits do not change the math, so it reaches the target in about the same
-// round; what differs is the time. It runs a round past the adaptive run's.
+// round; what differs is the time. It ends once it reaches the target, at the latest a round
+// past the adaptive run's.
 void compare_kept(const demo_options& o, const demo_plan& p, const time_to_target& adaptive) {
   demo_options k = o;
   k.no_adapt = true;
   k.dashboard.clear();
   k.metrics.clear();
   if (adaptive.round) k.rounds = std::min(o.rounds, adaptive.round + 1);
+  if (!(k.stop_at_accuracy > 0 && k.stop_at_accuracy <= target_accuracy)) k.stop_at_accuracy = target_accuracy;
   demo_plan kp = p;  // its certificates and data
   kp.work = p.work / "kept";
   fs::create_directories(kp.work);
@@ -649,10 +656,16 @@ void announce_emulation(demo_options& o, const demo_plan& p) {
   const std::string b = board_backend(p.device_backends.front());
   const auto e = emulate_board(o.model, p.data, b, 64, o.board_gflops);
   o.slowdown = e.slowdown;
+  // A round on the boards with every block on them takes local_steps of their steps; split
+  // plans on a degraded link take longer. The server's default deadline (120 s) would abandon
+  // every round of a model the boards take minutes to train a round of.
+  const double board_round_s = e.step_ms / 1e3 * o.slowdown * o.local_steps;
+  if (o.deadline_s == 0 && 10 * board_round_s > 120) o.deadline_s = 10 * board_round_s;
   spdlog::info(
       "demo: emulating {} boards that train {} at {:g} GFLOP/s (here {:.0f} GFLOP/s, a step {:.1f} ms on "
-      "{}: --slowdown {:.1f}) on {}",
-      o.slow, o.model, o.board_gflops, e.host_gflops, e.step_ms, b, o.slowdown, links);
+      "{}: --slowdown {:.1f}) on {}{}",
+      o.slow, o.model, o.board_gflops, e.host_gflops, e.step_ms, b, o.slowdown, links,
+      o.deadline_s > 0 ? fmt::format("; round deadline {:.0f} s", std::ceil(o.deadline_s)) : std::string());
 }
 
 void run_demo(demo_options o) {
@@ -704,6 +717,12 @@ void register_demo_command(CLI::App& app) {
   d->add_option("--seed", dm.seed, "seed")->capture_default_str();
   d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");
   d->add_flag("--no-adapt", dm.no_adapt, "keep the initial cuts");
+  d->add_option("--deadline", dm.deadline_s,
+                "the server's round deadline in seconds (default: 120, or 10 rounds of the emulated boards)")
+      ->check(CLI::PositiveNumber);
+  d->add_option("--stop-at-accuracy", dm.stop_at_accuracy,
+                "end training after the first round whose test accuracy reaches this (see cleave server --help)")
+      ->check(CLI::Range(0.0, 1.0));
   d->add_flag("--no-compare", dm.no_compare,
               "emulating, do not rerun the federation on its first plan kept to compare the time to 0.80");
   d->add_option("--min-device-blocks", dm.min_device_blocks,

@@ -272,6 +272,10 @@ void add_server_command(CLI::App& app) {
                 "evaluate on this many test samples, a fixed seeded subset (0: all; the last round: all)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  s->add_option("--stop-at-accuracy", so.c.stop_at_accuracy,
+                "end training after the first round whose test accuracy reaches this (0: run every round)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   s->add_flag("--no-adapt", so.no_adapt, "keep the initial cuts (no adaptive re-splitting)");
   s->add_option("--min-device-blocks", so.c.min_device_blocks,
                 "blocks every device keeps at the bottom at least (initial cuts and every re-split)")

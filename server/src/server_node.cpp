@@ -406,6 +406,8 @@ void server_node::impl::check_config() const {
     throw core::error("keep-checkpoints must be between 0 and 1000");
   if (c_.eval_every < 1 || c_.eval_samples < 0)
     throw core::error("eval-every must be >= 1 and eval-samples >= 0 (0: the whole test split)");
+  if (!(c_.stop_at_accuracy >= 0 && c_.stop_at_accuracy <= 1))
+    throw core::error("stop-at-accuracy must be between 0 (off) and 1, not " + std::to_string(c_.stop_at_accuracy));
   if (!c_.checkpoint.empty()) check_checkpoint_path();
   if (c_.secure_aggregation &&
       (c_.aggregate.kind != split::aggregate_kind::mean || c_.mode != training_mode::splitfed || c_.min_devices < 2))

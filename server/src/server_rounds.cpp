@@ -37,11 +37,21 @@ asio::awaitable<bool> server_node::impl::wait_for_members() {
 }
 
 asio::awaitable<void> server_node::impl::drive_rounds() {
-  for (std::uint64_t next = first_round_; next <= static_cast<std::uint64_t>(c_.rounds) && !ex_.stopping();) {
+  // The last evaluation reached --stop-at-accuracy (a resumed run's included) before the last round.
+  const auto reached = [this] {
+    return c_.stop_at_accuracy > 0 && last_.round > 0 && last_.evaluated &&
+           last_.test_accuracy >= c_.stop_at_accuracy && last_.round < static_cast<std::uint64_t>(c_.rounds);
+  };
+  for (std::uint64_t next = first_round_;
+       !reached() && next <= static_cast<std::uint64_t>(c_.rounds) && !ex_.stopping();) {
     if (!co_await wait_for_members()) co_return;
     if (co_await run_round(next)) ++next;
   }
-  if (!ex_.stopping())
+  if (ex_.stopping()) co_return;
+  if (reached())
+    ex_.stop(fmt::format("training finished after {} of {} rounds: test accuracy {:.4f} reached {:.4f}", last_.round,
+                         c_.rounds, last_.test_accuracy, c_.stop_at_accuracy));
+  else
     ex_.stop(fmt::format("training finished after {} rounds: test accuracy {:.4f}", c_.rounds, last_.test_accuracy));
 }
 
@@ -133,8 +143,11 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
   round_.train_seconds = std::chrono::duration<double>(clock::now() - round_.t0).count();
   const std::size_t n_in = round_.done.size();
   if (n_in < participants.size())
-    spdlog::warn("server: round {}: {} of {} devices finished in time{}", number, n_in, participants.size(),
-                 n_in == 0 ? "; nobody trained: the round runs again" : "; averaging those");
+    spdlog::warn("server: round {}: {} of {} devices finished {}{}", number, n_in, participants.size(),
+                 all_done() ? "(the others left)" : fmt::format("within the {:g} s deadline", c_.round_deadline_s),
+                 n_in > 0     ? "; averaging those"
+                 : all_done() ? "; nobody trained: the round runs again"
+                              : "; nobody trained: the round runs again (slow devices? raise --deadline)");
   if (n_in == 0) {
     abandon_round();
     co_return false;

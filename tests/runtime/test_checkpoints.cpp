@@ -189,6 +189,50 @@ TEST_CASE("--eval-every and --eval-samples: skipped rounds say so, subsets are f
   CHECK(error_of([&] { bad.run(); }).find("eval-every must be >= 1") != std::string::npos);
 }
 
+TEST_CASE(
+    "--stop-at-accuracy ends training after the round that reaches it, and a resumed run that reached it trains no "
+    "more") {
+  const std::string be = test_backend();
+  workspace w("ckpt-stopat", 1, 512, 128);
+  auto sc = short_run(w, be, 6, 3);
+  sc.lr_schedule = core::schedule_kind::cosine;  // the schedule still spans the 6 rounds
+  std::vector<server::round_report> full;
+  REQUIRE(train_one_device(w, be, sc, full) == "");
+  REQUIRE(full.size() == 6);
+  // The target: round 3's accuracy, where no round before reached it (else the first that did).
+  std::size_t first = 0;
+  const double target = full[2].test_accuracy;
+  while (full[first].test_accuracy < target) ++first;
+  REQUIRE(first < 5);
+  auto stop = sc;
+  stop.fresh = stop.force = true;
+  stop.stop_at_accuracy = target;
+  std::vector<server::round_report> early;
+  REQUIRE(train_one_device(w, be, stop, early) == "");
+  REQUIRE(early.size() == first + 1);
+  for (std::size_t i = 0; i <= first; ++i) {
+    CAPTURE(i);
+    CHECK(early[i].learning_rate == full[i].learning_rate);
+    CHECK(early[i].test_accuracy == doctest::Approx(full[i].test_accuracy).epsilon(1e-6));
+  }
+  CHECK(core::load_checkpoint(sc.checkpoint.string()).epoch == static_cast<std::int64_t>(first + 1));
+  {
+    // Its checkpoint reached the target: nothing to train, no device needed.
+    auto resumed = stop;
+    resumed.fresh = resumed.force = false;
+    server::server_node srv(resumed);
+    const auto last = srv.run();
+    CHECK(last.round == first + 1);
+    CHECK(last.test_accuracy >= target);
+  }
+  for (double bad : {-0.1, 1.5, std::nan("")}) {
+    auto b = sc;
+    b.stop_at_accuracy = bad;
+    server::server_node srv(b);
+    CHECK(error_of([&] { srv.run(); }).find("stop-at-accuracy must be between 0 (off) and 1") != std::string::npos);
+  }
+}
+
 TEST_CASE("resuming: the same settings continue, other settings are refused naming them, --fresh needs --force") {
   const std::string be = test_backend();
   workspace w("ckpt-resume", 1, 512, 128);

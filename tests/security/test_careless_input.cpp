@@ -78,6 +78,7 @@ TEST_CASE("non-finite numbers are refused for every floating-point option, from 
            {"server", "--momentum", "nan"},
            {"server", "--weight-decay", "inf"},
            {"server", "--join-timeout", "nan"},
+           {"server", "--stop-at-accuracy", "nan"},
            {"server", "--repay-rounds", "inf"},
            {"train", "--momentum", "nan"},
            {"train", "--weight-decay", "nan"},

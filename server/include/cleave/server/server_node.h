@@ -118,6 +118,10 @@ struct server_config {
   // whole test split; else a fixed, seeded subset); the last round always on the whole split.
   int eval_every = 1;
   std::int64_t eval_samples = 0;
+  // Training ends after the first round whose evaluated test accuracy (on the eval_samples subset
+  // where set) is at least this, before `rounds` (0: never early). The learning-rate schedule
+  // still spans `rounds`.
+  double stop_at_accuracy = 0;
   // Adaptive splitting (splitfed mode): profiles -> cost model -> plan -> live re-split.
   bool adaptive = true;
   double min_gain = 0.10;           // relative step-time gain below which the plan is kept
