@@ -168,6 +168,8 @@ class onednn_backend final : public reference_backend {
   // The same for an op that reads t as (N,C,H,W) images: 0 (after a reorder) unless the layout
   // describes t's own dimensions.
   int image_layout_of(const core::tensor& t);
+  // Whether kept layout `id` describes t as (N,C,H,W) images of t's own dimensions.
+  bool describes_images(int id, const core::tensor& t) const;
   // Before an op overwrites all of t.
   void claim(const core::tensor& t) { settle(t, settle_mode::overwrite); }
   // After an op wrote all of t in `layout` (0: row-major).

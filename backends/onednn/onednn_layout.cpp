@@ -115,11 +115,15 @@ int onednn_backend::settle(const tensor& t, settle_mode mode) {
   return exact;
 }
 
+bool onednn_backend::describes_images(int id, const tensor& t) const {
+  const auto& s = t.shape();
+  return s.rank() == 4 && layout_md(id).dims() == dnnl::memory::dims{s[0], s[1], s[2], s[3]};
+}
+
 int onednn_backend::image_layout_of(const tensor& t) {
   const int id = layout_of(t);
   if (id == 0) return 0;
-  const auto& s = t.shape();
-  if (s.rank() == 4 && layout_md(id).dims() == dnnl::memory::dims{s[0], s[1], s[2], s[3]}) return id;
+  if (describes_images(id, t)) return id;
   row_major({&t});
   return 0;
 }

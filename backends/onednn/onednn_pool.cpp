@@ -217,9 +217,7 @@ void onednn_backend::pool2d_backward(const core::pool2d_desc& d, const tensor& x
   // The layout the forward ran in: the workspace's (max), else dy's.
   const int ldy = image_layout_of(dy);
   int layout = is_max ? (ws.defined() && ws.owner() == this && ws.dtype() == core::dtype::u8 ? layout_of(ws) : 0) : ldy;
-  if (layout != 0 &&
-      layout_md(layout).dims() != dnnl::memory::dims{dx.shape()[0], dx.shape()[1], dx.shape()[2], dx.shape()[3]})
-    layout = 0;
+  if (layout != 0 && !describes_images(layout, dx)) layout = 0;
   claim(dx);  // x is read by neither path: the argmax is in the workspace
   static const char* const bad_ws =
       "max pool backward needs the workspace from this backend's pool2d_forward of the same shape";
