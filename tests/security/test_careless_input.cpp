@@ -92,6 +92,13 @@ TEST_CASE("non-finite numbers are refused for every floating-point option, from 
     // NaN passes every range check: it is refused as not finite; an infinity may fail a range first.
     CHECK_MESSAGE(has(o, args[2] == "nan" ? args[1] + ": 'nan' is not a finite number" : args[1] + ": "), o.output);
   }
+  // The demo's options that go to its server.
+  for (const char* option : {"--deadline", "--stop-at-accuracy"}) {
+    CAPTURE(option);
+    const auto o = run_cleave({"demo", option, "nan"});
+    CHECK(o.status != 0);
+    CHECK_MESSAGE(has(o, std::string(option) + ": 'nan' is not a finite number"), o.output);
+  }
   const auto path = s.file("nan.toml", "[server]\nmomentum = nan\n");
   const auto o = run_cleave({"--config", path, "server", "--certs", (s.dir / "none").string()});
   CHECK(o.status != 0);
