@@ -169,8 +169,9 @@ void agent::impl::on_plan(const wire::Plan& p) {
   runner_->set_cut(c_.id, transport::cut_settings_for(p, c_.id, route));
   if (p.resplit() && plan_) return plan_->announce(route, p.epoch());  // switched at the next step boundary
   // A new plan (a join or a rejoin): segments start from the seed, the global weights follow;
-  // under the same run and route (the server came back) they keep their optimizer state.
-  const bool same_run = p.run_id() != 0 && p.run_id() == run_id_ && plan_ && plan_->route == route;
+  // resuming from the server's checkpoint under the same run and route they keep their
+  // optimizer state.
+  const bool same_run = p.resume() && p.run_id() != 0 && p.run_id() == run_id_ && plan_ && plan_->route == route;
   run_id_ = p.run_id();
   if (!same_run) started_.reset();
   if (in_round_) abandon("a new plan arrived");

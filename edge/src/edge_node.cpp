@@ -122,8 +122,10 @@ void edge_node::impl::on_plan(const transport::message& m) {
     if (p.resplit() && st.planned) {
       st.rs.announce(r, p.epoch());
     } else {
-      // Under the same run and route (the server came back) its segments keep their state.
-      const bool same_run = st.planned && p.run_id() != 0 && p.run_id() == previous_run && st.rs.route == r;
+      // Resuming from the server's checkpoint under the same run and route, its segments keep
+      // their state; any other plan starts them afresh, as the server does.
+      const bool same_run =
+          st.planned && p.resume() && p.run_id() != 0 && p.run_id() == previous_run && st.rs.route == r;
       st.rs.reset(r, p.epoch());
       st.planned = true;
       ex_.post_compute([this, id, r, same_run] {

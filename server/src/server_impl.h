@@ -54,6 +54,7 @@ class server_node::impl {
     runtime::route_state rs;
     std::uint64_t last_step = ~0ULL;  // the last step seen
     bool measured = true;             // has reported a profile since its last re-split
+    bool resumes = false;             // continues from the checkpoint resumed (wire::Plan::resume)
     std::string name;                 // from its Hello
     std::uint64_t joined_round = 0;   // the round open when it joined, and when its route last moved
     std::uint64_t moved_round = 0;

@@ -71,6 +71,7 @@ transport::message_builder server_node::impl::plan_message(std::uint32_t device,
   p.stochastic_rounding = cut.stochastic_rounding;
   p.topk_feedback = cut.topk_feedback;
   p.secure_aggregation = c_.secure_aggregation;
+  p.resume = d.resumes;
   return transport::make_plan(p);
 }
 
@@ -137,6 +138,10 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
   d.behind_edge = behind_edge;
   d.connected = true;
   d.rs.reset(route_for_device(behind_edge), plan_epoch_);
+  // In the checkpoint resumed and not trained since: its nodes keep its segments' optimizer state
+  // (the server restores its own when the device's first round opens). Any other join starts them
+  // afresh on every tier.
+  d.resumes = resumed_opt_.count(id) > 0 || resumed_routes_.count(id) > 0;
   std::string resumed;
   if (const auto it = resumed_routes_.find(id); it != resumed_routes_.end()) {
     if (it->second.route.has_edge() == behind_edge) {

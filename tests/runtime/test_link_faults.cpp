@@ -1,6 +1,7 @@
 // Link and process faults an operator meets, reproduced with a fault-injecting proxy and the
-// real binaries: resets and half-open links between a device and the server, an edge killed
-// and restarted, SIGTERM under load, a stopped agent resumed after its link timed out.
+// real binaries: resets and half-open links between a device and the server, and between an
+// edge and the server, an edge killed and restarted, SIGTERM under load, a stopped agent resumed
+// after its link timed out.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -274,4 +275,128 @@ TEST_CASE("an agent stopped longer than its link's timeout resumes, reconnects a
   CHECK(WEXITSTATUS(status) == 0);
   REQUIRE(rep.copy().size() == 3);
   CHECK(rep.copy().back().n_devices == 1);
+}
+
+namespace {
+
+// Devices 1 and 2 behind an in-process edge whose link to the server runs through `proxy`, and
+// device 3 directly on the server: a fault on the edge's link leaves the round a device to finish.
+struct edge_rig {
+  test_edge edge;
+  std::unique_ptr<device::agent> d1, d2, d3;
+  std::unique_ptr<runner> r1, r2, r3;
+  edge_rig(const workspace& w, std::uint16_t server_port, std::uint16_t proxy_port, double edge_idle_s) {
+    edge = start_edge(w, test_backend(), proxy_port, [edge_idle_s](edge::edge_config& ec) {
+      ec.links.idle_timeout = std::chrono::milliseconds(static_cast<int>(edge_idle_s * 1000));
+      ec.links.reconnect_max_s = 0.5;
+    });
+    auto behind = [&](std::uint32_t id) {
+      auto a = fault_agent(w, id, edge.port);
+      a.upstream_name = "edge-1";
+      a.slowdown = 5;
+      return a;
+    };
+    d1 = std::make_unique<device::agent>(behind(1));
+    d2 = std::make_unique<device::agent>(behind(2));
+    auto direct = fault_agent(w, 3, server_port);
+    direct.slowdown = 5;
+    d3 = std::make_unique<device::agent>(direct);
+    r1 = std::make_unique<runner>([this] { d1->run(); });
+    r2 = std::make_unique<runner>([this] { d2->run(); });
+    r3 = std::make_unique<runner>([this] { d3->run(); });
+  }
+  void join() {
+    r1->join();
+    r2->join();
+    r3->join();
+    edge.thread->join();
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a reset of an edge's link to the server counts its devices out at once, and they train again from the next "
+    "round") {
+  workspace w("edge-reset", 3);
+  reports rep;
+  std::promise<std::uint16_t> port;
+  auto sc = fault_server(w, rep, port);
+  sc.rounds = 4;
+  sc.local_steps = 40;
+  sc.min_devices = 3;
+  sc.edge_cuts = "3,6";
+  sc.round_deadline_s = 60;
+  round_started round2(2);
+  sc.on_round_start = round2.hook();
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  fault_proxy proxy(sp);
+  edge_rig rig(w, sp, proxy.port(), 1.0);
+  REQUIRE(round2.wait(120));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  proxy.reset_all();
+  rs.join();
+  rig.join();
+  CHECK(rs.error() == "");
+  CHECK(rig.r1->error() == "");
+  CHECK(rig.edge.thread->error() == "");
+  const auto all = rep.copy();
+  REQUIRE(all.size() == 4);
+  CHECK(all[1].n_participants == 3);
+  CHECK(all[1].seconds < 0.5 * sc.round_deadline_s);  // nobody waits for the deadline
+  CHECK(all[3].n_devices == 3);
+  CHECK(proxy.n_accepted() == 2);  // the edge reconnected once
+  // The devices behind the edge train on from the global model on every tier: none of them keeps
+  // optimizer state from the round it was counted out of (momentum aimed at other weights).
+  for (std::size_t i = 2; i < all.size(); ++i) {
+    CHECK(std::isfinite(all[i].train_loss));
+    CHECK(all[i].test_accuracy >= all[1].test_accuracy - 0.1);
+  }
+}
+
+TEST_CASE(
+    "a half-open link between an edge and the server: the edge reconnects and its devices stay in every later round") {
+  workspace w("edge-halfopen", 3);
+  reports rep;
+  std::promise<std::uint16_t> port;
+  auto sc = fault_server(w, rep, port);
+  sc.rounds = 8;
+  // Rounds long enough that training goes on well past the server's timeout of the old channel.
+  sc.local_steps = 120;
+  sc.opt.lr = 0.01f;  // steady at that length: a round that goes wrong shows
+  sc.min_devices = 3;
+  sc.edge_cuts = "3,6";
+  sc.links.idle_timeout = std::chrono::milliseconds(3000);
+  round_started round2(2);
+  sc.on_round_start = round2.hook();
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  fault_proxy proxy(sp);
+  edge_rig rig(w, sp, proxy.port(), 1.0);
+  REQUIRE(round2.wait(120));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  proxy.half_open();
+  const auto fault = clock::now();
+  rs.join();
+  rig.join();
+  CHECK(rs.error() == "");
+  CHECK(rig.edge.thread->error() == "");
+  const auto all = rep.copy();
+  REQUIRE(all.size() == 8);
+  std::lock_guard lock(rep.mu);
+  REQUIRE(rep.at.back() - fault > std::chrono::milliseconds(4000));
+  int after = 0;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (rep.at[i] - std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(all[i].seconds)) - fault >
+        std::chrono::milliseconds(3500)) {
+      ++after;
+      CHECK(all[i].n_devices == 3);
+    }
+  CHECK(after >= 1);
+  CHECK(proxy.n_accepted() == 2);
+  // Training went on from the global model on every tier after the devices were counted out.
+  for (std::size_t i = 2; i < all.size(); ++i) CHECK(all[i].test_accuracy >= all[0].test_accuracy - 0.1);
 }

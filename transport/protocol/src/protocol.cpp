@@ -63,7 +63,8 @@ message_builder make_plan(const plan_desc& p) {
   const auto devices = f.CreateVector(&dp, 1);
   b.finish(wire::CreatePlan(f, p.epoch, static_cast<std::uint32_t>(p.route.n_blocks), p.route.u_shape(), model,
                             p.micro_batch_size, p.n_micro_batches, devices, training, p.training.seed, p.resplit,
-                            p.run_id, p.topk_fraction, p.stochastic_rounding, p.topk_feedback, p.secure_aggregation));
+                            p.run_id, p.topk_fraction, p.stochastic_rounding, p.topk_feedback, p.secure_aggregation,
+                            p.resume));
   return b;
 }
 

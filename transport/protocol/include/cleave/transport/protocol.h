@@ -42,6 +42,7 @@ struct plan_desc {
   bool stochastic_rounding = false;
   bool topk_feedback = false;
   bool secure_aggregation = false;  // device replicas go up masked (SecAgg), never in the clear
+  bool resume = false;              // continues from the server's checkpoint (see wire::Plan)
 };
 // A plan for one device.
 message_builder make_plan(const plan_desc& p);
