@@ -2,6 +2,7 @@
 // its checkpoint at round 4, its devices (directly or behind an edge) reconnect by themselves
 // and continue with the right state, and the final global model equals that of a run nobody
 // interrupted; an adaptive run resumes with the plan it had moved to, not the configured cuts.
+// A server stopped (SIGSTOP) longer than its devices' link timeout carries on when continued.
 // Real processes on loopback.
 #include <doctest/doctest.h>
 
@@ -202,4 +203,28 @@ TEST_CASE("a server killed after round 3 of an adaptive run resumes with the pla
     n_values += e.values.size();
   }
   CHECK(n_values > 0);
+}
+
+TEST_CASE("a server paused longer than its devices' link timeout carries on when resumed, and so do its devices") {
+  workspace w("server-paused", 2, 512, 128);
+  auto args = server_args(w, 6, 40, 2, {"--deadline", "60"});
+  const std::uint16_t port = transport::free_loopback_port();
+  *(std::find(args.begin(), args.end(), "--listen") + 1) = "127.0.0.1:" + std::to_string(port);
+  node server(w, "server-paused", args);
+  std::vector<std::unique_ptr<node>> agents;
+  for (int i = 1; i <= 2; ++i)
+    agents.push_back(std::make_unique<node>(w, "device-" + std::to_string(i) + "-paused",
+                                            agent_args(w, i, port, {"--idle-timeout", "1", "--slowdown", "5"})));
+  REQUIRE_MESSAGE(server.wait_for("round 1/6:", 60), server.log());
+  // A machine suspended, or a process stopped: the devices' links time out meanwhile.
+  ::kill(server.pid(), SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  ::kill(server.pid(), SIGCONT);
+  const int code = server.exit_code(120);
+  const std::string log = server.log();
+  INFO("server: " << log);
+  REQUIRE(code == 0);
+  for (auto& a : agents) CHECK_MESSAGE(a->exit_code(30) == 0, a->log());
+  CHECK(log.find("training finished after 6 rounds") != std::string::npos);
+  CHECK(log.find("round 6/6: 2/2 devices") != std::string::npos);
 }
