@@ -107,6 +107,10 @@ void set_idle_timeout(runtime::link_settings& l, double seconds) {
   l.idle_timeout = std::chrono::milliseconds(static_cast<long>(seconds * 1000));
 }
 
+constexpr const char* give_up_help =
+    "stop with an error once the upstream has been unreachable this many seconds in a row (default 0: "
+    "keep trying, as a service waits for its server to come back)";
+
 struct server_options {
   server::server_config c;
   double idle_timeout = 10;
@@ -328,6 +332,7 @@ void add_edge_command(CLI::App& app) {
   e->add_option("--metrics", eo.c.metrics, metrics_help);
   e->add_option("--idle-timeout", eo.idle_timeout, "seconds without a frame after which a link counts as lost")
       ->capture_default_str();
+  e->add_option("--give-up-after", eo.c.links.give_up_s, give_up_help)->check(CLI::Range(0.0, 1e9));
   e->add_option("--profile-every", eo.c.profile_every,
                 "device steps between profiles sent upstream (and at once when a link's bandwidth moved by 1.5x)")
       ->capture_default_str()
@@ -364,6 +369,7 @@ void add_agent_command(CLI::App& app) {
   a->add_option("--metrics", ao.c.metrics, metrics_help);
   a->add_option("--idle-timeout", ao.idle_timeout, "seconds without a frame after which a link counts as lost")
       ->capture_default_str();
+  a->add_option("--give-up-after", ao.c.links.give_up_s, give_up_help)->check(CLI::Range(0.0, 1e9));
   a->add_option("--profile-every", ao.c.profile_every,
                 "steps between profiles sent upstream (and at once when the link's bandwidth moved by 1.5x)")
       ->capture_default_str()

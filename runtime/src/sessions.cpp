@@ -17,6 +17,9 @@ using clock = std::chrono::steady_clock;
 
 namespace {
 
+// Failed attempts in a row to reach the upstream that are each logged before they are summarised.
+constexpr int first_reports = 3;
+
 // One peer's link into a node's metrics: up or not, its byte totals over all its connections
 // (never lowered), and the figures of its open channel (`last`, when up).
 void publish_link(metrics::registry& m, const std::string& peer, bool up, std::uint64_t sent, std::uint64_t received,
@@ -325,7 +328,7 @@ asio::awaitable<session_ptr> upstream::attempt(double& backoff) {
       co_return nullptr;
     }
     if (r.error().code() == transport::errc::refused) backoff = std::max(backoff, 2.0);
-    spdlog::warn("{}: cannot reach {}:{}: {}; retrying in {:.1f} s", ex_.who(), host_, port_, why, backoff);
+    unreachable(why, backoff);
     co_return nullptr;
   }
   auto s = std::make_shared<session>();
@@ -338,8 +341,41 @@ asio::awaitable<session_ptr> upstream::attempt(double& backoff) {
     refused(wrong, backoff);
     co_return nullptr;
   }
-  spdlog::info("{}: connected to {} ({})", ex_.who(), s->identity, s->ch.remote());
+  if (n_unreachable_ > first_reports)
+    spdlog::info("{}: connected to {} ({}) after {} failed attempts over {:.0f} s", ex_.who(), s->identity,
+                 s->ch.remote(), n_unreachable_,
+                 std::chrono::duration<double>(clock::now() - unreachable_since_).count());
+  else
+    spdlog::info("{}: connected to {} ({})", ex_.who(), s->identity, s->ch.remote());
+  n_unreachable_ = 0;
   co_return s;
+}
+
+void upstream::unreachable(const std::string& why, double backoff) {
+  const auto now = clock::now();
+  if (n_unreachable_++ == 0) {
+    unreachable_since_ = now;
+    report_every_ = std::chrono::seconds(30);
+    next_report_ = now + report_every_;
+  }
+  const double out_s = std::chrono::duration<double>(now - unreachable_since_).count();
+  if (links_.give_up_s > 0 && out_s >= links_.give_up_s) {
+    ex_.fail(std::make_exception_ptr(
+                 core::error(fmt::format("cannot reach {}:{} for {:.0f} s ({} attempts; --give-up-after {:g}): {}",
+                                         host_, port_, out_s, n_unreachable_, links_.give_up_s, why))),
+             "connecting");
+    return;
+  }
+  if (n_unreachable_ <= first_reports) {
+    spdlog::warn("{}: cannot reach {}:{}: {}; retrying in {:.1f} s{}", ex_.who(), host_, port_, why, backoff,
+                 n_unreachable_ == first_reports ? " (further attempts are summarised)" : "");
+    return;
+  }
+  if (now < next_report_) return spdlog::debug("{}: cannot reach {}:{}: {}", ex_.who(), host_, port_, why);
+  spdlog::warn("{}: still cannot reach {}:{} after {} attempts over {:.0f} s: {}; retrying every {:.1f} s at most",
+               ex_.who(), host_, port_, n_unreachable_, out_s, why, links_.reconnect_max_s);
+  report_every_ = std::min<std::chrono::seconds>(report_every_ * 2, std::chrono::minutes(30));
+  next_report_ = now + report_every_;
 }
 
 asio::awaitable<std::string> upstream::serve(session_ptr s) {

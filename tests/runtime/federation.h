@@ -50,11 +50,11 @@ class log_capture {
     auto& sinks = spdlog::default_logger()->sinks();
     sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
   }
-  // The lines at warning level or above holding every one of `parts`.
-  int count(const std::vector<std::string>& parts) const {
+  // The lines at level `at_least` or above holding every one of `parts`.
+  int count(const std::vector<std::string>& parts, spdlog::level::level_enum at_least = spdlog::level::warn) const {
     int n = 0;
     for (const auto& m : sink_->last_raw()) {
-      if (m.level < spdlog::level::warn) continue;
+      if (m.level < at_least) continue;
       const std::string text(m.payload.begin(), m.payload.end());
       n += std::all_of(parts.begin(), parts.end(), [&](const auto& p) { return text.find(p) != std::string::npos; });
     }

@@ -360,6 +360,51 @@ TEST_CASE("a node refused at every attempt waits a second or more between attemp
   rs.join();
 }
 
+TEST_CASE("a node that cannot reach its upstream logs its first attempts, then summaries, and the outage once back") {
+  const std::string be = test_backend();
+  workspace w("unreachable", 1);
+  const std::uint16_t port = transport::free_loopback_port();  // nothing listens there yet
+  auto a = agent_cfg(w, 1, port, be, "");
+  a.links.reconnect_max_s = 0.1;
+  log_capture logs;
+  device::agent agent(a);
+  runner ra([&] { agent.run(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // ten attempts or more
+  // Each of the first three, then nothing until a summary 30 s in: an outage of hours stays readable.
+  CHECK(logs.count({"device 1: cannot reach 127.0.0.1:" + std::to_string(port)}) == 3);
+  CHECK(logs.count({"cannot reach", "(further attempts are summarised)"}) == 1);
+  CHECK(logs.count({"still cannot reach"}) == 0);
+  auto sc = server_cfg(w, be);
+  sc.port = port;
+  sc.rounds = 1;
+  sc.local_steps = 2;
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  rs.join();
+  ra.join();
+  CHECK(rs.error() == "");
+  CHECK(ra.error() == "");
+  CHECK(logs.count({"device 1: connected to server", "failed attempts over"}, spdlog::level::info) == 1);
+}
+
+TEST_CASE("with --give-up-after a node stops with an error once its upstream stays unreachable that long") {
+  const std::string be = test_backend();
+  workspace w("give-up", 1);
+  const std::uint16_t port = transport::free_loopback_port();  // nothing listens there
+  auto a = agent_cfg(w, 1, port, be, "");
+  a.links.reconnect_max_s = 0.2;
+  a.links.give_up_s = 1;
+  device::agent agent(a);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = error_of([&] { agent.run(); });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(e.find("cannot reach 127.0.0.1:" + std::to_string(port) + " for 1 s (") == 0);
+  CHECK(e.find("attempts; --give-up-after 1): cannot connect to 127.0.0.1:" + std::to_string(port)) !=
+        std::string::npos);
+  CHECK(secs >= 1.0);
+  CHECK(secs < 10.0);
+}
+
 TEST_CASE("what an edge still sends for a device that left through it is dropped, after it joined elsewhere too") {
   const std::string be = test_backend();
   workspace w("late-edge", 3);

@@ -83,6 +83,8 @@ TEST_CASE("non-finite numbers are refused for every floating-point option, from 
            {"train", "--momentum", "nan"},
            {"train", "--weight-decay", "nan"},
            {"agent", "--slowdown", "nan", "--id", "1"},
+           {"agent", "--give-up-after", "nan", "--id", "1"},
+           {"edge", "--give-up-after", "nan"},
        }) {
     CAPTURE(args[0] + " " + args[1] + " " + args[2]);
     auto all = args;

@@ -15,8 +15,9 @@ namespace cleave::transport {
 
 namespace {
 
+// The caller has the reason and reports it (a node retrying summarises its attempts).
 failure refused(const std::string& where, failure f) {
-  logger()->warn("connection to {} failed: {}", where, f.reason());
+  logger()->debug("connection to {} failed: {}", where, f.reason());
   return f;
 }
 

@@ -26,6 +26,8 @@
 
 namespace cleave::runtime {
 
+using clock_point = std::chrono::steady_clock::time_point;
+
 struct session {
   transport::channel ch;  // never reassigned: a new connection is a new session
   std::string identity;   // the certificate's name
@@ -83,6 +85,9 @@ struct link_settings {
   // Refused this many times in a row (an Error before admission): a configuration a retry will
   // not fix; the node stops with the reason. After a refusal or a failed handshake it waits >= 1 s.
   int max_refusals = 5;
+  // The upstream unreachable this long in a row: the node stops with an error (0: it waits for
+  // good, as a service does for a server that comes back or a run that starts later).
+  double give_up_s = 0;
 };
 
 class acceptor {
@@ -177,6 +182,9 @@ class upstream {
   bool refused(const std::string& why, double& backoff);
   // Why a freshly connected upstream is not the one configured ("" when it is).
   std::string wrong_peer(const session& s) const;
+  // A failed attempt to reach the upstream, logged so that an outage of hours stays readable: the
+  // first attempts each, then a summary at growing intervals (30 s doubling up to 30 min).
+  void unreachable(const std::string& why, double backoff);
 
   executors& ex_;
   const transport::tls_context& tls_;
@@ -187,7 +195,10 @@ class upstream {
   handlers h_;
   mutable std::mutex mu_;
   session_ptr cur_;
-  int n_refused_ = 0;                                     // in a row
+  int n_refused_ = 0;                                // in a row
+  int n_unreachable_ = 0;                            // attempts in a row that reached nothing
+  clock_point unreachable_since_{}, next_report_{};  // of those: the first, the next summary
+  std::chrono::seconds report_every_{30};
   std::string peer_;                                      // the identity of the last connected upstream
   std::pair<std::uint64_t, std::uint64_t> closed_bytes_;  // of its earlier channels (sent, received)
 };
