@@ -1,6 +1,6 @@
 // Link and process faults an operator meets, reproduced with a fault-injecting proxy and the
-// real binaries: resets and half-open links between a device and the server, and between an
-// edge and the server, an edge killed and restarted, SIGTERM under load, a stopped agent resumed
+// real binaries: resets, half-open and flapping links between a device and the server, resets
+// and half-open links between an edge and the server, an edge killed and restarted, SIGTERM under load, a stopped agent resumed
 // after its link timed out.
 #include <doctest/doctest.h>
 
@@ -399,4 +399,45 @@ TEST_CASE(
   CHECK(proxy.n_accepted() == 2);
   // Training went on from the global model on every tier after the devices were counted out.
   for (std::size_t i = 2; i < all.size(); ++i) CHECK(all[i].test_accuracy >= all[0].test_accuracy - 0.1);
+}
+
+TEST_CASE("a link that flaps (reset every 250 ms for 3 s) costs the device that round only, never the deadline") {
+  workspace w("flap", 2);
+  reports rep;
+  std::promise<std::uint16_t> port;
+  auto sc = fault_server(w, rep, port);
+  sc.rounds = 4;
+  sc.local_steps = 200;
+  sc.min_devices = 2;
+  sc.round_deadline_s = 60;
+  round_started round2(2);
+  sc.on_round_start = round2.hook();
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  fault_proxy proxy(sp);
+  // Boards slow enough that a round outlasts the flapping (Wi-Fi roaming between access points).
+  auto a1 = fault_agent(w, 1, proxy.port());
+  a1.links.reconnect_max_s = 0.3;
+  a1.slowdown = 10;
+  auto a2 = fault_agent(w, 2, sp);
+  a2.slowdown = 10;
+  device::agent d1(a1), d2(a2);
+  runner r1([&] { d1.run(); }), r2([&] { d2.run(); });
+  REQUIRE(round2.wait(120));
+  for (int i = 0; i < 12; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    proxy.reset_all();
+  }
+  rs.join();
+  r1.join();
+  r2.join();
+  CHECK(rs.error() == "");
+  CHECK(r1.error() == "");
+  const auto all = rep.copy();
+  REQUIRE(all.size() == 4);
+  for (const auto& r : all) CHECK(r.seconds < 0.5 * sc.round_deadline_s);
+  CHECK(all.back().n_devices == 2);
+  CHECK(all.back().test_accuracy >= all.front().test_accuracy);
+  CHECK(proxy.n_accepted() >= 3);  // it came back between resets, and was reset again
 }
