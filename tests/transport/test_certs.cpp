@@ -177,6 +177,13 @@ TEST_CASE("a certificate can be issued into another directory with an explicit v
   CHECK(error_of([&] {
           tls_context ctx(tls_files{d.path / "ca" / "ca.crt", files.cert, files.key, true});
         }).find("expired") != std::string::npos);
+  // A board whose clock is wrong (no battery-backed clock, no NTP yet) is told so.
+  o.not_before = std::chrono::system_clock::now() + std::chrono::hours(48);
+  o.not_after = std::chrono::system_clock::now() + std::chrono::hours(96);
+  const auto early = issue_certificate(d.path / "ca", "early", o, d.path / "nodes");
+  const std::string e = error_of([&] { check_node_files(d.path / "ca" / "ca.crt", early.cert, early.key); });
+  CHECK_MESSAGE(e.find("certificate is not yet valid (valid from ") != std::string::npos, e);
+  CHECK_MESSAGE(e.find(" UTC; this machine's clock reads ") != std::string::npos, e);
 }
 
 TEST_CASE("issuing without a CA says to run `cleave certs init`") {

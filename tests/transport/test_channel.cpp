@@ -161,7 +161,7 @@ TEST_CASE("refused clients are logged with their reason while the server keeps s
   const refused_case cases[] = {
       {"no certificate", pki().no_certificate(), "peer did not return a certificate"},
       {"signed by another CA", pki().foreign(), "rejected: unable to get local issuer certificate"},
-      {"expired", pki().expired(), "rejected: certificate has expired"},
+      {"expired", pki().expired(), "rejected: certificate has expired (valid from "},
       {"not on the allow-list", pki().device2(), "identity 'device-2' is not on the allow-list"},
   };
   std::uint64_t round = 0;

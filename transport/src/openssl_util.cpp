@@ -121,6 +121,28 @@ std::string date_text(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
+namespace {
+
+std::string time_text(std::chrono::system_clock::time_point t) {
+  const std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+}  // namespace
+
+std::string verify_error_text(int err, const X509* cert) {
+  std::string text = X509_verify_cert_error_string(err);
+  if (cert && (err == X509_V_ERR_CERT_NOT_YET_VALID || err == X509_V_ERR_CERT_HAS_EXPIRED))
+    text += " (valid from " + time_text(asn1_time_point(X509_get0_notBefore(cert))) + " to " +
+            time_text(asn1_time_point(X509_get0_notAfter(cert))) + "; this machine's clock reads " +
+            time_text(std::chrono::system_clock::now()) + ")";
+  return text;
+}
+
 std::string serial_hex(const ASN1_INTEGER* serial) {
   bignum_ptr bn(ASN1_INTEGER_to_BN(serial, nullptr));
   if (!bn) {
@@ -157,7 +179,7 @@ std::optional<std::string> verify_against(X509* cert, X509* ca) {
   CLEAVE_CHECK_SSL(X509_STORE_CTX_init(ctx.get(), store.get(), cert, nullptr));
   if (X509_verify_cert(ctx.get()) == 1) return std::nullopt;
   ERR_clear_error();
-  return std::string(X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx.get())));
+  return verify_error_text(X509_STORE_CTX_get_error(ctx.get()), X509_STORE_CTX_get_current_cert(ctx.get()));
 }
 
 }  // namespace cleave::transport::detail

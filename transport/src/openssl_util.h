@@ -64,6 +64,10 @@ std::optional<std::uint32_t> certificate_node_id(const X509* cert);
 std::chrono::system_clock::time_point asn1_time_point(const ASN1_TIME* t);
 // "2026-03-01" (UTC).
 std::string date_text(std::chrono::system_clock::time_point t);
+// OpenSSL's text for a verification error `err` of `cert`; for a certificate not yet valid or
+// expired also its validity and this machine's clock (a board without a battery-backed clock
+// boots in 1970 until NTP sets it).
+std::string verify_error_text(int err, const X509* cert);
 
 // A serial number as upper-case hex without leading zeros ("0" for zero), the form revocation
 // lists are compared in.

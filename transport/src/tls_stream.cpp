@@ -47,7 +47,7 @@ int verify_callback(int preverify_ok, X509_STORE_CTX* store) {
     if (check->reason.empty()) {
       const int err = X509_STORE_CTX_get_error(store);
       check->reason = "certificate '" + (cert ? common_name(cert) : std::string("?")) +
-                      "' rejected: " + X509_verify_cert_error_string(err);
+                      "' rejected: " + verify_error_text(err, cert);
       if (depth > 0) check->reason += " (chain depth " + std::to_string(depth) + ")";
     }
     return 0;
