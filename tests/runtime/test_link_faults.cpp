@@ -1,10 +1,11 @@
 // Link and process faults an operator meets, reproduced with a fault-injecting proxy and the
-// real binaries: resets, half-open and flapping links between a device and the server, resets
-// and half-open links between an edge and the server, an edge killed and restarted, SIGTERM under load, a stopped agent resumed
-// after its link timed out.
+// real binaries: resets, half-open and flapping links between a device and the server (one as
+// it cuts over to a new plan), resets and half-open links between an edge and the server, an edge killed and restarted, SIGTERM under load, a stopped agent
+// resumed after its link timed out.
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstring>
 #include <cmath>
 #include <future>
 
@@ -440,4 +441,57 @@ TEST_CASE("a link that flaps (reset every 250 ms for 3 s) costs the device that 
   CHECK(all.back().n_devices == 2);
   CHECK(all.back().test_accuracy >= all.front().test_accuracy);
   CHECK(proxy.n_accepted() >= 3);  // it came back between resets, and was reset again
+}
+
+TEST_CASE(
+    "a link reset as its device cuts over to a new plan: counted out of that round, back on its plan next round") {
+  workspace w("cutover-reset", 2);
+  reports rep;
+  std::promise<std::uint16_t> port;
+  auto sc = fault_server(w, rep, port);
+  sc.rounds = 4;
+  sc.local_steps = 30;
+  sc.min_devices = 2;
+  sc.cuts = "3";
+  const int ls = sc.local_steps;
+  const auto moved = split::make_route(false, false, {6}, 12);  // three blocks come down to the board
+  sc.force_route = [&](std::uint32_t dev, std::uint64_t step,
+                       const split::route& current) -> std::optional<split::route> {
+    if (dev == 1 && step == static_cast<std::uint64_t>(2 * ls + 5) && !(current == moved)) return moved;
+    return std::nullopt;
+  };
+  server::server_node srv(sc);
+  runner rs([&] { srv.run(); });
+  const auto sp = port.get_future().get();
+  fault_proxy proxy(sp);
+  auto a1 = fault_agent(w, 1, proxy.port());
+  std::atomic<bool> reset{false};
+  // The link goes as the device sends its Cutover (before it leaves): the server never hears of
+  // the switch, the device waits for blocks that will not come.
+  a1.on_send = [&](std::span<const std::byte> f) {
+    auto buf = transport::aligned_bytes::allocate(f.size());
+    std::memcpy(buf.data(), f.data(), f.size());
+    const auto m = transport::decode_frame(std::move(buf), transport::frame_limits{});
+    if (m.ok() && m->type() == wire::Body::Cutover && !reset.exchange(true)) proxy.reset_all();
+  };
+  device::agent d1(a1), d2(fault_agent(w, 2, sp));
+  runner r1([&] { d1.run(); }), r2([&] { d2.run(); });
+  rs.join();
+  r1.join();
+  r2.join();
+  CHECK(rs.error() == "");
+  CHECK(r1.error() == "");
+  REQUIRE(reset.load());
+  const auto all = rep.copy();
+  REQUIRE(all.size() == 4);
+  CHECK(all[1].n_participants == 2);
+  CHECK(all[1].n_devices == 1);
+  for (const auto& r : all) CHECK(r.seconds < 0.5 * sc.round_deadline_s);
+  for (std::size_t i = 2; i < all.size(); ++i) {
+    CHECK(all[i].n_devices == 2);
+    CHECK(all[i].test_accuracy >= all[0].test_accuracy);
+  }
+  // It came back under the configured cuts: the switch it never announced did not happen.
+  REQUIRE(!all.back().routes.empty());
+  CHECK(all.back().routes.front().second == "device[0,3) server[3,12)");
 }
