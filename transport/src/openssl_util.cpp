@@ -112,27 +112,26 @@ std::chrono::system_clock::time_point asn1_time_point(const ASN1_TIME* t) {
   return std::chrono::system_clock::from_time_t(timegm(&tm));
 }
 
-std::string date_text(std::chrono::system_clock::time_point t) {
-  const std::time_t tt = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  gmtime_r(&tt, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
-  return buf;
-}
-
 namespace {
 
-std::string time_text(std::chrono::system_clock::time_point t) {
+std::string utc_text(std::chrono::system_clock::time_point t, const char* format) {
   const std::time_t tt = std::chrono::system_clock::to_time_t(t);
   std::tm tm{};
   gmtime_r(&tt, &tm);
   char buf[40];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  std::strftime(buf, sizeof buf, format, &tm);
   return buf;
 }
 
+std::string time_text(std::chrono::system_clock::time_point t) {
+  return utc_text(t, "%Y-%m-%d %H:%M:%S UTC");
+}
+
 }  // namespace
+
+std::string date_text(std::chrono::system_clock::time_point t) {
+  return utc_text(t, "%Y-%m-%d");
+}
 
 std::string verify_error_text(int err, const X509* cert) {
   std::string text = X509_verify_cert_error_string(err);
