@@ -1,7 +1,8 @@
 // Link and process faults an operator meets, reproduced with a fault-injecting proxy and the
 // real binaries: resets, half-open and flapping links between a device and the server (one as
-// it cuts over to a new plan), resets and half-open links between an edge and the server, an edge killed and restarted,
-// SIGTERM under load, a stopped agent resumed after its link timed out.
+// it cuts over to a new plan), resets and half-open links between an edge and the server, an
+// edge killed and restarted, SIGTERM under load, a stopped agent resumed after its link timed
+// out.
 #include <doctest/doctest.h>
 
 #include <atomic>
