@@ -226,6 +226,7 @@ void agent::impl::on_round_start(const wire::RoundStart& r) {
     started_ = round_start{r.round(), plan_->route, runner_->optimizer_states(c_.id, plan_->route), position_};
   }
   round_ = r.round();
+  attempt_ = std::max(1u, r.attempt());
   in_round_ = true;
   secure_.reset();
   if (secure_plan_) {
@@ -246,8 +247,8 @@ void agent::impl::on_migrate(const wire::Migrate& m) {
 
 void agent::impl::on_step(const std::shared_ptr<transport::message>& m) {
   const auto key = *transport::step_key_of(*m);
-  if (!in_round_ || !plan_ || key.epoch != plan_->epoch || key.device_id != c_.id)
-    return;  // of a round or plan that is over
+  if (!in_round_ || !plan_ || key.epoch != plan_->epoch || key.attempt != attempt_ || key.device_id != c_.id)
+    return;  // of a round, an attempt at it or a plan that is over
   auto task = [this, m, gen = round_gen_, r = plan_->route, epoch = key.epoch] {
     if (over(gen)) return;  // held while blocks migrated, and the round ended meanwhile
     const auto* a = m->as<wire::Activations>();
@@ -354,7 +355,7 @@ void agent::impl::forward_step(std::uint64_t step) {
     be.upload(x, xb.data() + mb * mbs * per);
     be.upload(y, yb.data() + mb * mbs);
     if (plan_->route.u_shape()) labels_[{step, mb}] = y;
-    auto res = runner_->run_input(c_.id, plan_->route, plan_->epoch, {step, mb}, x, y, {mbs * n_mb, n_mb},
+    auto res = runner_->run_input(c_.id, plan_->route, plan_->epoch, attempt_, {step, mb}, x, y, {mbs * n_mb, n_mb},
                                   std::span<const std::int32_t>(yb.data() + mb * mbs, mbs));
     if (res.out) {
       post(std::move(*res.out));

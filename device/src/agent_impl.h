@@ -84,6 +84,7 @@ class agent::impl {
   std::uint32_t edge_id_ = 0;                 // the edge on the route (0: none)
   std::uint32_t micro_batch_size_ = 0, n_micro_batches_ = 1;
   std::uint64_t round_ = 0, round_gen_ = 0;
+  std::uint32_t attempt_ = 1;  // at round_ (see wire::RoundStart)
   bool in_round_ = false;
   std::uint32_t back_ = 0;  // micro-batches of the current step back through the bottom
   int missing_ = 0;         // blocks of a re-split still to arrive

@@ -78,6 +78,7 @@ void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, 
     }
     transport::replica_desc d;
     d.round = round;
+    d.attempt = attempt_;
     d.node_id = c_.id;
     d.n_samples = n_samples;
     d.devices = std::span(&me, 1);
@@ -88,6 +89,7 @@ void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, 
   for (std::size_t i = 0; i < segs.size(); ++i) {
     transport::replica_desc d;
     d.round = round;
+    d.attempt = attempt_;
     d.node_id = c_.id;
     d.first_block = static_cast<std::uint32_t>(r.begin(segs[i]));
     d.end_block = static_cast<std::uint32_t>(r.end(segs[i]));

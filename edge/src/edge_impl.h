@@ -68,7 +68,7 @@ class edge_node::impl {
   // reported now: the splitter may move blocks off or back onto it.
   void report_moved_links(const device_state& d);
   void maybe_flush(bool deadline);
-  asio::awaitable<void> flush(std::vector<std::uint32_t> done, std::uint64_t round);
+  asio::awaitable<void> flush(std::vector<std::uint32_t> done, std::uint64_t round, std::uint32_t attempt);
   // The parts of the round's upload (per device, or one pre-average) of the devices that finished,
   // with this edge's replicas of each (`mine`, in the order of `done`).
   struct upload_part {
@@ -107,8 +107,9 @@ class edge_node::impl {
   };
   std::map<std::uint32_t, round_start> started_;
 
-  // The round being relayed.
+  // The round being relayed, and the attempt at it (a round nobody finished runs again).
   std::uint64_t round_ = 0;
+  std::uint32_t attempt_ = 0;
   bool collecting_ = false, flushing_ = false;
   // The server's aggregation rule needs each device's own replicas (from its Welcome): no
   // pre-average, every device's replicas go up on their own.
@@ -119,7 +120,6 @@ class edge_node::impl {
   std::uint64_t local_steps_ = 0, batch_ = 0;  // of the round and the plan: the samples a device may claim
   split::replica_ledger uploaded_;             // the blocks each device's upload covered
   std::vector<std::uint32_t> arrived_;         // devices in the order their uploads completed
-  clock::time_point last_progress_{};
   std::chrono::milliseconds patience_{0};
   asio::steady_timer flush_timer_;
   transport::round_stats stats_;  // of the devices' uploads

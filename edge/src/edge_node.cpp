@@ -140,7 +140,7 @@ void edge_node::impl::on_plan(const transport::message& m) {
 }
 
 void edge_node::impl::on_round_start(const wire::RoundStart& r) {
-  if (r.round() != round_ || !collecting_) {
+  if (r.round() != round_ || r.attempt() != attempt_ || !collecting_) {
     // A new round: the replicas of the devices here that are in it are pre-averaged.
     if (round_ > 0)
       ex_.post_compute([this] {
@@ -150,6 +150,7 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
         }
       });
     round_ = r.round();
+    attempt_ = r.attempt();
     auto open = below_->open();
     open.push_back(up_->current());
     schedule_->advance(round_, open);
@@ -169,7 +170,6 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
     patience_ = std::chrono::milliseconds(static_cast<long>(static_cast<double>(r.deadline_ms()) * 0.9));
     ex_.post_compute([this] { runner_->take_compute_seconds(); });
   }
-  last_progress_ = clock::now();
   local_steps_ = r.local_steps();
   if (r.learning_rate() > 0)  // 0: the server keeps the plan's rate
     ex_.post_compute([this, id = r.device_id(), lr = r.learning_rate()] { runner_->host().set_learning_rate(id, lr); });
@@ -188,13 +188,14 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
   const auto it = devices_.find(r.device_id());
   if (it != devices_.end() && it->second.s) {
     transport::round_start_desc rs{r.round(),     r.epoch(), r.local_steps(), r.deadline_ms(), r.learning_rate(),
-                                   r.device_id(), {}};
+                                   r.device_id(), {},        r.attempt()};
     it->second.s->post(transport::make_round_start(rs));
   }
-  // Flush at the latest when nothing has progressed for 90% of the server's deadline.
+  // Flush at the latest at 90% of the server's deadline, with the devices that finished by then:
+  // the server closes the round at its deadline whatever came in meanwhile.
   flush_timer_.expires_after(patience_);
-  flush_timer_.async_wait([this, round = round_](std::error_code ec) {
-    if (!ec && collecting_ && round_ == round && clock::now() - last_progress_ >= patience_) maybe_flush(true);
+  flush_timer_.async_wait([this, round = round_, attempt = attempt_](std::error_code ec) {
+    if (!ec && collecting_ && round_ == round && attempt_ == attempt) maybe_flush(true);
   });
 }
 
@@ -211,6 +212,7 @@ void edge_node::impl::on_hello(const runtime::session_ptr& s, const transport::m
     below_->close(old, "superseded by a newer connection");
   }
   d.s = s;
+  const bool was_expected = d.expected;
   d.planned = d.expected = d.done = false;
   d.parts.clear();
   uploaded_.forget(s->id);
@@ -218,6 +220,9 @@ void edge_node::impl::on_hello(const runtime::session_ptr& s, const transport::m
   spdlog::info("edge {}: device {} ({}) connected", c_.id, s->id, s->identity);
   schedule_->apply(*s);
   up_->post(transport::copy_of(hello));
+  // Back on a new connection, it is out of the round (the server counts it out too): the round
+  // here may be complete without it.
+  if (was_expected) maybe_flush(false);
 }
 
 void edge_node::impl::on_device_closed(const runtime::session_ptr& s, const std::string& why) {
@@ -301,6 +306,10 @@ void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier f
                            dev, d.rs.epoch);
     return below_->close(d.s, "step message of plan " + std::to_string(epoch) + ", now " + std::to_string(d.rs.epoch));
   }
+  // Of an attempt at the round that is over (it runs again): late, from either side.
+  if (const std::uint32_t attempt = transport::step_key_of(m)->attempt; attempt != attempt_)
+    return spdlog::debug("edge {}: a step message of attempt {} for device {} (now attempt {}) is dropped", c_.id,
+                         attempt, dev, attempt_);
   report_moved_links(d);
   auto held = std::make_shared<transport::message>(std::move(m));
   auto task = [this, s = d.s, r = d.rs.route, epoch, from, held] {

@@ -11,7 +11,7 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
   const auto devs = transport::devices_of(r);
   const std::uint32_t id = d.s->id;
   if (devs.size() != 1 || devs[0] != id) throw core::error("a device may only upload its own replicas");
-  if (!collecting_ || flushing_ || r.round() != round_ || !d.expected) return;
+  if (!collecting_ || flushing_ || r.round() != round_ || r.attempt() != attempt_ || !d.expected) return;
   const auto w = transport::replica_weights_of(r, model_);
   if (secure_) {
     // Its blocks come masked: this part is its statistics and samples only.
@@ -49,7 +49,6 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
   d.done = true;
   d.n_samples = r.n_samples();
   arrived_.push_back(id);
-  last_progress_ = clock::now();
   maybe_flush(false);
 }
 
@@ -64,10 +63,11 @@ void edge_node::impl::maybe_flush(bool deadline) {
       return;  // still training
   }
   flushing_ = true;
-  ex_.spawn(flush(std::move(done), round_), "averaging a round");
+  ex_.spawn(flush(std::move(done), round_, attempt_), "averaging a round");
 }
 
-asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, std::uint64_t round) {
+asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, std::uint64_t round,
+                                             std::uint32_t attempt) {
   // This edge's own replicas of the devices that finished join their uploads.
   std::vector<std::pair<std::uint32_t, split::route>> own;
   for (auto id : done) own.emplace_back(id, devices_.at(id).rs.route);
@@ -78,7 +78,7 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
     return t;
   };
   auto [mine, compute] = co_await ex_.compute(std::move(take));
-  if (round != round_ || !collecting_) co_return;
+  if (round != round_ || attempt != attempt_ || !collecting_) co_return;
   const std::uint64_t bytes = below_->bytes_moved();
   auto parts = per_device_ ? device_parts(done, mine) : pre_average(done, mine);
   // An empty final part carries the statistics when nothing was averaged.
@@ -86,6 +86,7 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
   parts.back().final_part = true;
   transport::replica_desc d;
   d.round = round;
+  d.attempt = attempt;
   d.node_id = c_.id;
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const upload_part& p = parts[i];

@@ -84,7 +84,7 @@ step_result segment_runner::run(std::uint32_t device, const split::route& r, std
                          bi.n_micro_batches, core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch));
     });
     batch_[device] = bi;
-    auto res = finish(device, r, epoch, seg, id, bi, std::move(o), y, secs, true);
+    auto res = finish(device, r, epoch, a->attempt(), seg, id, bi, std::move(o), y, secs, true);
     res.n_samples = x.shape()[0];
     return res;
   }
@@ -99,14 +99,15 @@ step_result segment_runner::run(std::uint32_t device, const split::route& r, std
   // The loss computed above travels down with the gradient, to whoever reports it.
   o.loss = g->loss();
   o.n_correct = g->n_correct();
-  auto res = finish(device, r, epoch, seg, id, batch_[device], std::move(o), {}, secs, false);
+  auto res = finish(device, r, epoch, g->attempt(), seg, id, batch_[device], std::move(o), {}, secs, false);
   res.n_samples = dy.shape()[0];
   return res;
 }
 
 step_result segment_runner::run_input(std::uint32_t device, const split::route& r, std::uint32_t epoch,
-                                      split::micro_batch_id id, const core::tensor& x, const core::tensor& y,
-                                      const transport::batch_info& bi, std::span<const std::int32_t> host_y) {
+                                      std::uint32_t attempt, split::micro_batch_id id, const core::tensor& x,
+                                      const core::tensor& y, const transport::batch_info& bi,
+                                      std::span<const std::int32_t> host_y) {
   split::segment_output o;
   const double secs = timed([&] {
     o = host_->forward(device, 0, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size),
@@ -116,14 +117,15 @@ step_result segment_runner::run_input(std::uint32_t device, const split::route& 
   if (here_ == core::tier::device && o.dir == split::segment_output::direction::up &&
       (defence_.any() || monitor_ || hostile_))
     defend_output(device, id, x, y, host_y, bi, o.value);
-  auto res = finish(device, r, epoch, 0, id, bi, std::move(o), y, secs, true);
+  auto res = finish(device, r, epoch, attempt, 0, id, bi, std::move(o), y, secs, true);
   res.n_samples = x.shape()[0];
   return res;
 }
 
-step_result segment_runner::finish(std::uint32_t device, const split::route& r, std::uint32_t epoch, int seg,
-                                   split::micro_batch_id id, const transport::batch_info& bi, split::segment_output o,
-                                   const core::tensor& labels, double seconds, bool forward) {
+step_result segment_runner::finish(std::uint32_t device, const split::route& r, std::uint32_t epoch,
+                                   std::uint32_t attempt, int seg, split::micro_batch_id id,
+                                   const transport::batch_info& bi, split::segment_output o, const core::tensor& labels,
+                                   double seconds, bool forward) {
   step_result res;
   double& spent = seg_seconds_[{device, seg}];
   spent += seconds;
@@ -151,7 +153,8 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
     return cut == cut_.end() || r.end(hop) == r.n_blocks ? core::codec_spec{} : cut->second.spec(hop, up, seed);
   };
   if (o.dir == split::segment_output::direction::up) {
-    const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.end(seg))};
+    const transport::step_key key{epoch,  id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.end(seg)),
+                                  attempt};
     const bool pass_labels = !r.u_shape() && labels.defined();
     res.out = transport::make_activations(key, bi, *b_, o.value, pass_labels ? &labels : nullptr, spec(seg, true));
     res.to = r.path[static_cast<std::size_t>(seg + 1)];
@@ -159,7 +162,8 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
     if (res.loss_here && (equalise_ || gradient_noise_ >= 0))
       defend_labels(o.value, core::mix64(noise_seed_ ^
                                          core::mix64((std::uint64_t{device} << 40) ^ (id.step << 8) ^ id.micro_batch)));
-    const transport::step_key key{epoch, id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.begin(seg))};
+    const transport::step_key key{epoch,  id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.begin(seg)),
+                                  attempt};
     const core::codec_spec cs = spec(seg - 1, false);
     std::vector<float>* residual =
         cs.id == core::codec::topk && cut->second.topk_feedback ? &residual_[{device, seg, id.micro_batch}] : nullptr;

@@ -76,6 +76,7 @@ class server_node::impl {
   enum class phase : std::uint8_t { idle, waiting, collecting, closing };
   struct round_state {
     std::uint64_t number = 0;
+    std::uint32_t attempt = 1;  // nobody finished the earlier ones
     phase at = phase::idle;
     clock::time_point t0;
     float lr = 0;

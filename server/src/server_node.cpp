@@ -286,8 +286,8 @@ void server_node::impl::on_step(const runtime::session_ptr& s, transport::messag
     return;
   }
   if (round_.at != phase::collecting || !round_.members.count(dev) || round_.done.count(dev) ||
-      step / static_cast<std::uint64_t>(c_.local_steps) != round_.number)
-    return;  // outside its round: of a round closed or a device counted out
+      step / static_cast<std::uint64_t>(c_.local_steps) != round_.number || key.attempt != round_.attempt)
+    return;  // outside its round: of a round closed, an attempt at it that is over, a device counted out
   if (act && step != d.last_step) {
     d.last_step = step;
     if (c_.force_route && !d.rs.next && c_.mode == training_mode::splitfed)
@@ -351,7 +351,8 @@ void server_node::impl::check_replica(const runtime::session_ptr& s, const std::
 }
 
 void server_node::impl::on_replica(const runtime::session_ptr& s, const wire::ReplicaUpload& r) {
-  if (round_.at != phase::collecting || r.round() != round_.number) return;  // of a round closed
+  // Of a round closed, or of an attempt at this one that nobody finished in time.
+  if (round_.at != phase::collecting || r.round() != round_.number || r.attempt() != round_.attempt) return;
   const auto devs = transport::devices_of(r);
   if (s->role == core::tier::device && (devs.size() != 1 || devs[0] != s->id))
     throw core::error("a device may only upload its own replicas");

@@ -56,8 +56,10 @@ asio::awaitable<void> server_node::impl::drive_rounds() {
 }
 
 asio::awaitable<void> server_node::impl::open_round(std::uint64_t number) {
+  const std::uint32_t attempt = round_.number == number ? round_.attempt + 1 : 1;
   round_ = round_state{};
   round_.number = number;
+  round_.attempt = attempt;
   round_.t0 = clock::now();
   schedule_->advance(number, acceptor_->open());
   round_.avg = std::make_unique<split::aggregator>(model_, c_.aggregate, global_p_, global_b_);
@@ -121,7 +123,8 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
                                    static_cast<std::uint64_t>(c_.round_deadline_s * 1000),
                                    round_.lr,
                                    id,
-                                   participants};
+                                   participants,
+                                   round_.attempt};
     devices_.at(id).via->post(transport::make_round_start(rs));
   };
   // A round waits for its members only: a device that leaves or comes back is counted out.

@@ -1,8 +1,8 @@
 // Link and process faults an operator meets, reproduced with a fault-injecting proxy and the
 // real binaries: resets, half-open and flapping links between a device and the server (one as
-// it cuts over to a new plan), resets and half-open links between an edge and the server, an
-// edge killed and restarted, SIGTERM under load, a stopped agent resumed after its link timed
-// out.
+// it cuts over to a new plan), between a device and its edge, and between an edge and the
+// server (one stalled past the round's deadline), an edge killed and restarted, SIGTERM under
+// load, a stopped agent resumed after its link timed out.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -468,4 +468,96 @@ TEST_CASE(
   // It came back under the configured cuts: the switch it never announced did not happen.
   REQUIRE(!all.back().routes.empty());
   CHECK(all.back().routes.front().second == "device[0,3) server[3,12)");
+}
+
+TEST_CASE(
+    "a device whose link to its edge resets or goes half-open is counted out of that round at once, not at the "
+    "deadline") {
+  for (const bool half : {false, true}) {
+    CAPTURE(half);
+    workspace w(half ? "dev-edge-half" : "dev-edge-reset", 2);
+    served s(w, 2, [](server::server_config& sc) {
+      sc.rounds = 6;
+      sc.local_steps = 100;
+      sc.min_devices = 2;
+      sc.edge_cuts = "3,6";
+    });
+    // The edge's side of a half-open link times out after the device is back on a new one.
+    auto edge = start_edge(w, test_backend(), s.port,
+                           [](edge::edge_config& ec) { ec.links.idle_timeout = std::chrono::milliseconds(3000); });
+    fault_proxy proxy(edge.port);
+    auto behind = [&](std::uint32_t id, std::uint16_t port) {
+      auto a = fault_agent(w, id, port);
+      a.upstream_name = "edge-1";
+      a.slowdown = 5;
+      return a;
+    };
+    device::agent d1(behind(1, proxy.port())), d2(behind(2, edge.port));
+    runner r1([&] { d1.run(); }), r2([&] { d2.run(); });
+    REQUIRE(s.started.wait(120));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    half ? proxy.half_open() : proxy.reset_all();
+    CHECK(s.finish() == "");
+    r1.join();
+    r2.join();
+    edge.thread->join();
+    CHECK(r2.error() == "");
+    CHECK(edge.thread->error() == "");
+    const auto all = s.rep.copy();
+    REQUIRE(all.size() == 6);
+    CHECK(all[1].n_participants == 2);
+    CHECK(all[1].n_devices == 1);
+    // The edge sends device 2's upload as soon as device 1 is back and counted out.
+    for (const auto& r : all) CHECK(r.seconds < 0.25 * s.sc.round_deadline_s);
+    for (std::size_t i = 2; i < all.size(); ++i) CHECK(all[i].n_devices == 2);
+  }
+}
+
+TEST_CASE(
+    "a round run again after its edge's link stalled past the deadline: what was late of the first attempt is "
+    "dropped") {
+  workspace w("late-attempt", 1);
+  served s(w, 0, [](server::server_config& sc) {
+    sc.rounds = 3;
+    sc.local_steps = 20;
+    sc.edge_cuts = "3,6";
+    sc.round_deadline_s = 3;
+  });
+  fault_proxy up(s.port);  // between the edge and the server
+  auto edge = start_edge(w, test_backend(), up.port());
+  std::atomic<bool> paused{false};
+  auto a = fault_agent(w, 1, edge.port);
+  a.upstream_name = "edge-1";
+  a.links.idle_timeout = std::chrono::milliseconds(10000);
+  // Round 2 done on the device: the edge's link to the server stalls past the server's deadline,
+  // with the edge's upload of round 2 on it, or round 3's start and first steps (whichever this
+  // machine's timing gives: both make an attempt that ends at the deadline, and late messages).
+  a.on_round = [&](std::uint64_t round, double) {
+    if (round == 2 && !paused.exchange(true)) up.pause();
+  };
+  log_capture logs;
+  device::agent d1(a);
+  runner r1([&] { d1.run(); });
+  for (int i = 0; i < 3000 && !paused.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(paused.load());
+  std::this_thread::sleep_for(std::chrono::milliseconds(4500));
+  up.resume();
+  CHECK(s.finish() == "");
+  r1.join();
+  edge.thread->join();
+  CHECK(r1.error() == "");
+  CHECK(edge.thread->error() == "");
+  const auto all = s.rep.copy();
+  REQUIRE(all.size() == 3);
+  CHECK(logs.count({"0 of 1 devices finished within the 3 s deadline; nobody trained: the round runs again"}) == 1);
+  // Its second attempt went through at once: what came late of the first (its upload, or its
+  // steps from the server to the edge and from the edge to the device) was dropped, not counted
+  // or run as the second's, and not taken for a lie.
+  CHECK(logs.count({"device 1: round", "again, from the state it first started with"}, spdlog::level::info) == 1);
+  CHECK(logs.count({"refused"}) == 0);
+  CHECK(logs.count({"disconnected"}) == 0);
+  for (const auto& r : all) {
+    CHECK(r.n_devices == 1);
+    CHECK(r.seconds < 2 * s.sc.round_deadline_s);
+  }
 }

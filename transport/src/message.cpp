@@ -242,7 +242,8 @@ message_builder make_activations(const step_key& key, const tensor_source& activ
   const auto a = b.add_tensor(activation);
   flatbuffers::Offset<wire::Tensor> l;
   if (labels) l = b.add_tensor(*labels);
-  b.finish(wire::CreateActivations(b.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, a, l));
+  b.finish(wire::CreateActivations(b.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, a, l, 0, 0,
+                                   key.attempt));
   return b;
 }
 
@@ -251,7 +252,7 @@ message_builder make_gradients(const step_key& key, const tensor_source& gradien
   message_builder b(estimate_frame_bytes(std::span(&gradient, 1)));
   const auto g = b.add_tensor(gradient);
   b.finish(wire::CreateGradients(b.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, g, loss,
-                                 n_correct));
+                                 n_correct, key.attempt));
   return b;
 }
 
@@ -339,9 +340,9 @@ message_builder make_error(wire::ErrorCode code, std::string_view text) {
 
 std::optional<step_key> step_key_of(const message& m) {
   if (const auto* a = m.as<wire::Activations>())
-    return step_key{a->epoch(), a->step(), a->micro_batch(), a->device_id(), a->block()};
+    return step_key{a->epoch(), a->step(), a->micro_batch(), a->device_id(), a->block(), a->attempt()};
   if (const auto* g = m.as<wire::Gradients>())
-    return step_key{g->epoch(), g->step(), g->micro_batch(), g->device_id(), g->block()};
+    return step_key{g->epoch(), g->step(), g->micro_batch(), g->device_id(), g->block(), g->attempt()};
   return std::nullopt;
 }
 

@@ -221,7 +221,7 @@ message_builder make_activations(const step_key& key, const batch_info& batch, c
   flatbuffers::Offset<wire::Tensor> l;
   if (labels) l = add_tensor(m, b, *labels, "labels");
   m.finish(wire::CreateActivations(m.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, a, l,
-                                   batch.batch_size, batch.n_micro_batches));
+                                   batch.batch_size, batch.n_micro_batches, key.attempt));
   return m;
 }
 
@@ -230,7 +230,7 @@ message_builder make_gradients(const step_key& key, core::backend& b, const core
   message_builder m(gradient.bytes() + 512);
   const auto g = add_tensor(m, b, gradient, "gradient", codec, residual);
   m.finish(wire::CreateGradients(m.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, g, loss,
-                                 n_correct));
+                                 n_correct, key.attempt));
   return m;
 }
 
@@ -238,7 +238,7 @@ message_builder make_round_start(const round_start_desc& r) {
   message_builder m(256 + r.devices.size() * 4);
   const auto devices = m.fbb().CreateVector(r.devices.data(), r.devices.size());
   m.finish(wire::CreateRoundStart(m.fbb(), r.round, r.epoch, r.local_steps, r.deadline_ms, r.learning_rate, r.device_id,
-                                  devices));
+                                  devices, r.attempt));
   return m;
 }
 
@@ -259,7 +259,7 @@ message_builder replica_message(const replica_desc& d, std::size_t bytes, AddWei
   const auto devices = f.CreateVector(d.devices.data(), d.devices.size());
   m.finish(wire::CreateReplicaUpload(f, d.round, d.node_id, d.first_block, d.end_block, d.n_samples, weights, devices,
                                      d.final_part, d.stats.compute_us, d.stats.device_compute_us, d.stats.bytes_moved,
-                                     d.stats.loss_sum, d.stats.n_loss, d.stats.n_correct));
+                                     d.stats.loss_sum, d.stats.n_loss, d.stats.n_correct, d.attempt));
   return m;
 }
 

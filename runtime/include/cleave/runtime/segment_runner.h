@@ -118,16 +118,17 @@ class segment_runner {
   std::pair<double, std::uint64_t> take_nopeek() { return {std::exchange(dcor_sum_, 0.0), std::exchange(dcor_n_, 0)}; }
 
   // A step message (Activations or Gradients) of `device` under route r (plan epoch `epoch`)
-  // that came from tier `from` into a segment on this tier. `labels` (B) i32: a U-shaped top
+  // that came from tier `from` into a segment on this tier; what it sends on keeps the message's
+  // attempt at the round. `labels` (B) i32: a U-shaped top
   // on the device, whose labels never travelled. Throws core::error naming what does not fit.
   step_result run(std::uint32_t device, const split::route& r, std::uint32_t epoch, core::tier from,
                   const transport::message& m, const core::tensor* labels = nullptr);
-  // The bottom of a device's route: inputs x (B, ...) and labels y (B) i32 of micro-batch id.
-  // `host_y`: the same labels on the host where the caller has them (saves the gradient check
-  // a download).
-  step_result run_input(std::uint32_t device, const split::route& r, std::uint32_t epoch, split::micro_batch_id id,
-                        const core::tensor& x, const core::tensor& y, const transport::batch_info& bi,
-                        std::span<const std::int32_t> host_y = {});
+  // The bottom of a device's route: inputs x (B, ...) and labels y (B) i32 of micro-batch id, in
+  // attempt `attempt` at its round. `host_y`: the same labels on the host where the caller has
+  // them (saves the gradient check a download).
+  step_result run_input(std::uint32_t device, const split::route& r, std::uint32_t epoch, std::uint32_t attempt,
+                        split::micro_batch_id id, const core::tensor& x, const core::tensor& y,
+                        const transport::batch_info& bi, std::span<const std::int32_t> host_y = {});
 
   // Work for `device` runs now, or once the blocks migrating here for it are all in (in order).
   void submit(std::uint32_t device, std::function<void()> task);
@@ -181,7 +182,7 @@ class segment_runner {
 
  private:
   int segment_at(const split::route& r, std::uint32_t block, core::tier from, bool activation) const;
-  step_result finish(std::uint32_t device, const split::route& r, std::uint32_t epoch, int seg,
+  step_result finish(std::uint32_t device, const split::route& r, std::uint32_t epoch, std::uint32_t attempt, int seg,
                      split::micro_batch_id id, const transport::batch_info& bi, split::segment_output o,
                      const core::tensor& labels, double seconds, bool forward);
   double timed(const std::function<void()>& f);

@@ -165,6 +165,7 @@ struct step_key {
   std::uint32_t micro_batch = 0;
   std::uint32_t device_id = 0;
   std::uint32_t block = 0;
+  std::uint32_t attempt = 1;  // at the step's round (see wire::RoundStart)
 };
 // activation (B, ...) going up; labels (B) or (B, K) when the loss is computed above.
 message_builder make_activations(const step_key& key, const tensor_source& activation,

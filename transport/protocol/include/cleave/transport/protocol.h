@@ -108,6 +108,7 @@ struct round_start_desc {
   float learning_rate = 0;
   std::uint32_t device_id = 0;
   std::span<const std::uint32_t> devices;
+  std::uint32_t attempt = 1;  // a round nobody finished runs again (see wire::RoundStart)
 };
 message_builder make_round_start(const round_start_desc& r);
 
@@ -128,6 +129,7 @@ struct replica_desc {
   std::span<const std::uint32_t> devices;
   bool final_part = true;
   round_stats stats;
+  std::uint32_t attempt = 1;  // the attempt at the round (see wire::RoundStart)
 };
 // A stage's replica (params (P) and buffers (S) tensors on b), or host vectors.
 message_builder make_replica_upload(const replica_desc& d, core::backend& b, const core::tensor& params,
