@@ -226,7 +226,7 @@ void agent::impl::on_round_start(const wire::RoundStart& r) {
     started_ = round_start{r.round(), plan_->route, runner_->optimizer_states(c_.id, plan_->route), position_};
   }
   round_ = r.round();
-  attempt_ = std::max(1u, r.attempt());
+  attempt_ = r.attempt();
   in_round_ = true;
   secure_.reset();
   if (secure_plan_) {

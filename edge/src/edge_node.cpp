@@ -297,7 +297,8 @@ void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier f
   const auto it = devices_.find(dev);
   if (it == devices_.end() || !it->second.planned || !it->second.s) return;  // gone meanwhile
   const auto& d = it->second;
-  const std::uint32_t epoch = transport::step_key_of(m)->epoch;
+  const auto key = *transport::step_key_of(m);
+  const std::uint32_t epoch = key.epoch;
   if (epoch != d.rs.epoch) {
     // From the server: computed before the device joined again or cut over, and late; the link
     // to the server, which carries every device's steps, stays.
@@ -307,9 +308,9 @@ void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier f
     return below_->close(d.s, "step message of plan " + std::to_string(epoch) + ", now " + std::to_string(d.rs.epoch));
   }
   // Of an attempt at the round that is over (it runs again): late, from either side.
-  if (const std::uint32_t attempt = transport::step_key_of(m)->attempt; attempt != attempt_)
+  if (key.attempt != attempt_)
     return spdlog::debug("edge {}: a step message of attempt {} for device {} (now attempt {}) is dropped", c_.id,
-                         attempt, dev, attempt_);
+                         key.attempt, dev, attempt_);
   report_moved_links(d);
   auto held = std::make_shared<transport::message>(std::move(m));
   auto task = [this, s = d.s, r = d.rs.route, epoch, from, held] {

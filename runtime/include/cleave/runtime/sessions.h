@@ -26,8 +26,6 @@
 
 namespace cleave::runtime {
 
-using clock_point = std::chrono::steady_clock::time_point;
-
 struct session {
   transport::channel ch;  // never reassigned: a new connection is a new session
   std::string identity;   // the certificate's name
@@ -195,9 +193,9 @@ class upstream {
   handlers h_;
   mutable std::mutex mu_;
   session_ptr cur_;
-  int n_refused_ = 0;                                // in a row
-  int n_unreachable_ = 0;                            // attempts in a row that reached nothing
-  clock_point unreachable_since_{}, next_report_{};  // of those: the first, the next summary
+  int n_refused_ = 0;                                                          // in a row
+  int n_unreachable_ = 0;                                                      // attempts in a row that reached nothing
+  std::chrono::steady_clock::time_point unreachable_since_{}, next_report_{};  // the first of those, the next summary
   std::chrono::seconds report_every_{30};
   std::string peer_;                                      // the identity of the last connected upstream
   std::pair<std::uint64_t, std::uint64_t> closed_bytes_;  // of its earlier channels (sent, received)
