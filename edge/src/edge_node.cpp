@@ -140,20 +140,24 @@ void edge_node::impl::on_plan(const transport::message& m) {
 }
 
 void edge_node::impl::on_round_start(const wire::RoundStart& r) {
-  if (r.round() != round_ || r.attempt() != attempt_ || !collecting_) {
-    // A new round: the replicas of the devices here that are in it are pre-averaged.
-    if (round_ > 0)
-      ex_.post_compute([this] {
-        if (runner_->has_model() && runner_->reprofile_if_idle()) {
-          auto snap = runner_->snapshot(memory_budget_);
-          ex_.post_io([this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
-        }
-      });
+  const bool new_round = r.round() != round_ || r.attempt() != attempt_;
+  if (new_round && round_ > 0)
+    ex_.post_compute([this] {
+      if (runner_->has_model() && runner_->reprofile_if_idle()) {
+        auto snap = runner_->snapshot(memory_budget_);
+        ex_.post_io([this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
+      }
+    });
+  if (new_round) {
     round_ = r.round();
     attempt_ = r.attempt();
     auto open = below_->open();
     open.push_back(up_->current());
     schedule_->advance(round_, open);
+  }
+  if (new_round || !collecting_) {
+    // A new round, or in sequential mode a device's turn after the last one went up: the
+    // replicas of the devices here the server now waits for are pre-averaged.
     collecting_ = true;
     flushing_ = false;
     uploaded_.clear();

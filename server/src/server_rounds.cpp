@@ -116,14 +116,17 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
   const auto& participants = round_.participants;
   if (c_.on_round_start) c_.on_round_start(number, static_cast<int>(participants.size()));
   const auto deadline = clock::now() + std::chrono::milliseconds(static_cast<long>(c_.round_deadline_s * 1000));
+  // In sequential mode a device's turn waits for it alone, with what is left of the deadline.
   auto start = [&](std::uint32_t id) {
+    const bool turn = c_.mode == training_mode::sequential;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
     transport::round_start_desc rs{number,
                                    plan_epoch_,
                                    static_cast<std::uint32_t>(c_.local_steps),
-                                   static_cast<std::uint64_t>(c_.round_deadline_s * 1000),
+                                   static_cast<std::uint64_t>(std::max<std::int64_t>(left, 1)),
                                    round_.lr,
                                    id,
-                                   participants,
+                                   turn ? std::span<const std::uint32_t>(&id, 1) : participants,
                                    round_.attempt};
     devices_.at(id).via->post(transport::make_round_start(rs));
   };

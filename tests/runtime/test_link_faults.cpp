@@ -472,15 +472,18 @@ TEST_CASE(
 
 TEST_CASE(
     "a device whose link to its edge resets or goes half-open is counted out of that round at once, not at the "
-    "deadline") {
-  for (const bool half : {false, true}) {
+    "deadline, also when the devices take turns (sequential mode)") {
+  for (const auto [half, turns] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
     CAPTURE(half);
-    workspace w(half ? "dev-edge-half" : "dev-edge-reset", 2);
-    served s(w, 2, [](server::server_config& sc) {
+    CAPTURE(turns);
+    workspace w(std::string(half ? "dev-edge-half" : "dev-edge-reset") + (turns ? "-seq" : ""), 2);
+    served s(w, 2, [turns = turns](server::server_config& sc) {
       sc.rounds = 6;
       sc.local_steps = 100;
       sc.min_devices = 2;
       sc.edge_cuts = "3,6";
+      // Device 1 has the first turn: the reset lands in it, and device 2's starts at once.
+      if (turns) sc.mode = server::training_mode::sequential;
     });
     // The edge's side of a half-open link times out after the device is back on a new one.
     auto edge = start_edge(w, test_backend(), s.port,
@@ -507,7 +510,8 @@ TEST_CASE(
     REQUIRE(all.size() == 6);
     CHECK(all[1].n_participants == 2);
     CHECK(all[1].n_devices == 1);
-    // The edge sends device 2's upload as soon as device 1 is back and counted out.
+    // The edge sends device 2's upload as soon as device 1 is back and counted out (or in turns,
+    // the server starts device 2's turn then).
     for (const auto& r : all) CHECK(r.seconds < 0.25 * s.sc.round_deadline_s);
     for (std::size_t i = 2; i < all.size(); ++i) CHECK(all[i].n_devices == 2);
   }

@@ -25,7 +25,25 @@ using namespace cleave::testing;
 
 namespace {
 
-// The device's data stream (partition "all"): position p is sample order(p / n)[p % n].
+// Trains t for `steps` steps on device `device`'s data stream (partition "all"): position p is
+// sample order(p / n)[p % n].
+void train_as_device(core::trainer& t, const core::dataset& train, std::uint32_t device, int steps, int batch,
+                     const std::function<float(int step)>& lr_of = {}, const core::augment_config& aug = {}) {
+  const std::uint64_t order_seed = device::default_order_seed(1, device);
+  const std::int64_t n = train.size();
+  std::vector<float> x(static_cast<std::size_t>(batch * 784));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(batch));
+  std::int64_t pos = 0;
+  for (int s = 0; s < steps; ++s) {
+    for (int i = 0; i < batch; ++i, ++pos) {
+      const std::int64_t idx = core::epoch_order(n, order_seed, pos / n)[static_cast<std::size_t>(pos % n)];
+      train.gather(&idx, 1, x.data() + i * 784, y.data() + i, aug, order_seed, pos / n);
+    }
+    if (lr_of) t.opt().set_lr(lr_of(s));
+    t.step(x.data(), y.data(), batch);
+  }
+}
+
 std::vector<float> local_training(const workspace& w, const std::string& be, const core::optimizer_config& opt,
                                   std::uint64_t seed, std::uint32_t device, int steps, int batch,
                                   const std::function<float(int step)>& lr_of = {},
@@ -37,22 +55,48 @@ std::vector<float> local_training(const workspace& w, const std::string& be, con
   tc.seed = seed;
   tc.opt = opt;
   core::trainer t(*b, m, tc);
-  const std::uint64_t order_seed = device::default_order_seed(1, device);
-  const std::int64_t n = d.train.size();
-  std::vector<float> x(static_cast<std::size_t>(batch * 784));
-  std::vector<std::int32_t> y(static_cast<std::size_t>(batch));
-  std::int64_t pos = 0;
-  for (int s = 0; s < steps; ++s) {
-    for (int i = 0; i < batch; ++i, ++pos) {
-      const std::int64_t idx = core::epoch_order(n, order_seed, pos / n)[static_cast<std::size_t>(pos % n)];
-      d.train.gather(&idx, 1, x.data() + i * 784, y.data() + i, aug, order_seed, pos / n);
-    }
-    if (lr_of) t.opt().set_lr(lr_of(s));
-    t.step(x.data(), y.data(), batch);
-  }
+  train_as_device(t, d.train, device, steps, batch, lr_of, aug);
   std::vector<float> p(static_cast<std::size_t>(t.model_stage().n_params()));
   b->download(t.model_stage().params(), p.data());
   return p;
+}
+
+// One round of sequential split learning, trained locally: devices 1..n take turns, each from the
+// global weights for its own (and its edge's) blocks and from the server's blocks [first, end) as
+// the turn before left them, optimizer state included. The result: the mean of the devices'
+// blocks outside [first, end), and the server's after the last turn.
+std::vector<float> sequential_training(const workspace& w, const std::string& be, const core::optimizer_config& opt,
+                                       std::uint64_t seed, int n_devices, int steps, int batch, int first, int end) {
+  const auto d = core::load_dataset(w.data.string());
+  const auto m = core::zoo_model("lenet5", d.train.item, d.train.n_classes);
+  const auto lay = core::layout_of(m);
+  const auto s0 = static_cast<std::size_t>(lay.param_offset[static_cast<std::size_t>(first)]);
+  const auto s1 = static_cast<std::size_t>(lay.param_offset[static_cast<std::size_t>(end)]);
+  auto b = backend::make_backend(be);
+  core::train_config tc;
+  tc.seed = seed;
+  tc.opt = opt;
+  std::vector<float> global, buffers;
+  core::initial_values(m, 0, m.n_blocks(), seed, global, buffers);
+  REQUIRE(buffers.empty());
+  std::vector<float> server(global), momentum(global.size(), 0.0f), mean(global.size(), 0.0f);
+  for (int dev = 1; dev <= n_devices; ++dev) {
+    core::trainer t(*b, m, tc);
+    std::vector<float> p(global), mo(global.size(), 0.0f);
+    std::copy(server.begin() + s0, server.begin() + s1, p.begin() + s0);
+    std::copy(momentum.begin() + s0, momentum.begin() + s1, mo.begin() + s0);
+    b->upload(t.model_stage().params(), p.data());
+    REQUIRE(t.opt().state().size() == 1);  // sgd's momentum
+    b->upload(t.opt().state()[0], mo.data());
+    train_as_device(t, d.train, static_cast<std::uint32_t>(dev), steps, batch);
+    b->download(t.model_stage().params(), p.data());
+    b->download(t.opt().state()[0], mo.data());
+    for (std::size_t i = 0; i < p.size(); ++i) mean[i] += p[i] / static_cast<float>(n_devices);
+    server = p;
+    momentum = mo;
+  }
+  std::copy(server.begin() + s0, server.begin() + s1, mean.begin() + s0);
+  return mean;
 }
 
 struct plan_shape {
@@ -497,6 +541,42 @@ TEST_CASE("a SplitFed-v1 round of four devices equals four local trainings avera
   const double diff = max_rel_diff(got, std::vector<float>(mean.begin(), mean.end()));
   INFO("max relative difference " << diff);
   CHECK(diff <= 1e-5);
+}
+
+TEST_CASE(
+    "sequential mode: devices take turns on one server replica, directly and behind an edge, as trained locally") {
+  const std::string be = test_backend();
+  struct shape {
+    const char* name;
+    bool edge, u_shape;
+    const char* cuts;
+    int first, end;  // the server's blocks
+  };
+  for (const shape& ps : {shape{"2-tier", false, false, "5", 5, 12}, shape{"3-tier", true, false, "3,8", 8, 12},
+                          shape{"U-shaped 2-tier", false, true, "4,10", 4, 10}}) {
+    SUBCASE(ps.name) {
+      workspace w(std::string("seq-") + (ps.edge ? "e" : "") + (ps.u_shape ? "u" : ""), 3);
+      auto sc = server_cfg(w, be);
+      sc.mode = server::training_mode::sequential;
+      sc.rounds = 1;
+      sc.local_steps = 8;
+      sc.min_devices = 3;
+      sc.u_shape = ps.u_shape;
+      (ps.edge ? sc.edge_cuts : sc.cuts) = ps.cuts;
+      std::vector<server::round_report> reports;
+      sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto got = run_federation(w, be, sc, 3, ps.edge, {});
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      REQUIRE(reports.size() == 1);
+      CHECK(reports[0].n_devices == 3);
+      CHECK(secs < sc.round_deadline_s / 2);  // every turn ended when its device finished
+      const auto want = sequential_training(w, be, sc.opt, sc.seed, 3, 8, sc.batch, ps.first, ps.end);
+      const double diff = max_rel_diff(got, want);
+      INFO(ps.name << ": max relative difference " << diff);
+      CHECK(diff <= 1e-5);
+    }
+  }
 }
 
 // A data set behind the data_source interface only (not a core::dataset): what an app's own
