@@ -153,7 +153,7 @@ void server_node::impl::check_checkpoint_path() const {
 
 void server_node::impl::resume_or_start() {
   std::optional<core::checkpoint> newest;
-  std::string from;
+  std::string from, unreadable;
   if (!c_.checkpoint.empty())
     for (const auto& f : checkpoint_files()) {
       std::error_code ec;
@@ -166,8 +166,13 @@ void server_node::impl::resume_or_start() {
         }
       } catch (const core::error& e) {
         spdlog::warn("server: {} is not a checkpoint to resume from: {}", f.string(), e.what());
+        unreadable += (unreadable.empty() ? "" : "; ") + f.string() + ": " + e.what();
       }
     }
+  // Checkpoints there, none readable: starting over would rotate them away unasked.
+  if (!newest && !unreadable.empty() && !c_.fresh)
+    throw core::error("cannot resume: no checkpoint there can be read (" + unreadable +
+                      "); restore one, or start over with --fresh --force");
   if (newest && c_.fresh && !c_.force)
     throw core::error("--fresh: '" + from + "' holds round " + std::to_string(newest->epoch) +
                       " of a run; add --force to start over and overwrite it, or leave out --fresh to resume");

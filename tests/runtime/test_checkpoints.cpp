@@ -275,6 +275,43 @@ TEST_CASE("resuming: the same settings continue, other settings are refused nami
   CHECK(again.front().round == 1);
 }
 
+TEST_CASE(
+    "a torn newest checkpoint is passed over for the one kept before it, and with none readable resuming is refused") {
+  const std::string be = test_backend();
+  workspace w("ckpt-torn", 1, 512, 128);
+  auto sc = short_run(w, be, 3, 3);
+  std::vector<server::round_report> first;
+  REQUIRE(train_one_device(w, be, sc, first) == "");
+  REQUIRE(first.size() == 3);
+  // A power cut on a file system without data journaling: the newest file is half there.
+  const auto tear = [](const fs::path& f) { fs::resize_file(f, fs::file_size(f) / 2); };
+  tear(sc.checkpoint);
+  auto more = sc;
+  more.rounds = 4;
+  {
+    log_capture logs;
+    std::vector<server::round_report> resumed;
+    REQUIRE(train_one_device(w, be, more, resumed) == "");
+    CHECK(logs.count({sc.checkpoint.string() + " is not a checkpoint to resume from", "truncated"}) == 1);
+    REQUIRE(resumed.size() == 2);  // from round 2's, kept as .1: rounds 3 and 4
+    CHECK(resumed[0].round == 3);
+    CHECK(core::load_checkpoint(sc.checkpoint.string()).epoch == 4);
+  }
+  for (const char* f : {"", ".1", ".2"}) tear(sc.checkpoint.string() + f);
+  {
+    server::server_node srv(more);
+    const std::string e = error_of([&] { srv.run(); });
+    CHECK(e.find("cannot resume: no checkpoint there can be read") != std::string::npos);
+    CHECK(e.find(sc.checkpoint.string() + ".2: ") != std::string::npos);
+    CHECK(e.find("--fresh --force") != std::string::npos);
+  }
+  more.fresh = more.force = true;
+  std::vector<server::round_report> again;
+  REQUIRE(train_one_device(w, be, more, again) == "");
+  CHECK(again.size() == 4);
+  CHECK(again.front().round == 1);
+}
+
 TEST_CASE("resuming an adaptive run refuses malformed splitter state, naming the field") {
   const std::string be = test_backend();
   workspace w("ckpt-splitter", 1, 256, 64);
