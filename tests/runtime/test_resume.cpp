@@ -49,6 +49,7 @@ double max_relative_difference(const core::checkpoint& a, const core::checkpoint
 struct federation_shape {
   int devices = 1;
   bool edge = false;
+  bool sequential = false;  // --mode sequential: one server replica the devices take turns on
 };
 
 // Runs 6 rounds of a federation whose server writes `ckpt`; with `kill_after`, the server is
@@ -57,8 +58,10 @@ struct federation_shape {
 std::int64_t run(const workspace& w, const federation_shape& f, const fs::path& ckpt, std::int64_t kill_after,
                  std::string& server_log) {
   const std::uint16_t port = transport::free_loopback_port();  // where the restarted server listens too
-  auto args = server_args(w, 6, 8, f.devices,
-                          {"--checkpoint", ckpt.string(), "--momentum", "0.9", "--lr", "0.0005", "--deadline", "60"});
+  std::vector<std::string> options{"--checkpoint", ckpt.string(), "--momentum", "0.9",
+                                   "--lr",         "0.0005",      "--deadline", "60"};
+  if (f.sequential) options.insert(options.end(), {"--mode", "sequential"});
+  auto args = server_args(w, 6, 8, f.devices, options);
   *(std::find(args.begin(), args.end(), "--listen") + 1) = "127.0.0.1:" + std::to_string(port);
   auto server = std::make_unique<node>(w, "server-" + ckpt.stem().string(), args);
   std::unique_ptr<node> edge;
@@ -133,6 +136,10 @@ TEST_CASE("a server killed after round 3 resumes exactly: one device, fixed plan
 
 TEST_CASE("a server killed after round 3 resumes exactly: two devices behind an edge, SplitFed") {
   check_resume_is_exact({2, true}, "resume-edge");
+}
+
+TEST_CASE("a server killed after round 3 resumes exactly: two devices behind an edge taking turns (sequential)") {
+  check_resume_is_exact({2, true, true}, "resume-seq");
 }
 
 TEST_CASE("a server killed after round 3 of an adaptive run resumes with the plan it had moved to") {
