@@ -153,7 +153,8 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
     attempt_ = r.attempt();
     auto open = below_->open();
     open.push_back(up_->current());
-    schedule_->advance(round_, open);
+    for (const auto& ev : schedule_->advance(round_, open))
+      ex_.post_compute([this, s = ev.slowdown] { runner_->set_slowdown(s); });
   }
   if (new_round || !collecting_) {
     // A new round, or in sequential mode a device's turn after the last one went up: the
@@ -374,7 +375,7 @@ int edge_node::impl::run() {
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
-  runner_.emplace(*be_, core::tier::edge, c_.id);
+  runner_.emplace(*be_, core::tier::edge, c_.id, schedule_->start_slowdown(1.0));
   below_.emplace(ex_, *tls_, c_.listen_host, c_.port, c_.allowed, c_.links,
                  runtime::acceptor::handlers{
                      [this](const runtime::session_ptr& s, const transport::message& h) { on_hello(s, h); },

@@ -472,7 +472,7 @@ round_report server_node::impl::run() {
   // Validate the configured cuts now, not when the first device joins.
   route_for_device(false);
   route_for_device(true);
-  runner_.emplace(*be_, core::tier::server, 0);
+  runner_.emplace(*be_, core::tier::server, 0, schedule_->start_slowdown(1.0));
   const transport::training_settings training{c_.opt, c_.seed};
   runner_->set_model(model_.json, training);
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();

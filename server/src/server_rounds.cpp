@@ -61,7 +61,8 @@ asio::awaitable<void> server_node::impl::open_round(std::uint64_t number) {
   round_.number = number;
   round_.attempt = attempt;
   round_.t0 = clock::now();
-  schedule_->advance(number, acceptor_->open());
+  for (const auto& ev : schedule_->advance(number, acceptor_->open()))
+    ex_.post_compute([this, s = ev.slowdown] { runner_->set_slowdown(s); });
   round_.avg = std::make_unique<split::aggregator>(model_, c_.aggregate, global_p_, global_b_);
   if (number > 1 && book_)
     ex_.post_compute([this] {

@@ -107,7 +107,8 @@ struct plan_shape {
 // Runs a federation of n devices (all behind one edge when `edge`) and returns the server's
 // global parameters after its rounds.
 std::vector<float> run_federation(const workspace& w, const std::string& be, server::server_config sc, int n_devices,
-                                  bool edge, const std::function<void(device::agent_config&)>& customise) {
+                                  bool edge, const std::function<void(device::agent_config&)>& customise,
+                                  const std::function<void(edge::edge_config&)>& customise_edge = {}) {
   std::promise<std::uint16_t> port;
   sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
   server::server_node srv(sc);
@@ -117,7 +118,7 @@ std::vector<float> run_federation(const workspace& w, const std::string& be, ser
   std::uint16_t up = sp;
   std::string up_name = "server";
   if (edge) {
-    up = (en = start_edge(w, be, sp)).port;
+    up = (en = start_edge(w, be, sp, customise_edge)).port;
     up_name = "edge-1";
   }
   std::vector<std::unique_ptr<device::agent>> agents;
@@ -417,6 +418,57 @@ TEST_CASE("the adaptive splitter moves a slowed device's blocks to the server") 
   const int fast = cut_of(reports.back().routes[0].second), slow = cut_of(reports.back().routes[1].second);
   INFO("fast device: " << reports.back().routes[0].second << ", slow device: " << reports.back().routes[1].second);
   CHECK(slow < fast);
+}
+
+TEST_CASE(
+    "a schedule slows an edge and the server as it does an agent, and the splitter moves blocks off a slow edge") {
+  const std::string be = test_backend();
+  // The blocks on the edge after three adaptive rounds of one device behind it, under `schedule`.
+  auto edge_blocks = [&](const std::string& schedule) {
+    workspace w("slow-edge", 1);
+    auto sc = server_cfg(w, be);
+    sc.adaptive = true;
+    sc.rounds = 3;
+    sc.local_steps = 12;
+    sc.edge_cuts = "3,8";
+    sc.schedule = schedule;
+    std::vector<server::round_report> reports;
+    sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+    run_federation(
+        w, be, sc, 1, true,
+        [&](device::agent_config& a) {
+          a.profile_every = 4;
+          a.slowdown = 40;  // a board: its blocks go up
+          a.schedule = schedule;
+        },
+        [&](edge::edge_config& ec) { ec.schedule = schedule; });
+    REQUIRE(reports.size() == 3);
+    REQUIRE(reports.back().routes.size() == 1);
+    const std::string route = reports.back().routes[0].second;
+    MESSAGE("under '" << schedule << "': " << route);
+    const auto at = route.find("edge[");
+    if (at == std::string::npos) return 0;
+    return std::stoi(route.substr(route.find(',', at) + 1)) - std::stoi(route.substr(at + 5));
+  };
+  CHECK(edge_blocks("at 1 slowdown edge-1 200") < edge_blocks("at 1 slowdown server 200"));
+  // Their compute, as the rounds report it.
+  for (const bool edge : {false, true}) {
+    CAPTURE(edge);
+    workspace w(edge ? "slow-edge-2" : "slow-server-2", 1);
+    auto sc = server_cfg(w, be);
+    sc.rounds = 2;
+    sc.local_steps = 12;
+    sc.edge_cuts = "3,8";
+    const std::string schedule = edge ? "at 2 slowdown edge-1 20" : "at 2 slowdown server 20";
+    sc.schedule = schedule;
+    std::vector<server::round_report> reports;
+    sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+    run_federation(w, be, sc, 1, edge, {}, [&](edge::edge_config& ec) { ec.schedule = schedule; });
+    REQUIRE(reports.size() == 2);
+    const auto compute = [edge](const server::round_report& r) { return edge ? r.edge_compute_s : r.server_compute_s; };
+    INFO("compute " << compute(reports[0]) << " s, then " << compute(reports[1]) << " s");
+    CHECK(compute(reports[1]) > 4 * compute(reports[0]));
+  }
 }
 
 TEST_CASE("a round with a re-split is predicted under the plan each of its steps ran") {
