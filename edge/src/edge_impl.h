@@ -68,7 +68,7 @@ class edge_node::impl {
   // reported now: the splitter may move blocks off or back onto it.
   void report_moved_links(const device_state& d);
   void maybe_flush(bool deadline);
-  asio::awaitable<void> flush(std::vector<std::uint32_t> done, std::uint64_t round, std::uint32_t attempt);
+  asio::awaitable<void> flush(std::vector<std::uint32_t> done, std::uint64_t turn);
   // The parts of the round's upload (per device, or one pre-average) of the devices that finished,
   // with this edge's replicas of each (`mine`, in the order of `done`).
   struct upload_part {
@@ -111,6 +111,8 @@ class edge_node::impl {
   std::uint64_t round_ = 0;
   std::uint32_t attempt_ = 0;
   bool collecting_ = false, flushing_ = false;
+  // Collections started: one a round, or in sequential mode one a device's turn.
+  std::uint64_t turn_ = 0;
   // The server's aggregation rule needs each device's own replicas (from its Welcome): no
   // pre-average, every device's replicas go up on their own.
   bool per_device_ = false;

@@ -156,9 +156,11 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
     for (const auto& ev : schedule_->advance(round_, open))
       ex_.post_compute([this, s = ev.slowdown] { runner_->set_slowdown(s); });
   }
-  if (new_round || !collecting_) {
-    // A new round, or in sequential mode a device's turn after the last one went up: the
-    // replicas of the devices here the server now waits for are pre-averaged.
+  if (new_round || !collecting_ || flushing_) {
+    // A new round, or in sequential mode a device's turn after the last one went up (or while it
+    // does: its device left, the server moved on): the replicas of the devices here the server
+    // now waits for are pre-averaged.
+    ++turn_;
     collecting_ = true;
     flushing_ = false;
     uploaded_.clear();
@@ -199,8 +201,8 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
   // Flush at the latest at 90% of the server's deadline, with the devices that finished by then:
   // the server closes the round at its deadline whatever came in meanwhile.
   flush_timer_.expires_after(patience_);
-  flush_timer_.async_wait([this, round = round_, attempt = attempt_](std::error_code ec) {
-    if (!ec && collecting_ && round_ == round && attempt_ == attempt) maybe_flush(true);
+  flush_timer_.async_wait([this, turn = turn_](std::error_code ec) {
+    if (!ec && collecting_ && turn_ == turn) maybe_flush(true);
   });
 }
 

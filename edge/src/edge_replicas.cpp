@@ -63,11 +63,10 @@ void edge_node::impl::maybe_flush(bool deadline) {
       return;  // still training
   }
   flushing_ = true;
-  ex_.spawn(flush(std::move(done), round_, attempt_), "averaging a round");
+  ex_.spawn(flush(std::move(done), turn_), "averaging a round");
 }
 
-asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, std::uint64_t round,
-                                             std::uint32_t attempt) {
+asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, std::uint64_t turn) {
   // This edge's own replicas of the devices that finished join their uploads.
   std::vector<std::pair<std::uint32_t, split::route>> own;
   for (auto id : done) own.emplace_back(id, devices_.at(id).rs.route);
@@ -78,15 +77,15 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
     return t;
   };
   auto [mine, compute] = co_await ex_.compute(std::move(take));
-  if (round != round_ || attempt != attempt_ || !collecting_) co_return;
+  if (turn != turn_ || !collecting_) co_return;  // a newer round or turn started meanwhile
   const std::uint64_t bytes = below_->bytes_moved();
   auto parts = per_device_ ? device_parts(done, mine) : pre_average(done, mine);
   // An empty final part carries the statistics when nothing was averaged.
   if (parts.empty()) parts.push_back({done});
   parts.back().final_part = true;
   transport::replica_desc d;
-  d.round = round;
-  d.attempt = attempt;
+  d.round = round_;
+  d.attempt = attempt_;
   d.node_id = c_.id;
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const upload_part& p = parts[i];

@@ -478,16 +478,24 @@ TEST_CASE(
     CAPTURE(turns);
     workspace w(std::string(half ? "dev-edge-half" : "dev-edge-reset") + (turns ? "-seq" : ""), 2);
     served s(w, 2, [turns = turns](server::server_config& sc) {
-      sc.rounds = 6;
-      sc.local_steps = 100;
+      sc.rounds = turns ? 4 : 6;
+      sc.local_steps = turns ? 40 : 100;  // turns at a slow edge: each lasts over a second
       sc.min_devices = 2;
       sc.edge_cuts = "3,6";
       // Device 1 has the first turn: the reset lands in it, and device 2's starts at once.
-      if (turns) sc.mode = server::training_mode::sequential;
+      if (turns) {
+        sc.mode = server::training_mode::sequential;
+        sc.micro_batches = 4;  // steps queue up at the edge
+      }
     });
     // The edge's side of a half-open link times out after the device is back on a new one.
-    auto edge = start_edge(w, test_backend(), s.port,
-                           [](edge::edge_config& ec) { ec.links.idle_timeout = std::chrono::milliseconds(3000); });
+    auto edge = start_edge(w, test_backend(), s.port, [turns = turns](edge::edge_config& ec) {
+      ec.links.idle_timeout = std::chrono::milliseconds(3000);
+      // A slow edge: device 1's turn ends (the server hears it left) while the edge still computes
+      // a step of it, and device 2's turn starts before the edge has sent up what it had of the
+      // first.
+      if (turns) ec.schedule = "at 1 slowdown edge-1 40";
+    });
     fault_proxy proxy(edge.port);
     auto behind = [&](std::uint32_t id, std::uint16_t port) {
       auto a = fault_agent(w, id, port);
@@ -507,7 +515,7 @@ TEST_CASE(
     CHECK(r2.error() == "");
     CHECK(edge.thread->error() == "");
     const auto all = s.rep.copy();
-    REQUIRE(all.size() == 6);
+    REQUIRE(all.size() == static_cast<std::size_t>(s.sc.rounds));
     CHECK(all[1].n_participants == 2);
     CHECK(all[1].n_devices == 1);
     // The edge sends device 2's upload as soon as device 1 is back and counted out (or in turns,
