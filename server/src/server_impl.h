@@ -101,6 +101,7 @@ class server_node::impl {
     int n_resplits = 0;
     double planner_s = 0;
     std::string refused;  // the last upload refused in this round
+    int overran = 0;      // sequential mode: devices counted out at the end of their turn
     // Secure aggregation of the device replicas (server_secagg.cpp).
     struct secure_state {
       std::map<std::uint32_t, privacy::roster_entry> keys;  // advertised this round
@@ -147,6 +148,11 @@ class server_node::impl {
   asio::awaitable<bool> wait_for_members();
   asio::awaitable<void> drive_rounds();
   asio::awaitable<bool> run_round(std::uint64_t number);
+  // Sends device `id` the round's start, to train until `until`.
+  void start_training(std::uint32_t id, clock::time_point until);
+  // Sequential mode: the round's members train one after another, each in a turn of an equal
+  // share of the time left to `deadline`; one that overruns its turn is counted out.
+  asio::awaitable<void> take_turns(clock::time_point deadline);
   // A new round: its settings, and the server replicas of the devices connected now installed
   // from the global weights; those still attached afterwards are its participants.
   asio::awaitable<void> open_round(std::uint64_t number);

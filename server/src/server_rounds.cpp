@@ -110,6 +110,42 @@ asio::awaitable<void> server_node::impl::open_round(std::uint64_t number) {
   round_.members.insert(round_.participants.begin(), round_.participants.end());
 }
 
+void server_node::impl::start_training(std::uint32_t id, clock::time_point until) {
+  // In sequential mode a device's turn waits for it alone.
+  const bool turn = c_.mode == training_mode::sequential;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
+  transport::round_start_desc rs{round_.number,
+                                 plan_epoch_,
+                                 static_cast<std::uint32_t>(c_.local_steps),
+                                 static_cast<std::uint64_t>(std::max<std::int64_t>(left, 1)),
+                                 round_.lr,
+                                 id,
+                                 turn ? std::span<const std::uint32_t>(&id, 1) : round_.participants,
+                                 round_.attempt};
+  devices_.at(id).via->post(transport::make_round_start(rs));
+}
+
+asio::awaitable<void> server_node::impl::take_turns(clock::time_point deadline) {
+  const std::vector<std::uint32_t> order = round_.participants;
+  const auto member = [this](std::uint32_t d) { return round_.members.count(d) > 0; };
+  for (auto at = order.begin(); at != order.end(); ++at) {
+    const std::uint32_t id = *at;
+    if (!member(id)) continue;
+    // An equal share of what is left for the turns to come: one that ends early leaves its time
+    // to the others, one that stalls costs its own share only.
+    const auto turns = std::count_if(at, order.end(), member);
+    const auto share = (deadline - clock::now()) / turns;
+    const auto until = clock::now() + share;
+    start_training(id, until);
+    const auto over = [this, id] { return round_.done.count(id) > 0 || round_.members.count(id) == 0; };
+    co_await wake_.wait_until(over, until);
+    if (round_.done.count(id) || !round_.members.erase(id)) continue;
+    ++round_.overran;
+    spdlog::warn("server: round {}: device {} did not finish its turn of {:.1f} s; counted out, the next turn starts",
+                 round_.number, id, std::chrono::duration<double>(share).count());
+  }
+}
+
 // One round; false when nobody finished it (it is run again, not counted as training).
 asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
   co_await open_round(number);
@@ -117,33 +153,15 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
   const auto& participants = round_.participants;
   if (c_.on_round_start) c_.on_round_start(number, static_cast<int>(participants.size()));
   const auto deadline = clock::now() + std::chrono::milliseconds(static_cast<long>(c_.round_deadline_s * 1000));
-  // In sequential mode a device's turn waits for it alone, with what is left of the deadline.
-  auto start = [&](std::uint32_t id) {
-    const bool turn = c_.mode == training_mode::sequential;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
-    transport::round_start_desc rs{number,
-                                   plan_epoch_,
-                                   static_cast<std::uint32_t>(c_.local_steps),
-                                   static_cast<std::uint64_t>(std::max<std::int64_t>(left, 1)),
-                                   round_.lr,
-                                   id,
-                                   turn ? std::span<const std::uint32_t>(&id, 1) : participants,
-                                   round_.attempt};
-    devices_.at(id).via->post(transport::make_round_start(rs));
-  };
   // A round waits for its members only: a device that leaves or comes back is counted out.
   const auto all_done = [this] {
     return std::includes(round_.done.begin(), round_.done.end(), round_.members.begin(), round_.members.end());
   };
   if (c_.mode == training_mode::splitfed) {
-    for (auto id : participants) start(id);
+    for (auto id : participants) start_training(id, deadline);
     if (c_.secure_aggregation) co_await secure_roster(deadline);
   } else {
-    for (auto id : participants) {
-      if (!round_.members.count(id)) continue;
-      start(id);
-      co_await wake_.wait_until([&] { return round_.done.count(id) || !round_.members.count(id); }, deadline);
-    }
+    co_await take_turns(deadline);
   }
   co_await wake_.wait_until(all_done, deadline);
   round_.at = phase::closing;
@@ -151,7 +169,9 @@ asio::awaitable<bool> server_node::impl::run_round(std::uint64_t number) {
   const std::size_t n_in = round_.done.size();
   if (n_in < participants.size())
     spdlog::warn("server: round {}: {} of {} devices finished {}{}", number, n_in, participants.size(),
-                 all_done() ? "(the others left)" : fmt::format("within the {:g} s deadline", c_.round_deadline_s),
+                 !all_done()          ? fmt::format("within the {:g} s deadline", c_.round_deadline_s)
+                 : round_.overran > 0 ? "(the others left or overran their turns)"
+                                      : "(the others left)",
                  n_in > 0     ? "; averaging those"
                  : all_done() ? "; nobody trained: the round runs again"
                               : "; nobody trained: the round runs again (slow devices? raise --deadline)");

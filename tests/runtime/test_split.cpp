@@ -631,6 +631,34 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("sequential mode: a device that stalls in its turn is counted out when its share of the deadline ends") {
+  const std::string be = test_backend();
+  for (const bool edge : {false, true}) {
+    CAPTURE(edge);
+    workspace w(edge ? "seq-stall-e" : "seq-stall", 3);
+    auto sc = server_cfg(w, be);
+    sc.mode = server::training_mode::sequential;
+    sc.rounds = 2;
+    sc.local_steps = 8;
+    sc.min_devices = 3;
+    sc.round_deadline_s = 6;  // a turn of 2 s each, or more for the later ones when the earlier end early
+    std::vector<server::round_report> reports;
+    sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+    log_capture logs;
+    run_federation(w, be, sc, 3, edge, [](device::agent_config& a) {
+      if (a.id == 1) a.slowdown = 2000;  // first in turn, and far too slow for 8 steps in 2 s
+    });
+    REQUIRE(reports.size() == 2);
+    for (const auto& r : reports) {
+      CHECK(r.n_participants == 3);
+      CHECK(r.n_devices == 2);  // devices 2 and 3 had their turns
+      CHECK(r.seconds < sc.round_deadline_s);
+    }
+    CHECK(logs.count({"device 1 did not finish its turn of 2.0 s; counted out, the next turn starts"}) == 2);
+    CHECK(logs.count({"2 of 3 devices finished (the others left or overran their turns)"}) == 2);
+  }
+}
+
 // A data set behind the data_source interface only (not a core::dataset): what an app's own
 // source looks like to the nodes.
 class forwarding_source final : public core::data_source {
