@@ -483,6 +483,8 @@ round_report server_node::impl::run() {
                                                   c_.u_shape);
     book_->set_profile({core::tier::server, 0}, runner_->snapshot(memory_budget_));
     measure_codecs();
+  } else if (c_.adaptive) {
+    spdlog::info("server: sequential mode keeps the configured cuts (the adaptive splitter plans SplitFed rounds)");
   }
   core::train_config tc;
   tc.seed = c_.seed;
