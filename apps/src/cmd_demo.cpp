@@ -682,7 +682,8 @@ void run_demo(demo_options o) {
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);  // idle OpenMP threads sleep
   const double started_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const time_to_target adaptive = summarise(o, p, started_at, run_nodes(o, p, false));
-  if (!o.no_emulation && !o.no_adapt && !o.no_compare) compare_kept(o, p, adaptive);
+  // Sequential mode keeps its cuts (the splitter plans SplitFed rounds): a second run would be the same.
+  if (!o.no_emulation && !o.no_adapt && !o.no_compare && o.mode != "sequential") compare_kept(o, p, adaptive);
   spdlog::info("demo: done; global model in {}, logs in {}", (p.work / "global.ckpt").string(), p.work.string());
 }
 
