@@ -83,8 +83,7 @@ void agent::impl::on_message(transport::message m) {
     case wire::Body::RoundStart: {
       const auto& r = *m.as<wire::RoundStart>();
       if (r.device_id() != 0 && r.device_id() != c_.id) return;
-      for (const auto& ev : schedule_->advance(r.round(), {up_->current()}))
-        ex_.post_compute([this, s = ev.slowdown] { runner_->set_slowdown(s); });
+      schedule_->advance(r.round(), {up_->current()}, ex_, runner_);
       break;
     }
     case wire::Body::Migrate: {

@@ -141,20 +141,19 @@ void edge_node::impl::on_plan(const transport::message& m) {
 
 void edge_node::impl::on_round_start(const wire::RoundStart& r) {
   const bool new_round = r.round() != round_ || r.attempt() != attempt_;
-  if (new_round && round_ > 0)
-    ex_.post_compute([this] {
-      if (runner_->has_model() && runner_->reprofile_if_idle()) {
-        auto snap = runner_->snapshot(memory_budget_);
-        ex_.post_io([this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
-      }
-    });
   if (new_round) {
+    if (round_ > 0)
+      ex_.post_compute([this] {
+        if (runner_->has_model() && runner_->reprofile_if_idle()) {
+          auto snap = runner_->snapshot(memory_budget_);
+          ex_.post_io([this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
+        }
+      });
     round_ = r.round();
     attempt_ = r.attempt();
     auto open = below_->open();
     open.push_back(up_->current());
-    for (const auto& ev : schedule_->advance(round_, open))
-      ex_.post_compute([this, s = ev.slowdown] { runner_->set_slowdown(s); });
+    schedule_->advance(round_, open, ex_, runner_);
   }
   if (new_round || !collecting_ || flushing_) {
     // A new round, or in sequential mode a device's turn after the last one went up (or while it

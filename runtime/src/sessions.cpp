@@ -2,6 +2,8 @@
 // connect / serve / back off loop.
 #include "cleave/runtime/sessions.h"
 
+#include "cleave/runtime/segment_runner.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -100,6 +102,11 @@ std::vector<transport::emulation_event> link_schedule::advance(std::uint64_t rou
     }
   round_ = round;
   return others;
+}
+
+void link_schedule::advance(std::uint64_t round, const std::vector<session_ptr>& open, executors& ex,
+                            std::optional<segment_runner>& runner) {
+  for (const auto& ev : advance(round, open)) ex.post_compute([&runner, s = ev.slowdown] { runner->set_slowdown(s); });
 }
 
 std::optional<transport::link_caps> link_schedule::caps_for(const std::string& peer) const {

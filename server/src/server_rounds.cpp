@@ -61,8 +61,7 @@ asio::awaitable<void> server_node::impl::open_round(std::uint64_t number) {
   round_.number = number;
   round_.attempt = attempt;
   round_.t0 = clock::now();
-  for (const auto& ev : schedule_->advance(number, acceptor_->open()))
-    ex_.post_compute([this, s = ev.slowdown] { runner_->set_slowdown(s); });
+  schedule_->advance(number, acceptor_->open(), ex_, runner_);
   round_.avg = std::make_unique<split::aggregator>(model_, c_.aggregate, global_p_, global_b_);
   if (number > 1 && book_)
     ex_.post_compute([this] {
@@ -137,7 +136,7 @@ asio::awaitable<void> server_node::impl::take_turns(clock::time_point deadline) 
     const auto share = (deadline - clock::now()) / turns;
     const auto until = clock::now() + share;
     start_training(id, until);
-    const auto over = [this, id] { return round_.done.count(id) > 0 || round_.members.count(id) == 0; };
+    const auto over = [this, id, &member] { return round_.done.count(id) > 0 || !member(id); };
     co_await wake_.wait_until(over, until);
     if (round_.done.count(id) || !round_.members.erase(id)) continue;
     ++round_.overran;

@@ -26,6 +26,8 @@
 
 namespace cleave::runtime {
 
+class segment_runner;
+
 struct session {
   transport::channel ch;  // never reassigned: a new connection is a new session
   std::string identity;   // the certificate's name
@@ -62,6 +64,10 @@ class link_schedule {
   // set on the open sessions they name and kept for later ones; the other events (slowdowns) are
   // returned, in order.
   std::vector<transport::emulation_event> advance(std::uint64_t round, const std::vector<session_ptr>& open);
+  // The same, and the slowdowns it returns taken by the node's segment runner, in order, on its
+  // compute thread.
+  void advance(std::uint64_t round, const std::vector<session_ptr>& open, executors& ex,
+               std::optional<segment_runner>& runner);
   // The caps in force on the link to `peer` (the last event naming it), if any.
   std::optional<transport::link_caps> caps_for(const std::string& peer) const;
   // Sets on a new session the caps of its link that are in force.
