@@ -507,7 +507,10 @@ TEST_CASE("a round with a re-split is predicted under the plan each of its steps
   // price, from the same profiles: round 1's figure rests on the profiles of round 1, which a
   // loaded machine inflates.)
   CHECK(half > 2 * split_);
-  CHECK(half < 1.25 * on_board);
+  // Below the board's whole step: a mix, not the first plan's price with the migration added
+  // twice. (With a margin: round 2's profiles may be a quarter or more above round 1's on a
+  // loaded machine.)
+  CHECK(half < 1.5 * on_board);
 }
 
 TEST_CASE("a device moving between plans does not hold back the re-split of another") {
