@@ -13,7 +13,7 @@
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/runtime/sessions.h"
-#include "cleave/split/replica_checks.h"
+#include "cleave/runtime/upload_collector.h"
 #include "cleave/transport/protocol.h"
 
 namespace cleave::edge {
@@ -29,20 +29,14 @@ class edge_node::impl {
   std::atomic<std::uint16_t> port_{0};
 
  private:
-  // A part of a device's upload that passed the checks, held until the round's flush.
-  struct held_part {
-    int first, end;
-    std::uint64_t n_samples;
-    std::vector<float> params, buffers;
-  };
   struct device_state {
     runtime::session_ptr s;        // its current session (null: not connected here)
     std::vector<std::byte> hello;  // passed on to the server again after a reconnect
     runtime::route_state rs;
     bool planned = false, expected = false, done = false;
-    std::uint64_t n_samples = 0;   // its upload's, this round
-    std::vector<held_part> parts;  // its upload, this round
-    float reported_bps = 0;        // its link's bandwidth in the last profile sent
+    std::uint64_t n_samples = 0;              // its upload's, this round
+    std::vector<runtime::upload_part> parts;  // its upload, this round
+    float reported_bps = 0;                   // its link's bandwidth in the last profile sent
   };
 
   // Server side.
@@ -120,11 +114,10 @@ class edge_node::impl {
   // blocks go up masked (SecAgg, relayed as they come) and only this edge's own blocks are summed.
   bool secure_ = false;
   std::uint64_t local_steps_ = 0, batch_ = 0;  // of the round and the plan: the samples a device may claim
-  split::replica_ledger uploaded_;             // the blocks each device's upload covered
+  runtime::upload_collector uploads_;          // of the devices, this collection
   std::vector<std::uint32_t> arrived_;         // devices in the order their uploads completed
   std::chrono::milliseconds patience_{0};
   asio::steady_timer flush_timer_;
-  transport::round_stats stats_;  // of the devices' uploads
   std::uint64_t bytes_mark_ = 0;
 };
 

@@ -155,6 +155,7 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
     open.push_back(up_->current());
     schedule_->advance(round_, open, ex_, runner_);
   }
+  local_steps_ = r.local_steps();
   if (new_round || !collecting_ || flushing_) {
     // A new round, or in sequential mode a device's turn after the last one went up (or while it
     // does: its device left, the server moved on): the replicas of the devices here the server
@@ -162,9 +163,8 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
     ++turn_;
     collecting_ = true;
     flushing_ = false;
-    uploaded_.clear();
+    uploads_ = runtime::upload_collector({local_steps_ * batch_, secure_, per_device_});
     arrived_.clear();
-    stats_ = {};
     bytes_mark_ = below_->bytes_moved();
     for (auto& [id, d] : devices_) {
       d.expected = d.done = false;
@@ -176,7 +176,6 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
     patience_ = std::chrono::milliseconds(static_cast<long>(static_cast<double>(r.deadline_ms()) * 0.9));
     ex_.post_compute([this] { runner_->take_compute_seconds(); });
   }
-  local_steps_ = r.local_steps();
   if (r.learning_rate() > 0)  // 0: the server keeps the plan's rate
     ex_.post_compute([this, id = r.device_id(), lr = r.learning_rate()] { runner_->host().set_learning_rate(id, lr); });
   if (const auto it = devices_.find(r.device_id()); it != devices_.end() && it->second.planned)
@@ -221,7 +220,7 @@ void edge_node::impl::on_hello(const runtime::session_ptr& s, const transport::m
   const bool was_expected = d.expected;
   d.planned = d.expected = d.done = false;
   d.parts.clear();
-  uploaded_.forget(s->id);
+  uploads_.forget(s->id);
   d.hello.assign(hello.frame().begin(), hello.frame().end());
   spdlog::info("edge {}: device {} ({}) connected", c_.id, s->id, s->identity);
   schedule_->apply(*s);

@@ -12,40 +12,18 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
   const std::uint32_t id = d.s->id;
   if (devs.size() != 1 || devs[0] != id) throw core::error("a device may only upload its own replicas");
   if (!collecting_ || flushing_ || r.round() != round_ || r.attempt() != attempt_ || !d.expected) return;
-  const auto w = transport::replica_weights_of(r, model_);
-  if (secure_) {
-    // Its blocks come masked: this part is its statistics and samples only.
-    if (r.first_block() != r.end_block())
-      throw core::error("device " + std::to_string(id) + ": blocks [" + std::to_string(r.first_block()) + ", " +
-                        std::to_string(r.end_block()) + ") uploaded in the clear under secure aggregation");
-    if (r.n_samples() > local_steps_ * batch_)
-      throw core::error("device " + std::to_string(id) + ": claims " + std::to_string(r.n_samples()) +
-                        " samples; the round's steps allow " + std::to_string(local_steps_ * batch_));
-  } else
-    try {
-      // The route in force now: a device that cut over during the round sent its Cutover first.
-      uploaded_.check(
-          devs, split::device_rights(d.rs.route, local_steps_ * batch_),
-          {static_cast<int>(r.first_block()), static_cast<int>(r.end_block()), r.n_samples(), w.params, w.buffers});
-    } catch (const core::error& e) {
-      // Counted out of the round here: nothing of it goes up.
-      d.parts.clear();
-      d.done = false;
-      throw core::error("device " + std::to_string(id) + ": replica of round " + std::to_string(round_) +
-                        " refused: " + e.what());
-    }
-  if (!secure_)
-    d.parts.push_back({static_cast<int>(r.first_block()),
-                       static_cast<int>(r.end_block()),
-                       r.n_samples(),
-                       {w.params.begin(), w.params.end()},
-                       {w.buffers.begin(), w.buffers.end()}});
+  try {
+    // The route in force now: a device that cut over during the round sent its Cutover first.
+    uploads_.add(d.s.get(), core::tier::device, devs, {d.rs.route}, r, transport::replica_weights_of(r, model_));
+  } catch (const core::error& e) {
+    // Counted out of the round here: nothing of it goes up.
+    d.parts.clear();
+    d.done = false;
+    throw core::error("device " + std::to_string(id) + ": replica of round " + std::to_string(round_) +
+                      " refused: " + e.what());
+  }
   if (!r.final_part()) return;
-  const auto s = transport::stats_of(r);
-  stats_.device_compute_us += s.compute_us;
-  stats_.loss_sum += s.loss_sum;
-  stats_.n_loss += s.n_loss;
-  stats_.n_correct += s.n_correct;
+  d.parts = uploads_.complete(d.s.get(), core::tier::device, transport::stats_of(r), devs);
   d.done = true;
   d.n_samples = r.n_samples();
   arrived_.push_back(id);
@@ -95,11 +73,7 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
     d.n_samples = p.n_samples;
     d.final_part = p.final_part;
     // The statistics go with the last part only.
-    if (i + 1 == parts.size()) {
-      d.stats = stats_;
-      d.stats.compute_us = static_cast<std::uint64_t>(compute * 1e6);
-      d.stats.bytes_moved = bytes - std::min(bytes, bytes_mark_);
-    }
+    if (i + 1 == parts.size()) d.stats = uploads_.tally().relayed(compute, bytes - std::min(bytes, bytes_mark_));
     up_->post(transport::make_replica_upload(d, p.params, p.buffers));
   }
   collecting_ = false;
@@ -114,7 +88,7 @@ std::vector<edge_node::impl::upload_part> edge_node::impl::device_parts(const st
     auto& d = devices_.at(done[i]);
     const std::size_t from = parts.size();
     for (auto& h : d.parts)
-      parts.push_back({{done[i]}, h.first, h.end, h.n_samples, std::move(h.params), std::move(h.buffers)});
+      parts.push_back({{done[i]}, h.first, h.end, d.n_samples, std::move(h.params), std::move(h.buffers)});
     for (auto& rep : mine[i])
       parts.push_back({{done[i]}, rep.first, rep.end, d.n_samples, std::move(rep.params), std::move(rep.buffers)});
     if (parts.size() == from) parts.push_back({{done[i]}});
@@ -131,7 +105,7 @@ std::vector<edge_node::impl::upload_part> edge_node::impl::pre_average(const std
   for (auto id : arrived_)
     if (in.count(id))
       for (const auto& h : devices_.at(id).parts)
-        if (h.n_samples > 0) avg.add(h.first, h.end, static_cast<double>(h.n_samples), h.params, h.buffers);
+        if (h.weight > 0) avg.add(h.first, h.end, h.weight, h.params, h.buffers);
   for (std::size_t i = 0; i < done.size(); ++i)
     for (const auto& rep : mine[i])
       avg.add(rep.first, rep.end, static_cast<double>(devices_.at(done[i]).n_samples), rep.params, rep.buffers);

@@ -3,21 +3,18 @@
 // model's blocks, the curves of the rounds and the links. The state is made on the I/O thread
 // (it reads sessions and devices); when that thread cannot answer within a second (a stopping
 // node) the last state made is served.
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "cleave/backend/registry.h"
 #include "cleave/metrics/exporter.h"
-#include "server_impl.h"
+#include "publisher.h"
 
 namespace cleave::server {
 
 extern const char dashboard_html[];  // dashboard/index.html, embedded by the build
 
 namespace {
-
-std::string_view phase_name(int at) {
-  static constexpr std::string_view names[] = {"idle", "waiting for devices", "training", "averaging"};
-  return names[at];
-}
 
 // JSON inside a <script> element: "</" would end it early.
 std::string script_safe(std::string json) {
@@ -27,7 +24,8 @@ std::string script_safe(std::string json) {
 
 }  // namespace
 
-void server_node::impl::open_dashboard() {
+void publisher::open_dashboard() {
+  const auto& c = v_.c;
   std::vector<metrics::page> pages{
       {"/", "text/html; charset=utf-8",
        [this] {
@@ -40,16 +38,16 @@ void server_node::impl::open_dashboard() {
        }},
       {"/api/state", "application/json", [this] { return dashboard_state(); }},
   };
-  metrics::http_options o{"--dashboard", c_.dashboard_token, true};
-  const std::uint16_t port = ex_.serve_pages(c_.dashboard, std::move(pages), o);
-  const auto host = metrics::parse_listen_address(c_.dashboard, "--dashboard").first;
+  metrics::http_options o{"--dashboard", c.dashboard_token, true};
+  const std::uint16_t port = v_.ex.serve_pages(c.dashboard, std::move(pages), o);
+  const auto host = metrics::parse_listen_address(c.dashboard, "--dashboard").first;
   spdlog::info("server: dashboard on http://{}:{}/{}", host.find(':') == std::string::npos ? host : "[" + host + "]",
-               port, c_.dashboard_token.empty() ? "" : " (with ?token=...)");
+               port, c.dashboard_token.empty() ? "" : " (with ?token=...)");
 }
 
-std::string server_node::impl::dashboard_state() {
+std::string publisher::dashboard_state() {
   auto made = std::make_shared<std::string>();
-  if (ex_.run_on_io([this, made] { *made = board().dump(); }, std::chrono::seconds(1))) {
+  if (v_.ex.run_on_io([this, made] { *made = board().dump(); }, std::chrono::seconds(1))) {
     const std::lock_guard lock(board_mu_);
     board_cache_ = *made;
     return *made;
@@ -58,11 +56,13 @@ std::string server_node::impl::dashboard_state() {
   return board_cache_;
 }
 
-nlohmann::json server_node::impl::board() const {
+nlohmann::json publisher::board() const {
   using nlohmann::json;
+  const auto& c = v_.c;
+  const auto& model = v_.model;
   json blocks = json::array();
-  for (int i = 0; i < model_.n_blocks(); ++i) {
-    const auto& b = model_.blocks[static_cast<std::size_t>(i)];
+  for (int i = 0; i < model.n_blocks(); ++i) {
+    const auto& b = model.blocks[static_cast<std::size_t>(i)];
     blocks.push_back({{"index", i},
                       {"kind", b.kind},
                       {"params", b.n_params},
@@ -73,19 +73,19 @@ nlohmann::json server_node::impl::board() const {
   json edges = json::array();
   for (const auto& l : links)
     if (l["role"] == "edge") edges.push_back({{"name", l["to"]}, {"connected", l["up"]}});
-  return {{"server", c_.name},
-          {"model", model_.name},
-          {"params", model_.n_params()},
-          {"mode", mode_name(c_.mode)},
-          {"u_shape", c_.u_shape},
-          {"adaptive", book_ != nullptr},
-          {"backend", be_ ? be_->name() : ""},
+  return {{"server", c.name},
+          {"model", model.name},
+          {"params", model.n_params()},
+          {"mode", mode_name(c.mode)},
+          {"u_shape", c.u_shape},
+          {"adaptive", v_.plans.book() != nullptr},
+          {"backend", backend_},
           {"run_id", fmt::format("{:016x}", run_id_)},
-          {"rounds", c_.rounds},
-          {"round", last_.round},
-          {"current_round", round_.number},
-          {"phase", phase_name(static_cast<int>(round_.at))},
-          {"devices_connected", n_connected()},
+          {"rounds", c.rounds},
+          {"round", v_.now.last().round},
+          {"current_round", v_.now.number()},
+          {"phase", phase_name(v_.now.phase())},
+          {"devices_connected", v_.members.n_connected()},
           {"blocks", blocks},
           {"edges", edges},
           {"devices", board_devices()},
@@ -93,10 +93,10 @@ nlohmann::json server_node::impl::board() const {
           {"history", history_}};
 }
 
-nlohmann::json server_node::impl::board_devices() const {
+nlohmann::json publisher::board_devices() const {
   using nlohmann::json;
   json devices = json::array();
-  for (const auto& [id, d] : devices_) {
+  for (const auto& [id, d] : v_.members.all()) {
     json segments = json::array();
     for (int s = 0; s < d.rs.route.n_segments(); ++s)
       segments.push_back({{"tier", core::tier_name(d.rs.route.path[static_cast<std::size_t>(s)])},
@@ -105,26 +105,27 @@ nlohmann::json server_node::impl::board_devices() const {
     devices.push_back({{"id", id},
                        {"name", d.name},
                        {"connected", d.connected},
-                       {"via", d.behind_edge && d.via ? d.via->identity : c_.name},
+                       {"via", d.behind_edge && d.via ? d.via->identity : v_.c.name},
                        {"route", d.rs.route.str()},
                        {"segments", segments},
                        {"joined_round", d.joined_round},
                        {"moved_round", d.moved_round},
-                       {"training", round_.members.count(id) > 0 && !round_.done.count(id)},
-                       {"predicted_step_seconds", d.predicted_step_seconds}});
+                       {"training", v_.now.member(id) && !v_.now.done(id)},
+                       {"predicted_step_seconds", predicted_.count(id) ? predicted_.at(id) : 0.0}});
   }
   return devices;
 }
 
-nlohmann::json server_node::impl::board_links() const {
+nlohmann::json publisher::board_links() const {
   using nlohmann::json;
+  const std::string& me = v_.c.name;
   std::map<std::uint32_t, std::string> edge_names;  // node id -> certificate name
   json links = json::array();
-  if (acceptor_) {
-    for (const auto& s : acceptor_->sessions())
+  if (v_.acceptor) {
+    for (const auto& s : v_.acceptor->sessions())
       if (s->role == core::tier::edge) edge_names[s->id] = s->identity;
-    for (const auto& l : acceptor_->links())
-      links.push_back({{"from", c_.name},
+    for (const auto& l : v_.acceptor->links())
+      links.push_back({{"from", me},
                        {"to", l.peer},
                        {"role", core::tier_name(l.role)},
                        {"up", l.up},
@@ -133,26 +134,27 @@ nlohmann::json server_node::impl::board_links() const {
                        {"receive_bytes_per_second", l.last.receive_bytes_per_second},
                        {"sent_bytes", l.sent},
                        {"received_bytes", l.received},
-                       {"measured_by", c_.name}});
+                       {"measured_by", me}});
   }
-  if (!book_) return links;
+  const auto* book = v_.plans.book();
+  if (!book) return links;
   // The links below the edges, as the devices measured them (the profiles the splitter reads).
   auto name_of = [&](const split::node_key& k) -> std::string {
-    if (k.role == core::tier::server) return c_.name;
+    if (k.role == core::tier::server) return me;
     if (k.role == core::tier::edge) {
       const auto it = edge_names.find(k.id);
       return it != edge_names.end() ? it->second : "edge " + std::to_string(k.id);
     }
-    const auto it = devices_.find(k.id);
-    return it != devices_.end() ? it->second.name : "device " + std::to_string(k.id);
+    const auto* d = v_.members.find(k.id);
+    return d ? d->name : "device " + std::to_string(k.id);
   };
-  for (const auto& m : book_->links()) {
+  for (const auto& m : book->links()) {
     if (m.from.role != core::tier::device || m.to.role != core::tier::edge) continue;
-    const auto dev = devices_.find(m.from.id);
+    const auto* dev = v_.members.find(m.from.id);
     links.push_back({{"from", name_of(m.to)},
                      {"to", name_of(m.from)},
                      {"role", "device"},
-                     {"up", dev != devices_.end() && dev->second.connected},
+                     {"up", dev && dev->connected},
                      {"rtt_seconds", m.rtt_seconds},
                      {"send_bytes_per_second", m.bytes_per_second},
                      {"receive_bytes_per_second", m.bytes_per_second},

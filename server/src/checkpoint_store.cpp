@@ -10,14 +10,16 @@
 //   route:<device>, route:<device>:epoch  its route in force ("device[0,4) server[4,12)") and plan
 //   book:...                           the profile book (split::profile_book::write)
 //   run_id, plan_epoch, test_accuracy, test_loss, config:<setting>
+#include "checkpoint_store.h"
+
+#include <spdlog/spdlog.h>
+
 #include <cerrno>
-#include <charconv>
 #include <cstdio>
 #include <cstring>
-#include <random>
-#include <sstream>
 
-#include "server_impl.h"
+#include "cleave/core/optimizer.h"
+#include "cleave/split/aggregator.h"
 
 namespace cleave::server {
 
@@ -29,27 +31,9 @@ std::string opt_name(std::uint32_t device, int first, int end) {
   return "opt:" + std::to_string(device) + ":" + std::to_string(first) + "-" + std::to_string(end);
 }
 
-constexpr std::string_view book_prefix = "book:";
-
-// The field `key` of a checkpoint; throws naming it when it is not there.
-const std::string& field(const core::checkpoint& ck, const std::string& key) {
-  const auto it = ck.meta.find(key);
-  if (it == ck.meta.end()) throw core::error(key + " is missing");
-  return it->second;
-}
-
-// A whole field as a count; throws naming it.
-std::uint64_t count_of(const std::string& text, const std::string& key) {
-  std::uint64_t v = 0;
-  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (r.ec != std::errc{} || r.ptr != text.data() + text.size() || text.empty())
-    throw core::error(key + ": '" + text + "' is not a count");
-  return v;
-}
-
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> server_node::impl::fingerprint() const {
+std::vector<std::pair<std::string, std::string>> checkpoint_store::fingerprint() const {
   std::vector<std::pair<std::string, std::string>> f{{"mode", std::string(mode_name(c_.mode))},
                                                      {"u_shape", c_.u_shape ? "true" : "false"},
                                                      {"cuts", c_.cuts},
@@ -70,40 +54,23 @@ std::vector<std::pair<std::string, std::string>> server_node::impl::fingerprint(
   return f;
 }
 
-std::vector<fs::path> server_node::impl::checkpoint_files() const {
+std::vector<fs::path> checkpoint_store::files() const {
   const std::string p = c_.checkpoint.string();
   std::vector<fs::path> out{p, p + ".next"};
   for (int k = 1; k <= c_.keep_checkpoints; ++k) out.emplace_back(p + "." + std::to_string(k));
   return out;
 }
 
-std::map<std::string, std::string> server_node::impl::splitter_state(
-    const std::vector<std::pair<std::uint32_t, split::route>>& routes) const {
-  std::map<std::string, std::string> m;
-  m["plan_epoch"] = std::to_string(plan_epoch_);
-  for (const auto& [id, d] : devices_) {
-    const bool in_round = std::any_of(routes.begin(), routes.end(), [id = id](const auto& r) { return r.first == id; });
-    if (!d.connected && !in_round) continue;
-    const std::string key = "route:" + std::to_string(id);
-    m[key] = d.rs.route.str();
-    m[key + ":epoch"] = std::to_string(d.rs.epoch);
-  }
-  if (book_) book_->write(m, book_prefix);
-  return m;
-}
-
-std::string server_node::impl::save_checkpoint(std::uint64_t round,
-                                               const std::vector<std::pair<std::uint32_t, split::route>>& routes,
-                                               const std::map<std::string, std::string>& state) {
+std::string checkpoint_store::save(core::checkpoint ck, std::uint64_t round, const optimizer_states& opt,
+                                   const std::map<std::string, std::string>& meta) const {
   // The trainer's format: named parameters and state, so that `cleave eval` and `cleave train
   // --resume` read it. The global model carries no optimizer state of its own; each device's
   // server replicas carry theirs (the devices and edges keep their own).
-  core::checkpoint ck = core::capture(eval_->model_stage(), eval_->opt(), c_.seed, static_cast<std::int64_t>(round));
   std::erase_if(ck.tensors, [](const core::checkpoint::entry& e) { return e.name.rfind("o", 0) == 0; });
   ck.optimizer = "none";
   ck.step = static_cast<std::int64_t>(round) * c_.local_steps;  // the steps each replica took
-  for (const auto& [id, r] : routes)
-    for (const auto& s : runner_->optimizer_states(id, r)) {
+  for (const auto& [id, states] : opt)
+    for (const auto& s : states) {
       const std::string name = opt_name(id, s.first, s.end);
       ck.meta[name + ":steps"] = std::to_string(s.steps);
       for (std::size_t k = 0; k < s.tensors.size(); ++k)
@@ -111,13 +78,10 @@ std::string server_node::impl::save_checkpoint(std::uint64_t round,
                               core::shape{static_cast<std::int64_t>(s.tensors[k].size())}, s.tensors[k]});
     }
   for (const auto& [k, v] : fingerprint()) ck.meta["config:" + k] = v;
-  ck.meta.insert(state.begin(), state.end());
-  ck.meta["run_id"] = std::to_string(run_id_);
-  ck.meta["test_accuracy"] = std::to_string(last_.test_accuracy);
-  ck.meta["test_loss"] = std::to_string(last_.test_loss);
+  ck.meta.insert(meta.begin(), meta.end());
   // The new one beside the old ones first; then the old ones move down and it takes its place.
   // A crash at any point leaves every round written so far readable.
-  const auto files = checkpoint_files();
+  const auto files = this->files();
   try {
     core::save_checkpoint(files[1].string(), ck);
   } catch (const core::error& e) {
@@ -133,7 +97,7 @@ std::string server_node::impl::save_checkpoint(std::uint64_t round,
   return ec ? "cannot rename '" + files[1].string() + "' into place: " + ec.message() : std::string();
 }
 
-void server_node::impl::check_checkpoint_path() const {
+void checkpoint_store::check_path() const {
   const fs::path& p = c_.checkpoint;
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   std::error_code ec;
@@ -151,11 +115,11 @@ void server_node::impl::check_checkpoint_path() const {
   throw core::error(where + "cannot write in '" + dir.string() + "': " + std::strerror(errno));
 }
 
-void server_node::impl::resume_or_start() {
+std::optional<resumed_run> checkpoint_store::load() const {
   std::optional<core::checkpoint> newest;
   std::string from, unreadable;
   if (!c_.checkpoint.empty())
-    for (const auto& f : checkpoint_files()) {
+    for (const auto& f : files()) {
       std::error_code ec;
       if (!fs::exists(f, ec)) continue;
       try {
@@ -176,12 +140,9 @@ void server_node::impl::resume_or_start() {
   if (newest && c_.fresh && !c_.force)
     throw core::error("--fresh: '" + from + "' holds round " + std::to_string(newest->epoch) +
                       " of a run; add --force to start over and overwrite it, or leave out --fresh to resume");
-  if (!newest || c_.fresh) {
-    std::random_device rd;
-    run_id_ = (std::uint64_t{rd()} << 32 | rd()) | 1;  // never 0 ("no run")
-    return;
-  }
-  const core::checkpoint& ck = *newest;
+  if (!newest || c_.fresh) return std::nullopt;
+  resumed_run r{std::move(*newest), from};
+  const core::checkpoint& ck = r.ck;
   const std::string where = "cannot resume from '" + from + "': ";
   if (ck.model_json != model_.json) throw core::error(where + "it holds another model than '" + model_.name + "'");
   for (const auto& [k, v] : fingerprint()) {
@@ -192,11 +153,10 @@ void server_node::impl::resume_or_start() {
                         " (use the same settings, or --fresh --force to start over)");
   }
   try {
-    core::restore(eval_->model_stage(), eval_->opt(), ck);
-    run_id_ = std::stoull(ck.meta.at("run_id"));
-    plan_epoch_ = static_cast<std::uint32_t>(std::stoul(ck.meta.at("plan_epoch")));
-    last_.test_accuracy = std::stod(ck.meta.at("test_accuracy"));
-    last_.test_loss = std::stod(ck.meta.at("test_loss"));
+    r.run_id = std::stoull(ck.meta.at("run_id"));
+    r.plan_epoch = static_cast<std::uint32_t>(std::stoul(ck.meta.at("plan_epoch")));
+    r.test_accuracy = std::stod(ck.meta.at("test_accuracy"));
+    r.test_loss = std::stod(ck.meta.at("test_loss"));
     for (const auto& [key, steps] : ck.meta) {
       std::uint32_t dev = 0;
       int first = 0, end = 0;
@@ -205,60 +165,12 @@ void server_node::impl::resume_or_start() {
       runtime::segment_runner::optimizer_state s{first, end, {}, std::stoll(steps)};
       for (std::size_t k = 0; const auto* e = ck.find(opt_name(dev, first, end) + ":" + std::to_string(k)); ++k)
         s.tensors.push_back(e->values);
-      resumed_opt_[dev].push_back(std::move(s));
+      r.opt[dev].push_back(std::move(s));
     }
-    resume_splitter(ck);
   } catch (const std::exception& e) {  // a field missing or unreadable
     throw core::error(where + "its round state is incomplete (" + e.what() + ")");
   }
-  const core::stage& st = eval_->model_stage();
-  global_p_.resize(static_cast<std::size_t>(st.n_params()));
-  global_b_.resize(static_cast<std::size_t>(st.n_buffers()));
-  if (!global_p_.empty()) be_->download(st.params(), global_p_.data());
-  if (!global_b_.empty()) be_->download(st.buffers(), global_b_.data());
-  first_round_ = static_cast<std::uint64_t>(ck.epoch) + 1;
-  last_.round = static_cast<std::uint64_t>(ck.epoch);
-  last_.evaluated = true;
-  std::string splitter;
-  if (book_) {
-    std::string routes;
-    for (const auto& [id, r] : resumed_routes_)
-      routes += fmt::format("{}device {} {} (plan {})", routes.empty() ? "" : ", ", id, r.route.str(), r.epoch);
-    splitter = fmt::format("; the splitter's book of {} node{} and {} link{}, routes: {}", book_->profiles().size(),
-                           book_->profiles().size() == 1 ? "" : "s", book_->links().size(),
-                           book_->links().size() == 1 ? "" : "s", routes.empty() ? "none" : routes);
-  }
-  spdlog::info("server: resuming from {} after round {} of {} (test accuracy {:.4f}, plan {}){}", from, ck.epoch,
-               c_.rounds, last_.test_accuracy, plan_epoch_, splitter);
-}
-
-void server_node::impl::resume_splitter(const core::checkpoint& ck) {
-  // A checkpoint of a fixed plan, or of a server that did not split adaptively, stores neither
-  // routes worth restoring nor a book: the configured cuts and fresh profiles then.
-  if (!book_) return;
-  for (const auto& [key, text] : ck.meta) {
-    if (!key.starts_with("route:") || key.ends_with(":epoch")) continue;
-    const std::uint64_t dev = count_of(key.substr(6), key);
-    if (dev == 0 || dev >= 1000000) throw core::error(key + ": device id " + std::to_string(dev) + " out of range");
-    resumed_route rr;
-    try {
-      rr.route = split::parse_route(text, model_.n_blocks());
-    } catch (const core::error& e) {
-      throw core::error(key + ": " + e.what());
-    }
-    if (rr.route.u_shape() != c_.u_shape)
-      throw core::error(key + ": " + rr.route.str() + " is " + (c_.u_shape ? "not " : "") + "U-shaped, this run " +
-                        (c_.u_shape ? "is" : "is not"));
-    const std::string ek = key + ":epoch";
-    const std::uint64_t epoch = count_of(field(ck, ek), ek);
-    if (epoch < 1 || epoch > plan_epoch_)
-      throw core::error(ek + ": plan " + std::to_string(epoch) + " is not between 1 and the checkpoint's plan " +
-                        std::to_string(plan_epoch_));
-    rr.epoch = static_cast<std::uint32_t>(epoch);
-    resumed_routes_[static_cast<std::uint32_t>(dev)] = std::move(rr);
-  }
-  const auto first = ck.meta.lower_bound(std::string(book_prefix));
-  if (first != ck.meta.end() && first->first.starts_with(book_prefix)) book_->read(ck.meta, book_prefix);
+  return r;
 }
 
 }  // namespace cleave::server

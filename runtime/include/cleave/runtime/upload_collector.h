@@ -1,0 +1,88 @@
+// A collection of replica uploads as the tier above their senders receives it (the server from
+// devices and edges, an edge from its devices), and the one place a round's statistics are summed.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cleave/core/tier.h"
+#include "cleave/split/replica_checks.h"
+#include "cleave/transport/protocol.h"
+
+namespace cleave::runtime {
+
+// What a round's work adds up to: compute per tier, bytes moved below the server, the training
+// loss and accuracy over the samples whose loss was computed. Every node sums into one of these.
+struct round_tally {
+  double device_compute_s = 0, edge_compute_s = 0;
+  std::uint64_t bytes_moved = 0;
+  double loss_sum = 0;
+  std::uint64_t n_loss = 0, n_correct = 0;
+
+  // n samples whose mean loss is `loss`, `correct` of them classified right.
+  void add_loss(double loss, std::int64_t n, std::uint64_t correct);
+  // The statistics an upload from a node of tier `sender` carries.
+  void add(const transport::round_stats& s, core::tier sender);
+  double mean_loss() const { return n_loss ? loss_sum / static_cast<double>(n_loss) : 0.0; }
+  double accuracy() const { return n_loss ? static_cast<double>(n_correct) / static_cast<double>(n_loss) : 0.0; }
+  // As an edge passes it up: its devices' compute and loss, its own compute and bytes.
+  transport::round_stats relayed(double own_compute_s, std::uint64_t bytes) const;
+};
+
+// A part of an upload that passed the checks: blocks [first, end) of `devices`, weighted by the
+// samples behind it. A part without blocks carries statistics only.
+struct upload_part {
+  std::vector<std::uint32_t> devices;
+  int first = 0, end = 0;
+  double weight = 0;
+  std::vector<float> params = {}, buffers = {};
+};
+
+// The uploads of one collection (a round, a sequential turn): each sender's parts are checked
+// against what its devices' routes and the round's samples allow (a device block in the clear is
+// refused under secure aggregation), held until the sender's final part, and then handed over
+// whole; one bad part refuses them all. Senders are told apart by an opaque key (their session).
+class upload_collector {
+ public:
+  struct rules {
+    std::uint64_t samples_per_device = 0;  // local steps x batch: what one device's steps allow
+    bool secure = false;      // device blocks come masked: a device sends statistics, an edge its own blocks
+    bool per_device = false;  // the aggregation rule needs each device's own replicas (no pre-average)
+  };
+  upload_collector() = default;
+  explicit upload_collector(rules r) : rules_(r) {}
+
+  // Checks a part from `sender` (a node of tier `from`) for `devices`, each on the route in force
+  // now (`routes`, in the same order), and holds it. Throws core::error saying what is wrong; the
+  // sender's held parts are dropped then.
+  void add(const void* sender, core::tier from, const std::vector<std::uint32_t>& devices,
+           const std::vector<split::route>& routes, const wire::ReplicaUpload& r, const transport::weights_view& w);
+  // The sender's final part came: its statistics are summed, `finished` (the devices whose work
+  // it completes) are done, and its held parts are returned.
+  std::vector<upload_part> complete(const void* sender, core::tier from, const transport::round_stats& st,
+                                    const std::vector<std::uint32_t>& finished);
+  // The sender's channel closed: what it held goes.
+  void drop(const void* sender) { held_.erase(sender); }
+  // A device that starts afresh (it joined again): what it sent and did does not count.
+  void forget(std::uint32_t device);
+
+  const std::set<std::uint32_t>& done() const { return done_; }
+  bool is_done(std::uint32_t device) const { return done_.count(device) > 0; }
+  round_tally& tally() { return tally_; }
+  const round_tally& tally() const { return tally_; }
+
+ private:
+  void check_secure(core::tier from, const std::vector<std::uint32_t>& devices, const std::vector<split::route>& routes,
+                    const wire::ReplicaUpload& r) const;
+
+  rules rules_;
+  split::replica_ledger ledger_;
+  std::map<const void*, std::vector<upload_part>> held_;
+  std::set<std::uint32_t> done_;
+  round_tally tally_;
+};
+
+}  // namespace cleave::runtime

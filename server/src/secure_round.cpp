@@ -1,0 +1,226 @@
+// Secure aggregation of a round's device replicas as the server drives it: keys -> roster, shares
+// forwarded between devices, the mask set, masked uploads, unmasking, the sum into the aggregate.
+#include "secure_round.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "cleave/privacy/masked_replica.h"
+#include "round.h"
+
+namespace cleave::server {
+
+void secure_round::reset(std::uint64_t round) {
+  round_ = round;
+  keys_.clear();
+  agg_.reset();
+  shared_.clear();
+  masked_.clear();
+  revealed_.clear();
+  masking_ = unmasking_ = unmasked_ = false;
+  n_aggregated_ = 0;
+}
+
+void secure_round::post(std::uint32_t device, const transport::secagg_desc& d) {
+  host_.post(device, transport::make_secagg(d));
+}
+
+void secure_round::on_message(std::uint32_t dev, const wire::SecAgg& m) {
+  switch (m.phase()) {
+    case wire::SecAggPhase::keys: {
+      auto keys = transport::keys_of(m);
+      if (keys.size() != 1 || keys[0].id != dev) throw core::error("keys must be the sender's own, one pair");
+      if (!agg_) keys_[dev] = keys[0];  // after the roster: too late for this round
+      break;
+    }
+    case wire::SecAggPhase::shares: {
+      if (!agg_ || shared_.count(dev)) return;
+      const auto& roster = agg_->roster();
+      if (std::none_of(roster.begin(), roster.end(), [dev](const auto& e) { return e.id == dev; })) return;
+      auto blobs = transport::blobs_of(m);
+      std::set<std::uint32_t> to;
+      for (const auto& b : blobs) to.insert(b.id);
+      std::set<std::uint32_t> others;
+      for (const auto& e : roster)
+        if (e.id != dev) others.insert(e.id);
+      if (to != others || blobs.size() != others.size())
+        throw core::error("its shares must be one for every other device of the roster");
+      for (auto& b : blobs) {
+        const privacy::addressed from{dev, std::move(b.bytes)};
+        post(b.id,
+             {.phase = wire::SecAggPhase::shares, .round = round_, .device_id = b.id, .blobs = std::span(&from, 1)});
+      }
+      shared_.insert(dev);
+      break;
+    }
+    case wire::SecAggPhase::masked: {
+      if (!masking_ || unmasking_ || masked_.count(dev)) return;  // late: counted as dropped
+      const auto& set = agg_->mask_set();
+      if (!std::binary_search(set.begin(), set.end(), dev)) return;
+      const auto words = m.words() ? std::span(m.words()->data(), m.words()->size()) : std::span<const std::uint64_t>{};
+      agg_->add_upload(dev, words);
+      masked_.insert(dev);
+      break;
+    }
+    case wire::SecAggPhase::reveal: {
+      if (!unmasking_ || revealed_.count(dev)) return;
+      const auto survivors = agg_->survivors();
+      if (!std::binary_search(survivors.begin(), survivors.end(), dev)) return;
+      agg_->add_reveal(dev, transport::blobs_of(m));
+      revealed_.insert(dev);
+      break;
+    }
+    default:
+      throw core::error(std::string("a device does not send ") + wire::EnumNameSecAggPhase(m.phase()));
+  }
+  wake_.notify();
+}
+
+asio::awaitable<void> secure_round::roster(const std::set<std::uint32_t>& members,
+                                           std::chrono::steady_clock::time_point deadline) {
+  const auto all_keys = [this, &members] {
+    return std::all_of(members.begin(), members.end(), [this](auto id) { return keys_.count(id) > 0; });
+  };
+  co_await wake_.wait_until(all_keys, deadline);
+  std::vector<privacy::roster_entry> roster;
+  for (const auto& [id, k] : keys_)
+    if (members.count(id)) roster.push_back(k);
+  if (roster.size() < 2) {
+    spdlog::warn(
+        "server: round {}: {} device{} advertised secure aggregation keys; the device blocks keep the global "
+        "values this round (a sum of one device is that device's replica)",
+        round_, roster.size(), roster.size() == 1 ? "" : "s");
+    co_return;
+  }
+  const int threshold = privacy::default_threshold(static_cast<int>(roster.size()));
+  agg_.emplace(round_, roster, threshold);
+  for (const auto& e : roster)
+    post(e.id, {.phase = wire::SecAggPhase::roster,
+                .round = round_,
+                .device_id = e.id,
+                .keys = roster,
+                .threshold = static_cast<std::uint32_t>(threshold)});
+}
+
+namespace {
+
+std::string ranges_text(const std::vector<std::pair<int, int>>& r) {
+  std::string s;
+  for (const auto& [f, e] : r) s += (s.empty() ? "[" : " [") + std::to_string(f) + "," + std::to_string(e) + ")";
+  return s;
+}
+
+}  // namespace
+
+// Every block any of the devices of `set` holds: each device masks all of them (zero where it
+// holds none), so no block's sum isolates a device the server could pick out. Sorted, merged.
+std::vector<std::pair<int, int>> secure_round::held_ranges(const std::vector<std::uint32_t>& set) const {
+  std::vector<std::pair<int, int>> ranges;
+  for (auto id : set) {
+    const auto& r = host_.route_of(id);
+    for (int seg : r.segments_on(core::tier::device))
+      if (r.begin(seg) < r.end(seg)) ranges.emplace_back(r.begin(seg), r.end(seg));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<int, int>> merged;
+  for (const auto& r : ranges)
+    if (!merged.empty() && r.first <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, r.second);
+    else
+      merged.push_back(r);
+  return merged;
+}
+
+asio::awaitable<std::string> secure_round::add_unmasked(const core::flat_layout& lay,
+                                                        const std::vector<std::pair<int, int>>& ranges,
+                                                        split::aggregator& avg) {
+  struct unmasked {
+    std::vector<privacy::block_mean> blocks;
+    std::string error;
+  };
+  auto work = [agg = &*agg_, lay, ranges] {
+    unmasked u;
+    try {
+      u.blocks = privacy::decode_sum(lay, ranges, agg->unmask());
+    } catch (const core::error& e) {
+      u.error = e.what();
+    }
+    return u;
+  };
+  auto result = co_await ex_.compute(std::move(work));
+  if (result.error.empty())
+    for (const auto& b : result.blocks) avg.add(b.block, b.block + 1, b.weight, b.params, b.buffers);
+  co_return result.error;
+}
+
+void secure_round::skip(const std::string& why) const {
+  spdlog::warn("server: round {}: secure aggregation failed ({}); the device blocks keep the global values", round_,
+               why);
+  ex_.metrics().add("cleave_secure_aggregation_failures_total", {});
+}
+
+asio::awaitable<void> secure_round::aggregate(const predicate& member, const predicate& finished,
+                                              split::aggregator& avg, std::chrono::milliseconds patience) {
+  if (!agg_) co_return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::size_t threshold = static_cast<std::size_t>(agg_->threshold());
+  // The mask set: devices of the roster that shared their seeds and finished training.
+  std::vector<std::uint32_t> set;
+  for (const auto& e : agg_->roster())
+    if (shared_.count(e.id) && finished(e.id) && member(e.id)) set.push_back(e.id);
+  if (set.size() < threshold) {
+    skip(std::to_string(set.size()) + " devices shared and trained, " + std::to_string(threshold) + " needed");
+    co_return;
+  }
+  const auto merged = held_ranges(set);
+  if (merged.empty()) co_return;  // the devices hold no blocks
+  const auto lay = core::layout_of(model_);
+  agg_->set_mask_set(set, privacy::replica_words(lay, merged));
+  masking_ = true;
+  std::vector<std::uint32_t> bounds;
+  for (const auto& [f, e] : merged)
+    bounds.insert(bounds.end(), {static_cast<std::uint32_t>(f), static_cast<std::uint32_t>(e)});
+  for (auto id : set)
+    post(id,
+         {.phase = wire::SecAggPhase::mask_set, .round = round_, .device_id = id, .devices = set, .blocks = bounds});
+  // Each wait ends early when every device it waits for answered or left.
+  const auto answered = [&member](const std::set<std::uint32_t>& in, const std::vector<std::uint32_t>& of) {
+    return [&in, &of, &member] {
+      return std::all_of(of.begin(), of.end(), [&](auto id) { return in.count(id) || !member(id); });
+    };
+  };
+  co_await wake_.wait_until(answered(masked_, set), std::chrono::steady_clock::now() + patience);
+  const auto survivors = agg_->survivors(), dropped = agg_->dropped();
+  if (survivors.size() < threshold) {
+    skip(std::to_string(survivors.size()) + " masked uploads came, " + std::to_string(threshold) + " needed");
+    co_return;
+  }
+  unmasking_ = true;
+  for (auto id : survivors)
+    post(id, {.phase = wire::SecAggPhase::unmask,
+              .round = round_,
+              .device_id = id,
+              .devices = survivors,
+              .dropped = dropped});
+  co_await wake_.wait_until(answered(revealed_, survivors), std::chrono::steady_clock::now() + patience);
+  if (!agg_->can_unmask()) {
+    skip(std::to_string(revealed_.size()) + " of " + std::to_string(survivors.size()) +
+         " devices revealed their shares, " + std::to_string(threshold) + " needed");
+    co_return;
+  }
+  unmasked_ = true;  // nothing more is taken: the compute thread reads the shares now
+  if (const std::string error = co_await add_unmasked(lay, merged, avg); !error.empty()) {
+    skip(error);
+    co_return;
+  }
+  n_aggregated_ = static_cast<int>(survivors.size());
+  spdlog::info("server: round {}: device blocks {} aggregated securely from {} devices{} in {:.0f} ms", round_,
+               ranges_text(merged), survivors.size(),
+               dropped.empty() ? std::string() : fmt::format(" ({} dropped after masking)", dropped.size()),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3);
+  ex_.metrics().add("cleave_secure_rounds_total", {});
+}
+
+}  // namespace cleave::server
