@@ -10,11 +10,11 @@
 #include <optional>
 
 #include "cleave/edge/edge_node.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/runtime/sessions.h"
 #include "cleave/split/replica_checks.h"
-#include "cleave/transport/protocol.h"
 
 namespace cleave::edge {
 
@@ -124,7 +124,7 @@ class edge_node::impl {
   std::vector<std::uint32_t> arrived_;         // devices in the order their uploads completed
   std::chrono::milliseconds patience_{0};
   asio::steady_timer flush_timer_;
-  transport::round_stats stats_;  // of the devices' uploads
+  protocol::round_stats stats_;  // of the devices' uploads
   std::uint64_t bytes_mark_ = 0;
 };
 

@@ -8,11 +8,11 @@
 namespace cleave::edge {
 
 void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) {
-  const auto devs = transport::devices_of(r);
+  const auto devs = protocol::devices_of(r);
   const std::uint32_t id = d.s->id;
   if (devs.size() != 1 || devs[0] != id) throw core::error("a device may only upload its own replicas");
   if (!collecting_ || flushing_ || r.round() != round_ || r.attempt() != attempt_ || !d.expected) return;
-  const auto w = transport::replica_weights_of(r, model_);
+  const auto w = protocol::replica_weights_of(r, model_);
   if (secure_) {
     // Its blocks come masked: this part is its statistics and samples only.
     if (r.first_block() != r.end_block())
@@ -41,7 +41,7 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
                        {w.params.begin(), w.params.end()},
                        {w.buffers.begin(), w.buffers.end()}});
   if (!r.final_part()) return;
-  const auto s = transport::stats_of(r);
+  const auto s = protocol::stats_of(r);
   stats_.device_compute_us += s.compute_us;
   stats_.loss_sum += s.loss_sum;
   stats_.n_loss += s.n_loss;
@@ -83,7 +83,7 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
   // An empty final part carries the statistics when nothing was averaged.
   if (parts.empty()) parts.push_back({done});
   parts.back().final_part = true;
-  transport::replica_desc d;
+  protocol::replica_desc d;
   d.round = round_;
   d.attempt = attempt_;
   d.node_id = c_.id;
@@ -100,7 +100,7 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
       d.stats.compute_us = static_cast<std::uint64_t>(compute * 1e6);
       d.stats.bytes_moved = bytes - std::min(bytes, bytes_mark_);
     }
-    up_->post(transport::make_replica_upload(d, p.params, p.buffers));
+    up_->post(protocol::make_replica_upload(d, p.params, p.buffers));
   }
   collecting_ = false;
 }

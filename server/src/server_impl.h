@@ -21,6 +21,7 @@
 #include "cleave/core/checkpoint.h"
 #include "cleave/core/trainer.h"
 #include "cleave/privacy/secagg.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/node_metrics.h"
 #include "cleave/runtime/segment_runner.h"
@@ -28,7 +29,6 @@
 #include "cleave/split/profile_book.h"
 #include "cleave/split/replica_checks.h"
 #include "cleave/split/splitter.h"
-#include "cleave/transport/protocol.h"
 
 namespace cleave::server {
 
@@ -128,12 +128,12 @@ class server_node::impl {
   // Checks a part of an upload against the sender's plan and steps; throws core::error naming the
   // sender and the fault (the channel closes: its devices are counted out of the round).
   void check_replica(const runtime::session_ptr& s, const std::vector<std::uint32_t>& devs,
-                     const wire::ReplicaUpload& r, const transport::weights_view& w);
+                     const wire::ReplicaUpload& r, const protocol::weights_view& w);
   // Secure aggregation (server_secagg.cpp): the messages of its phases, the roster once the
   // round's devices advertised their keys, and after training the masked uploads unmasked into
   // the round's aggregate (device blocks keep the global values when that fails, logged).
   void on_secagg(const runtime::session_ptr& s, const wire::SecAgg& m);
-  void post_secagg(std::uint32_t device, const transport::secagg_desc& d);
+  void post_secagg(std::uint32_t device, const protocol::secagg_desc& d);
   asio::awaitable<void> secure_roster(clock::time_point deadline);
   asio::awaitable<void> secure_aggregate();
   std::vector<std::pair<int, int>> held_ranges(const std::vector<std::uint32_t>& set) const;
@@ -223,7 +223,7 @@ class server_node::impl {
   transport::message_builder plan_message(std::uint32_t device, bool resplit = false) const;
   // How a device on route r crosses its cuts (micro-batches, codecs per hop).
   // hops: the planner's choice for r (null or not one per hop: the most compact allowed codecs).
-  transport::cut_settings cut_of(const split::route& r, const std::vector<core::hop_codecs>* hops = nullptr) const;
+  protocol::cut_settings cut_of(const split::route& r, const std::vector<core::hop_codecs>* hops = nullptr) const;
   // How the devices in `devs` run today: the configured micro-batches, their hops' codecs.
   std::vector<split::route_choice> running_choices(const std::vector<split::profile_book::device_entry>& devs) const;
   // What the planner may choose from besides the cuts: codecs (with their measured host cost),

@@ -53,7 +53,7 @@ split::route server_node::impl::route_for_device(bool behind_edge) const {
 
 transport::message_builder server_node::impl::plan_message(std::uint32_t device, bool resplit) const {
   const auto& d = devices_.at(device);
-  transport::plan_desc p;
+  protocol::plan_desc p;
   p.epoch = resplit ? d.rs.next_epoch : d.rs.epoch;
   p.resplit = resplit;
   p.model_json = model_.json;
@@ -72,12 +72,12 @@ transport::message_builder server_node::impl::plan_message(std::uint32_t device,
   p.topk_feedback = cut.topk_feedback;
   p.secure_aggregation = c_.secure_aggregation;
   p.resume = d.resumes;
-  return transport::make_plan(p);
+  return protocol::make_plan(p);
 }
 
-transport::cut_settings server_node::impl::cut_of(const split::route& r,
-                                                  const std::vector<core::hop_codecs>* hops) const {
-  transport::cut_settings c;
+protocol::cut_settings server_node::impl::cut_of(const split::route& r,
+                                                 const std::vector<core::hop_codecs>* hops) const {
+  protocol::cut_settings c;
   c.n_micro_batches = static_cast<std::uint32_t>(c_.micro_batches);
   if (hops && hops->size() + 1 == r.path.size())
     c.hops = *hops;
@@ -91,14 +91,14 @@ transport::cut_settings server_node::impl::cut_of(const split::route& r,
 }
 
 void server_node::impl::send_global(const runtime::session_ptr& to, std::uint32_t device_id) {
-  transport::global_weights_desc g;
+  protocol::global_weights_desc g;
   g.round = last_.round;  // the round these weights come from
   g.n_blocks = static_cast<std::uint32_t>(model_.n_blocks());
   g.device_id = device_id;
   // Only for weights that were evaluated (NaN: not this round).
   g.test_accuracy = last_.evaluated ? static_cast<float>(last_.test_accuracy) : std::nanf("");
   g.test_loss = last_.evaluated ? static_cast<float>(last_.test_loss) : std::nanf("");
-  to->post(transport::make_global_weights(g, global_p_, global_b_));
+  to->post(protocol::make_global_weights(g, global_p_, global_b_));
 }
 
 int server_node::impl::n_connected() const {
@@ -112,12 +112,12 @@ void server_node::impl::on_hello(const runtime::session_ptr& s, const transport:
   if (s->role != core::tier::edge) throw core::error("a server cannot join another server");
   spdlog::info("server: edge {} ({}) connected", s->id, s->identity);
   schedule_->apply(*s);
-  transport::welcome_info w;
+  protocol::welcome_info w;
   w.node_id = s->id;
   w.plan_epoch = plan_epoch_;
   w.run_id = run_id_;
   w.per_device_replicas = c_.aggregate.per_device();
-  s->post(transport::make_welcome(w));
+  s->post(protocol::make_welcome(w));
 }
 
 void server_node::impl::register_device(const runtime::session_ptr& via, const wire::Hello& h) {
@@ -171,11 +171,11 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
   });
   spdlog::info("server: device {} joined{} ({} samples): {}{}", id,
                behind_edge ? " through " + via->identity : std::string(), h.n_samples(), d.rs.route.str(), resumed);
-  transport::welcome_info w;
+  protocol::welcome_info w;
   w.node_id = id;
   w.plan_epoch = plan_epoch_;
   w.run_id = run_id_;
-  via->post(transport::make_welcome(w));
+  via->post(protocol::make_welcome(w));
   via->post(plan_message(id));
   send_global(via, id);
   if (!behind_edge) schedule_->apply(*via);
@@ -242,7 +242,7 @@ void server_node::impl::on_message(const runtime::session_ptr& s, transport::mes
       try {
         register_device(s, h);
       } catch (const core::error& e) {  // refuse that device only: the edge passes it on
-        s->post(transport::make_leave({h.node_id(), e.what()}));
+        s->post(protocol::make_leave({h.node_id(), e.what()}));
       }
       return;
     }
@@ -273,7 +273,7 @@ void server_node::impl::on_message(const runtime::session_ptr& s, transport::mes
 
 void server_node::impl::on_step(const runtime::session_ptr& s, transport::message m) {
   const bool act = m.type() == wire::Body::Activations;
-  const auto key = *transport::step_key_of(m);
+  const auto key = *protocol::step_key_of(m);
   const std::uint32_t dev = key.device_id, epoch = key.epoch;
   const std::uint64_t step = key.step;
   auto* at = attached(dev, s, "step message");
@@ -319,7 +319,7 @@ void server_node::impl::device_failed(const runtime::session_ptr& s, std::uint32
 }
 
 void server_node::impl::check_replica(const runtime::session_ptr& s, const std::vector<std::uint32_t>& devs,
-                                      const wire::ReplicaUpload& r, const transport::weights_view& w) {
+                                      const wire::ReplicaUpload& r, const protocol::weights_view& w) {
   const bool from_edge = s->role == core::tier::edge;
   const auto per_device = static_cast<std::uint64_t>(c_.local_steps) * static_cast<std::uint64_t>(c_.batch);
   // The routes in force now: a device that cut over to a new plan during the round told this
@@ -353,12 +353,12 @@ void server_node::impl::check_replica(const runtime::session_ptr& s, const std::
 void server_node::impl::on_replica(const runtime::session_ptr& s, const wire::ReplicaUpload& r) {
   // Of a round closed, or of an attempt at this one that nobody finished in time.
   if (round_.at != phase::collecting || r.round() != round_.number || r.attempt() != round_.attempt) return;
-  const auto devs = transport::devices_of(r);
+  const auto devs = protocol::devices_of(r);
   if (s->role == core::tier::device && (devs.size() != 1 || devs[0] != s->id))
     throw core::error("a device may only upload its own replicas");
   // A device that left its edge after its upload is still named in the edge's: counted out.
   for (auto d : devs) attached(d, s, "replica");
-  const auto w = transport::replica_weights_of(r, model_);
+  const auto w = protocol::replica_weights_of(r, model_);
   // Parts for devices no longer in the round (counted out meanwhile) are neither checked nor
   // averaged. The others are held until the upload's final part: one bad part refuses it all.
   const auto counted = [this](std::uint32_t d) { return round_.members.count(d) > 0; };
@@ -385,7 +385,7 @@ void server_node::impl::on_replica(const runtime::session_ptr& s, const wire::Re
   std::vector<std::uint32_t> in;
   for (auto d : devs)
     if (in_now(d)) in.push_back(d);
-  const auto st = transport::stats_of(r);
+  const auto st = protocol::stats_of(r);
   (s->role == core::tier::device ? round_.device_compute : round_.edge_compute) += st.compute_us * 1e-6;
   round_.device_compute += st.device_compute_us * 1e-6;
   round_.edge_bytes += st.bytes_moved;
@@ -473,7 +473,7 @@ round_report server_node::impl::run() {
   route_for_device(false);
   route_for_device(true);
   runner_.emplace(*be_, core::tier::server, 0, schedule_->start_slowdown(1.0));
-  const transport::training_settings training{c_.opt, c_.seed};
+  const protocol::training_settings training{c_.opt, c_.seed};
   runner_->set_model(model_.json, training);
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   if (c_.adaptive && c_.mode == training_mode::splitfed) {

@@ -123,7 +123,7 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
   d.next_hops.clear();
   d.measured = false;
   d.moved_round = round_.number;
-  const transport::migrate_desc md{d.rs.epoch, c.step(), dev, d.behind_edge ? s->id : 0, core::tier::server, 0};
+  const protocol::migrate_desc md{d.rs.epoch, c.step(), dev, d.behind_edge ? s->id : 0, core::tier::server, 0};
   ex_.post_compute(
       [this, s, dev, from, to, md, cut = cut_of(to, &d.hops)] {
         runner_->set_cut(dev, cut);
@@ -137,7 +137,7 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
 void server_node::impl::on_migrate(const runtime::session_ptr& s, transport::message m) {
   const std::uint32_t dev = m.as<wire::Migrate>()->device_id();
   if (!attached(dev, s, "Migrate")) return;
-  if (transport::tier_of(m.as<wire::Migrate>()->to_role()) != core::tier::server)
+  if (protocol::tier_of(m.as<wire::Migrate>()->to_role()) != core::tier::server)
     throw core::error("Migrate not addressed to the server");
   auto held = std::make_shared<transport::message>(std::move(m));
   ex_.post_compute([this, dev, held] { runner_->install(dev, *held->as<wire::Migrate>()); },
@@ -145,7 +145,7 @@ void server_node::impl::on_migrate(const runtime::session_ptr& s, transport::mes
 }
 
 void server_node::impl::on_profile(const runtime::session_ptr& s, const wire::Profile& m) {
-  auto prof = transport::profile_of(m, model_.n_blocks());
+  auto prof = protocol::profile_of(m, model_.n_blocks());
   if (!book_) return;  // not splitting adaptively
   const std::uint32_t node = m.node_id();
   const split::node_key server{core::tier::server, 0};

@@ -113,15 +113,15 @@ void server_node::impl::start_training(std::uint32_t id, clock::time_point until
   // In sequential mode a device's turn waits for it alone.
   const bool turn = c_.mode == training_mode::sequential;
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
-  transport::round_start_desc rs{round_.number,
-                                 plan_epoch_,
-                                 static_cast<std::uint32_t>(c_.local_steps),
-                                 static_cast<std::uint64_t>(std::max<std::int64_t>(left, 1)),
-                                 round_.lr,
-                                 id,
-                                 turn ? std::span<const std::uint32_t>(&id, 1) : round_.participants,
-                                 round_.attempt};
-  devices_.at(id).via->post(transport::make_round_start(rs));
+  protocol::round_start_desc rs{round_.number,
+                                plan_epoch_,
+                                static_cast<std::uint32_t>(c_.local_steps),
+                                static_cast<std::uint64_t>(std::max<std::int64_t>(left, 1)),
+                                round_.lr,
+                                id,
+                                turn ? std::span<const std::uint32_t>(&id, 1) : round_.participants,
+                                round_.attempt};
+  devices_.at(id).via->post(protocol::make_round_start(rs));
 }
 
 asio::awaitable<void> server_node::impl::take_turns(clock::time_point deadline) {

@@ -8,9 +8,9 @@
 
 namespace cleave::server {
 
-void server_node::impl::post_secagg(std::uint32_t device, const transport::secagg_desc& d) {
+void server_node::impl::post_secagg(std::uint32_t device, const protocol::secagg_desc& d) {
   const auto it = devices_.find(device);
-  if (it != devices_.end() && it->second.connected) it->second.via->post(transport::make_secagg(d));
+  if (it != devices_.end() && it->second.connected) it->second.via->post(protocol::make_secagg(d));
 }
 
 void server_node::impl::on_secagg(const runtime::session_ptr& s, const wire::SecAgg& m) {
@@ -25,7 +25,7 @@ void server_node::impl::on_secagg(const runtime::session_ptr& s, const wire::Sec
   try {
     switch (m.phase()) {
       case wire::SecAggPhase::keys: {
-        auto keys = transport::keys_of(m);
+        auto keys = protocol::keys_of(m);
         if (keys.size() != 1 || keys[0].id != dev) throw core::error("keys must be the sender's own, one pair");
         if (!sec.agg) sec.keys[dev] = keys[0];  // after the roster: too late for this round
         break;
@@ -34,7 +34,7 @@ void server_node::impl::on_secagg(const runtime::session_ptr& s, const wire::Sec
         if (!sec.agg || sec.shared.count(dev)) return;
         const auto& roster = sec.agg->roster();
         if (std::none_of(roster.begin(), roster.end(), [dev](const auto& e) { return e.id == dev; })) return;
-        auto blobs = transport::blobs_of(m);
+        auto blobs = protocol::blobs_of(m);
         std::set<std::uint32_t> to;
         for (const auto& b : blobs) to.insert(b.id);
         std::set<std::uint32_t> others;
@@ -66,7 +66,7 @@ void server_node::impl::on_secagg(const runtime::session_ptr& s, const wire::Sec
         if (!sec.unmasking || sec.revealed.count(dev)) return;
         const auto survivors = sec.agg->survivors();
         if (!std::binary_search(survivors.begin(), survivors.end(), dev)) return;
-        sec.agg->add_reveal(dev, transport::blobs_of(m));
+        sec.agg->add_reveal(dev, protocol::blobs_of(m));
         sec.revealed.insert(dev);
         break;
       }
