@@ -13,9 +13,9 @@ foreach(b onednn vulkan cuda)
 endforeach()
 set(_include_dirs core/include split/include backends/include)
 if(CLEAVE_NET_FOUND)
-  list(APPEND _targets cleave_asio cleave_metrics cleave_transport cleave_privacy cleave_protocol cleave_runtime cleave_device
+  list(APPEND _targets cleave_asio cleave_metrics cleave_wire cleave_transport cleave_privacy cleave_protocol cleave_runtime cleave_device
        cleave_edge cleave_server cleave_federation)
-  list(APPEND _include_dirs metrics/include transport/include privacy/include transport/protocol/include runtime/include
+  list(APPEND _include_dirs metrics/include transport/include privacy/include protocol/include runtime/include
        device/include edge/include server/include federation/include)
 endif()
 
@@ -43,7 +43,7 @@ foreach(d ${_include_dirs})
     COMPONENT dev EXCLUDE_FROM_ALL FILES_MATCHING PATTERN "*.h")
 endforeach()
 if(CLEAVE_NET_FOUND)
-  install(DIRECTORY ${CLEAVE_TRANSPORT_GENERATED_DIR}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  install(DIRECTORY ${CLEAVE_WIRE_GENERATED_DIR}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
     COMPONENT dev EXCLUDE_FROM_ALL FILES_MATCHING PATTERN "*.h")
 endif()
 

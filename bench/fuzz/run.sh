@@ -8,6 +8,9 @@
 #                              is kept and grows from run to run)
 #   CLEAVE_FUZZ_MAX_SECONDS    stop after this many seconds even if EXECUTIONS are not reached
 #   CLEAVE_FUZZ_GENERATED_DIR  the main build's FlatBuffers header dir (default: flatc runs here)
+#   CLEAVE_FUZZ_SEEDS_TOOL     the main build's make_fuzz_seeds, which writes the seeds with the
+#                              protocol's builders (default: <repo>/build/tests/transport/fuzz/
+#                              make_fuzz_seeds; build it with `cmake --build build --target make_fuzz_seeds`)
 #   CLEAVE_FUZZ_CLANGXX        clang++ to use (default clang++), CLEAVE_FUZZ_BUILD_JOBS (default 2)
 # Prints the executions, exec/s, corpus size and findings (0, or the artifact paths: inputs that
 # crash, trip a sanitizer, throw anything but core::error, run over 10 s or use over 2 GiB); exits
@@ -22,7 +25,8 @@ command -v ninja >/dev/null 2>&1 || generator="Unix Makefiles"
 . "$source_dir/tests/transport/fuzz/common.sh"
 
 status=0
-fuzz_build "$build" "${CLEAVE_FUZZ_CLANGXX:-clang++}" "$source_dir" "${CLEAVE_FUZZ_GENERATED_DIR:-}" cmake "$generator" ||
+fuzz_build "$build" "${CLEAVE_FUZZ_CLANGXX:-clang++}" "$source_dir" "${CLEAVE_FUZZ_GENERATED_DIR:-}" cmake "$generator" \
+  "${CLEAVE_FUZZ_SEEDS_TOOL:-$source_dir/build/tests/transport/fuzz/make_fuzz_seeds}" ||
   status=$?
 [ "$status" -eq 0 ] || exit "$status"
 

@@ -32,7 +32,7 @@
 #include "cleave/core/optimizer.h"
 #include "cleave/core/stage.h"
 #include "cleave/federation/local_federation.h"
-#include "cleave/transport/protocol.h"
+#include "cleave/protocol/protocol.h"
 #include "image_quality.h"
 
 namespace fs = std::filesystem;
@@ -128,7 +128,7 @@ class attacker {
     core::stage dev(b, m, 0, cut, seed);
     std::vector<float> p0, buf;
     core::initial_values(m, 0, m.n_blocks(), seed, p0, buf);
-    transport::install(dev, device_params, buf);
+    protocol::install(dev, device_params, buf);
     const std::int64_t per = test.item.numel();
     std::vector<std::int64_t> idx(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(i)] = i;

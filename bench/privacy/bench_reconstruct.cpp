@@ -33,8 +33,8 @@
 #include "cleave/core/random.h"
 #include "cleave/core/stage.h"
 #include "cleave/privacy/cut_defence.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/transport/message.h"
-#include "cleave/transport/protocol.h"
 #include "image_quality.h"
 
 namespace fs = std::filesystem;
@@ -200,7 +200,7 @@ outcome run(const fs::path& work, const setting& st) {
   core::stage blocks(*be, spec, 0, st.cut, s.seed);
   std::vector<float> p0, buffers;
   core::initial_values(spec, 0, spec.n_blocks(), s.seed, p0, buffers);
-  transport::install(blocks, result.global_params, buffers);
+  protocol::install(blocks, result.global_params, buffers);
   const std::int64_t np = std::min<std::int64_t>(st.n_public, d.test.size());
   std::vector<std::int64_t> pub_idx(static_cast<std::size_t>(np));
   for (std::int64_t i = 0; i < np; ++i) pub_idx[static_cast<std::size_t>(i)] = i;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bench_grpc.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/transport/certs.h"
 #include "cleave/transport/connect.h"
 #include "cleave/transport/listener.h"
@@ -85,19 +86,19 @@ void must(const status& s, const char* what) {
 
 // A big message: one f32 tensor of `bytes` bytes, copied once into the frame.
 message_builder big_message(const std::vector<float>& data, std::uint64_t seq) {
-  global_weights_info info;
+  protocol::global_weights_desc info;
   info.round = seq;
-  info.end_block = 1;
-  const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(data.size())}, data.data(), {}};
-  return make_global_weights(info, std::span(&t, 1));
+  info.n_blocks = 1;
+  return protocol::make_global_weights(info, data, {});
 }
 
+// A small message: a step's activation of one sample, data.size() / 4 f32 values.
 message_builder small_message(const std::vector<std::uint8_t>& data, std::uint64_t seq) {
-  step_key key;
+  protocol::step_key key;
   key.step = seq;
   key.block = 1;
-  const tensor_source t{core::dtype::u8, {static_cast<std::int64_t>(data.size())}, data.data(), {}};
-  return make_activations(key, t);
+  const tensor_source t{core::dtype::f32, {1, static_cast<std::int64_t>(data.size() / 4)}, data.data(), "activation"};
+  return protocol::make_activations(key, {1, 1}, t);
 }
 
 // Receiver-side check that a big message is what was sent.
@@ -182,11 +183,11 @@ latency tls_round_trips(io_thread& server_io, io_thread& client_io, listener& li
       const auto* a = m.as<wire::Activations>();
       if (!a) die("unexpected message");
       const tensor_view v = view_of(*a->activation());
-      step_key key;
+      protocol::step_key key;
       key.step = a->step();
       key.block = 1;
-      const tensor_source t{v.dtype, v.shape, v.data.data(), {}};
-      must(co_await ch.send(make_gradients(key, t)), "send");
+      const tensor_source t{v.dtype, v.shape, v.data.data(), "gradient"};
+      must(co_await ch.send(protocol::make_gradients(key, t)), "send");
     }
     co_await ch.close();
   };
@@ -340,11 +341,11 @@ latency tcp_round_trips(io_thread& server_io, io_thread& client_io, const bench_
       message m = co_await tcp_receive(s, limits);
       const auto* a = m.as<wire::Activations>();
       const tensor_view v = view_of(*a->activation());
-      step_key key;
+      protocol::step_key key;
       key.step = a->step();
       key.block = 1;
-      const tensor_source t{v.dtype, v.shape, v.data.data(), {}};
-      co_await tcp_send(s, make_gradients(key, t));
+      const tensor_source t{v.dtype, v.shape, v.data.data(), "gradient"};
+      co_await tcp_send(s, protocol::make_gradients(key, t));
     }
   };
   auto echo = server_io.spawn(echo_fn());

@@ -67,12 +67,12 @@ void agent::impl::post(transport::message_builder&& m) {
 }
 
 void agent::impl::on_connected(const runtime::session_ptr& s) {
-  transport::hello_info h;
+  protocol::hello_info h;
   h.role = core::tier::device;
   h.node_id = c_.id;
   h.name = c_.name;
   h.n_samples = static_cast<std::uint64_t>(shard_->size());
-  post(transport::make_hello(h));
+  post(protocol::make_hello(h));
   schedule_->apply(*s);
   std::lock_guard lock(profile_mu_);
   if (!latest_profile_.empty()) post(transport::message_builder::from_frame(latest_profile_));
@@ -88,7 +88,7 @@ void agent::impl::on_message(transport::message m) {
     }
     case wire::Body::Migrate: {
       const auto* mg = m.as<wire::Migrate>();
-      if (mg->device_id() != c_.id || transport::tier_of(mg->to_role()) != core::tier::device)
+      if (mg->device_id() != c_.id || protocol::tier_of(mg->to_role()) != core::tier::device)
         throw core::error("Migrate for device " + std::to_string(mg->device_id()) + " reached device " +
                           std::to_string(c_.id));
       break;
@@ -145,7 +145,7 @@ void agent::impl::on_plan(const wire::Plan& p) {
     }
     model_ = std::move(m);
   }
-  const split::route route = transport::route_for(p, c_.id, model_.n_blocks());
+  const split::route route = protocol::route_for(p, c_.id, model_.n_blocks());
   secure_plan_ = p.secure_aggregation();
   if ((c_.cut_gradient_noise >= 0 || c_.equalise_cut_gradients) && !route.u_shape() && !plan_)
     spdlog::warn(
@@ -165,7 +165,7 @@ void agent::impl::on_plan(const wire::Plan& p) {
       for (const auto* st : *dp->stages())
         if (st->role() == wire::Role::edge) edge_id_ = st->node_id();
   // How its steps cross each hop (a message names its own codec, so a change may apply at once).
-  runner_->set_cut(c_.id, transport::cut_settings_for(p, c_.id, route));
+  runner_->set_cut(c_.id, protocol::cut_settings_for(p, c_.id, route));
   if (p.resplit() && plan_) return plan_->announce(route, p.epoch());  // switched at the next step boundary
   // A new plan (a join or a rejoin): segments start from the seed, the global weights follow;
   // resuming from the server's checkpoint under the same run and route they keep their
@@ -181,7 +181,7 @@ void agent::impl::on_plan(const wire::Plan& p) {
   plan_.emplace().reset(route, p.epoch());
   spdlog::info("device {}: plan {}: {} (batch {} x {})", c_.id, p.epoch(), route.str(), micro_batch_size_,
                n_micro_batches_);
-  const auto training = transport::training_of(p);
+  const auto training = protocol::training_of(p);
   const bool fresh = runner_->set_model(json, training);
   if (fresh || !same_run) {
     runner_->discard(c_.id, true);
@@ -202,7 +202,7 @@ void agent::impl::on_global_weights(const wire::GlobalWeights& g) {
   if (!plan_) return;
   // Weights of a round closed while this device was still in it: it missed the deadline.
   if (in_round_ && g.round() >= round_) abandon("the server closed it without this device");
-  const auto w = transport::weights_of(g, runner_->model());
+  const auto w = protocol::weights_of(g, runner_->model());
   runner_->load(c_.id, plan_->route, w.params, w.buffers);
   if (c_.on_weights) c_.on_weights(g.round());
   if (g.round() > 0)
@@ -245,7 +245,7 @@ void agent::impl::on_migrate(const wire::Migrate& m) {
 }
 
 void agent::impl::on_step(const std::shared_ptr<transport::message>& m) {
-  const auto key = *transport::step_key_of(*m);
+  const auto key = *protocol::step_key_of(*m);
   if (!in_round_ || !plan_ || key.epoch != plan_->epoch || key.attempt != attempt_ || key.device_id != c_.id)
     return;  // of a round, an attempt at it or a plan that is over
   auto task = [this, m, gen = round_gen_, r = plan_->route, epoch = key.epoch] {
@@ -298,7 +298,7 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
   if (over(gen)) co_return;
   in_round_ = false;
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
-  transport::round_stats stats;
+  protocol::round_stats stats;
   // The loss is reported by whoever computed it: here in U-shape, or with every block here.
   stats = {0, 0, 0, own_loss_sum_, own_n_loss_, own_n_correct_};
   stats.compute_us = static_cast<std::uint64_t>(runner_->take_compute_seconds() * 1e6);
@@ -322,12 +322,12 @@ asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t ge
   const auto t0 = clock::now();
   // The new plan is in force from here: blocks for it may arrive before the switch is done.
   const split::route from = plan_->cut_over(plan_->next_epoch), to = plan_->route;
-  const transport::migrate_desc md{plan_->epoch, step, c_.id, edge_id_, core::tier::device, c_.id};
+  const protocol::migrate_desc md{plan_->epoch, step, c_.id, edge_id_, core::tier::device, c_.id};
   auto moved = runner_->rehost(c_.id, from, to, md);
   runtime::count_migration(ex_.metrics(), moved);
   const std::size_t n_moved = moved.size();
   for (auto& [tier, msg] : moved) post(std::move(msg));
-  post(transport::make_cutover(c_.id, md.epoch, md.step));
+  post(protocol::make_cutover(c_.id, md.epoch, md.step));
   missing_ = runner_->host().n_missing(c_.id);
   // The blocks coming down from the edge or the server.
   co_await wake_.wait_until([&] { return missing_ == 0 || over(gen); });
@@ -398,14 +398,14 @@ void agent::impl::send_profile(std::uint64_t step) {
   const std::uint32_t epoch = plan_ ? plan_->epoch : 0;
   {
     std::lock_guard lock(profile_mu_);
-    const auto b = transport::make_profile(prof, epoch, 0);
+    const auto b = protocol::make_profile(prof, epoch, 0);
     latest_profile_.assign(b.frame().begin(), b.frame().end());
   }
   if (const auto s = up_->current()) {
     prof.links.push_back(s->measured_link(edge_id_));
     reported_bps_ = prof.links.back().bandwidth_bytes_per_s;
   }
-  post(transport::make_profile(prof, epoch, step));
+  post(protocol::make_profile(prof, epoch, step));
 }
 
 int agent::impl::run() {

@@ -14,10 +14,10 @@
 #include "cleave/privacy/cut_defence.h"
 #include "cleave/privacy/masked_replica.h"
 #include "cleave/privacy/secagg.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/runtime/sessions.h"
-#include "cleave/transport/protocol.h"
 
 namespace cleave::device {
 
@@ -54,12 +54,12 @@ class agent::impl {
   void check_gradients();
   void next_batch(std::int64_t n, float* x, std::int32_t* y);
   void send_profile(std::uint64_t step);
-  void upload_replicas(std::uint64_t round, std::uint64_t n_samples, const transport::round_stats& stats);
+  void upload_replicas(std::uint64_t round, std::uint64_t n_samples, const protocol::round_stats& stats);
   // Secure aggregation: a phase message of the server's (roster, a peer's share, the mask set,
   // the unmask request). A phase that fails leaves this round's masking: the server counts the
   // device as dropped and recovers the sum of the others.
   void on_secagg(const wire::SecAgg& m);
-  void post_secagg(const transport::secagg_desc& d);
+  void post_secagg(const protocol::secagg_desc& d);
 
   agent_config c_;
   runtime::executors ex_;

@@ -56,7 +56,7 @@ void agent::impl::check_gradients() {
   ex_.post_io([this, e] { ex_.fail(e, "training"); });
 }
 
-void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, const transport::round_stats& stats) {
+void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, const protocol::round_stats& stats) {
   const split::route& r = plan_->route;
   const auto segs = r.segments_on(core::tier::device);
   const std::uint32_t me = c_.id;
@@ -76,18 +76,18 @@ void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, 
       secure_->n_samples = n_samples;
       secure_->trained = true;
     }
-    transport::replica_desc d;
+    protocol::replica_desc d;
     d.round = round;
     d.attempt = attempt_;
     d.node_id = c_.id;
     d.n_samples = n_samples;
     d.devices = std::span(&me, 1);
     d.stats = stats;
-    post(transport::make_replica_upload(d, std::span<const float>{}, std::span<const float>{}));
+    post(protocol::make_replica_upload(d, std::span<const float>{}, std::span<const float>{}));
     return;
   }
   for (std::size_t i = 0; i < segs.size(); ++i) {
-    transport::replica_desc d;
+    protocol::replica_desc d;
     d.round = round;
     d.attempt = attempt_;
     d.node_id = c_.id;
@@ -99,19 +99,19 @@ void agent::impl::upload_replicas(std::uint64_t round, std::uint64_t n_samples, 
     if (d.final_part) d.stats = stats;
     core::stage& st = runner_->host().stage_of(c_.id, segs[i]);
     if (!c_.on_upload) {
-      post(transport::make_replica_upload(d, runner_->backend(), st.params(), st.buffers()));
+      post(protocol::make_replica_upload(d, runner_->backend(), st.params(), st.buffers()));
       continue;
     }
     std::vector<float> p(static_cast<std::size_t>(st.n_params())), b(static_cast<std::size_t>(st.n_buffers()));
     if (!p.empty()) runner_->backend().download(st.params(), p.data());
     if (!b.empty()) runner_->backend().download(st.buffers(), b.data());
     c_.on_upload(p, b);
-    post(transport::make_replica_upload(d, p, b));
+    post(protocol::make_replica_upload(d, p, b));
   }
 }
 
-void agent::impl::post_secagg(const transport::secagg_desc& d) {
-  post(transport::make_secagg(d));
+void agent::impl::post_secagg(const protocol::secagg_desc& d) {
+  post(protocol::make_secagg(d));
 }
 
 void agent::impl::on_secagg(const wire::SecAgg& m) {
@@ -121,20 +121,20 @@ void agent::impl::on_secagg(const wire::SecAgg& m) {
   try {
     switch (m.phase()) {
       case wire::SecAggPhase::roster: {
-        const auto blobs = sec.client.share_keys(transport::keys_of(m), static_cast<int>(m.threshold()));
+        const auto blobs = sec.client.share_keys(protocol::keys_of(m), static_cast<int>(m.threshold()));
         post_secagg({.phase = wire::SecAggPhase::shares, .round = round, .device_id = c_.id, .blobs = blobs});
         return;
       }
       case wire::SecAggPhase::shares:
-        for (const auto& b : transport::blobs_of(m))
+        for (const auto& b : protocol::blobs_of(m))
           if (!sec.client.receive_share(b.id, b.bytes))
             spdlog::warn("device {}: round {}: the share from device {} does not open; it is not masked with", c_.id,
                          round, b.id);
         return;
       case wire::SecAggPhase::mask_set: {
         if (!sec.trained) throw core::error("the mask set came before this device finished training");
-        const auto set = transport::ids_of(m.devices());
-        const auto ranges = transport::block_ranges_of(m, model_.n_blocks());
+        const auto set = protocol::ids_of(m.devices());
+        const auto ranges = protocol::block_ranges_of(m, model_.n_blocks());
         auto words =
             privacy::encode_replica(core::layout_of(model_), ranges, sec.held, static_cast<double>(sec.n_samples));
         sec.client.mask(words, set);
@@ -144,7 +144,7 @@ void agent::impl::on_secagg(const wire::SecAgg& m) {
         return;
       }
       case wire::SecAggPhase::unmask: {
-        const auto blobs = sec.client.reveal(transport::ids_of(m.devices()), transport::ids_of(m.dropped()));
+        const auto blobs = sec.client.reveal(protocol::ids_of(m.devices()), protocol::ids_of(m.dropped()));
         post_secagg({.phase = wire::SecAggPhase::reveal, .round = round, .device_id = c_.id, .blobs = blobs});
         return;
       }

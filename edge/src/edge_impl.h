@@ -10,11 +10,11 @@
 #include <optional>
 
 #include "cleave/edge/edge_node.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/runtime/sessions.h"
 #include "cleave/runtime/upload_collector.h"
-#include "cleave/transport/protocol.h"
 
 namespace cleave::edge {
 

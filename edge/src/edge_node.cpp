@@ -37,7 +37,7 @@ void edge_node::impl::on_server(transport::message m) {
     case wire::Body::GlobalWeights: {
       if (model_json_.empty()) return;  // no device here yet: nothing to install or pass on
       const auto& g = *m.as<wire::GlobalWeights>();
-      transport::weights_of(g, model_);  // checked here, where a bad one drops the link
+      protocol::weights_of(g, model_);  // checked here, where a bad one drops the link
       std::vector<std::pair<std::uint32_t, split::route>> targets;
       for (auto& [id, d] : devices_)
         if (d.planned && (g.device_id() == 0 || g.device_id() == id)) {
@@ -46,7 +46,7 @@ void edge_node::impl::on_server(transport::message m) {
         }
       auto held = std::make_shared<transport::message>(std::move(m));
       ex_.post_compute([this, targets, held] {
-        const auto w = transport::weights_of(*held->as<wire::GlobalWeights>(), runner_->model());
+        const auto w = protocol::weights_of(*held->as<wire::GlobalWeights>(), runner_->model());
         for (const auto& [id, r] : targets) runner_->load(id, r, w.params, w.buffers);
       });
       return;
@@ -57,14 +57,14 @@ void edge_node::impl::on_server(transport::message m) {
       const auto& mg = *m.as<wire::Migrate>();
       const auto it = devices_.find(mg.device_id());
       if (it == devices_.end() || !it->second.planned || !it->second.s) return;
-      const auto to = transport::tier_of(mg.to_role());
+      const auto to = protocol::tier_of(mg.to_role());
       if (to == core::tier::server) throw core::error("Migrate from the server addressed to the server");
       if (to == core::tier::device) return relay_down(mg.device_id(), m);
       return install(it->second.s, std::move(m));
     }
     case wire::Body::Activations:
     case wire::Body::Gradients:
-      return step(transport::step_key_of(m)->device_id, std::move(m), core::tier::server);
+      return step(protocol::step_key_of(m)->device_id, std::move(m), core::tier::server);
     case wire::Body::Leave: {  // the server refused a device
       const auto* l = m.as<wire::Leave>();
       const auto it = devices_.find(l->node_id());
@@ -85,13 +85,13 @@ void edge_node::impl::on_server(transport::message m) {
 
 void edge_node::impl::relay_down(std::uint32_t dev, const transport::message& m) {
   const auto it = devices_.find(dev);
-  if (it != devices_.end() && it->second.s) it->second.s->post(transport::copy_of(m));
+  if (it != devices_.end() && it->second.s) it->second.s->post(protocol::copy_of(m));
 }
 
 void edge_node::impl::on_plan(const transport::message& m) {
   const auto& p = *m.as<wire::Plan>();
   const std::string json = p.model() ? p.model()->str() : "";
-  const auto training = transport::training_of(p);
+  const auto training = protocol::training_of(p);
   batch_ = static_cast<std::uint64_t>(p.micro_batch_size()) * std::max(1u, p.n_micro_batches());
   if (json != model_json_) {
     model_ = core::parse_model_spec(json, "plan");
@@ -116,8 +116,8 @@ void edge_node::impl::on_plan(const transport::message& m) {
     const std::uint32_t id = dp->device_id();
     const auto it = devices_.find(id);
     if (it == devices_.end() || !it->second.s) continue;
-    const split::route r = transport::route_for(p, id, model_.n_blocks());
-    ex_.post_compute([this, id, cut = transport::cut_settings_for(p, id, r)] { runner_->set_cut(id, cut); });
+    const split::route r = protocol::route_for(p, id, model_.n_blocks());
+    ex_.post_compute([this, id, cut = protocol::cut_settings_for(p, id, r)] { runner_->set_cut(id, cut); });
     auto& st = it->second;
     if (p.resplit() && st.planned) {
       st.rs.announce(r, p.epoch());
@@ -135,7 +135,7 @@ void edge_node::impl::on_plan(const transport::message& m) {
         for (int seg : r.segments_on(core::tier::edge)) runner_->host().host(id, r, seg);
       });
     }
-    st.s->post(transport::copy_of(m));
+    st.s->post(protocol::copy_of(m));
   }
 }
 
@@ -192,9 +192,9 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
         });
   const auto it = devices_.find(r.device_id());
   if (it != devices_.end() && it->second.s) {
-    transport::round_start_desc rs{r.round(),     r.epoch(), r.local_steps(), r.deadline_ms(), r.learning_rate(),
-                                   r.device_id(), {},        r.attempt()};
-    it->second.s->post(transport::make_round_start(rs));
+    protocol::round_start_desc rs{r.round(),     r.epoch(), r.local_steps(), r.deadline_ms(), r.learning_rate(),
+                                  r.device_id(), {},        r.attempt()};
+    it->second.s->post(protocol::make_round_start(rs));
   }
   // Flush at the latest at 90% of the server's deadline, with the devices that finished by then:
   // the server closes the round at its deadline whatever came in meanwhile.
@@ -224,7 +224,7 @@ void edge_node::impl::on_hello(const runtime::session_ptr& s, const transport::m
   d.hello.assign(hello.frame().begin(), hello.frame().end());
   spdlog::info("edge {}: device {} ({}) connected", c_.id, s->id, s->identity);
   schedule_->apply(*s);
-  up_->post(transport::copy_of(hello));
+  up_->post(protocol::copy_of(hello));
   // Back on a new connection, it is out of the round (the server counts it out too): the round
   // here may be complete without it.
   if (was_expected) maybe_flush(false);
@@ -239,7 +239,7 @@ void edge_node::impl::on_device_closed(const runtime::session_ptr& s, const std:
   ex_.post_compute([this, id = s->id] {
     if (runner_->has_model()) runner_->discard(id, true);
   });
-  up_->post(transport::make_leave({s->id, why}));
+  up_->post(protocol::make_leave({s->id, why}));
   maybe_flush(false);
 }
 
@@ -248,18 +248,18 @@ void edge_node::impl::on_device(const runtime::session_ptr& s, transport::messag
   switch (m.type()) {
     case wire::Body::Activations:
     case wire::Body::Gradients:
-      if (transport::step_key_of(m)->device_id != s->id) throw core::error("step message for another device");
+      if (protocol::step_key_of(m)->device_id != s->id) throw core::error("step message for another device");
       return step(s->id, std::move(m), core::tier::device);
     case wire::Body::ReplicaUpload:
       return on_replica(d, *m.as<wire::ReplicaUpload>());
     case wire::Body::Migrate: {
       const auto& mg = *m.as<wire::Migrate>();
-      if (mg.device_id() != s->id || transport::tier_of(mg.from_role()) != core::tier::device)
+      if (mg.device_id() != s->id || protocol::tier_of(mg.from_role()) != core::tier::device)
         throw core::error("Migrate for another device");
-      const auto to = transport::tier_of(mg.to_role());
+      const auto to = protocol::tier_of(mg.to_role());
       if (to == core::tier::device) throw core::error("Migrate from a device addressed to a device");
       if (to == core::tier::server) {
-        up_->post(transport::copy_of(m));
+        up_->post(protocol::copy_of(m));
         return;
       }
       return install(s, std::move(m));
@@ -268,12 +268,12 @@ void edge_node::impl::on_device(const runtime::session_ptr& s, transport::messag
       return on_cutover(d, m);
     case wire::Body::Profile:
       if (m.as<wire::Profile>()->node_id() != s->id) throw core::error("profile of another node");
-      up_->post(transport::copy_of(m));
+      up_->post(protocol::copy_of(m));
       // A device holding every block sends no steps through here, only its profiles.
       return report_moved_links(d);
     case wire::Body::SecAgg:
       if (m.as<wire::SecAgg>()->device_id() != s->id) throw core::error("secure aggregation message of another device");
-      up_->post(transport::copy_of(m));
+      up_->post(protocol::copy_of(m));
       return;
     default:
       throw core::error("unexpected " + std::string(transport::body_name(m.type())) + " from a device");
@@ -284,8 +284,8 @@ void edge_node::impl::on_cutover(device_state& d, const transport::message& m) {
   const auto& c = *m.as<wire::Cutover>();
   if (c.device_id() != d.s->id) throw core::error("Cutover of another device");
   const split::route from = d.rs.cut_over(c.epoch()), to = d.rs.route;
-  const transport::migrate_desc md{d.rs.epoch, c.step(), d.s->id, c_.id, core::tier::edge, c_.id};
-  auto cutover = std::make_shared<transport::message_builder>(transport::copy_of(m));
+  const protocol::migrate_desc md{d.rs.epoch, c.step(), d.s->id, c_.id, core::tier::edge, c_.id};
+  auto cutover = std::make_shared<transport::message_builder>(protocol::copy_of(m));
   ex_.post_compute(
       [this, s = d.s, from, to, md, cutover] {
         auto moved = runner_->rehost(s->id, from, to, md);
@@ -302,7 +302,7 @@ void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier f
   const auto it = devices_.find(dev);
   if (it == devices_.end() || !it->second.planned || !it->second.s) return;  // gone meanwhile
   const auto& d = it->second;
-  const auto key = *transport::step_key_of(m);
+  const auto key = *protocol::step_key_of(m);
   const std::uint32_t epoch = key.epoch;
   if (epoch != d.rs.epoch) {
     // From the server: computed before the device joined again or cut over, and late; the link
@@ -354,15 +354,15 @@ void edge_node::impl::send_profile(split::node_profile prof) {
     prof.links.push_back(s->measured_link(0));
     up_reported_bps_ = prof.links.back().bandwidth_bytes_per_s;
   }
-  up_->post(transport::make_profile(prof, 0, 0));
+  up_->post(protocol::make_profile(prof, 0, 0));
 }
 
 void edge_node::impl::on_upstream_connected(const runtime::session_ptr& s) {
-  transport::hello_info h;
+  protocol::hello_info h;
   h.role = core::tier::edge;
   h.node_id = c_.id;
   h.name = c_.name;
-  s->post(transport::make_hello(h));
+  s->post(protocol::make_hello(h));
   if (latest_profile_) send_profile(*latest_profile_);
   schedule_->apply(*s);
   // Devices already here are announced again (the server may have restarted).

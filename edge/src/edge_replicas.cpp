@@ -8,13 +8,13 @@
 namespace cleave::edge {
 
 void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) {
-  const auto devs = transport::devices_of(r);
+  const auto devs = protocol::devices_of(r);
   const std::uint32_t id = d.s->id;
   if (devs.size() != 1 || devs[0] != id) throw core::error("a device may only upload its own replicas");
   if (!collecting_ || flushing_ || r.round() != round_ || r.attempt() != attempt_ || !d.expected) return;
   try {
     // The route in force now: a device that cut over during the round sent its Cutover first.
-    uploads_.add(d.s.get(), core::tier::device, devs, {d.rs.route}, r, transport::replica_weights_of(r, model_));
+    uploads_.add(d.s.get(), core::tier::device, devs, {d.rs.route}, r, protocol::replica_weights_of(r, model_));
   } catch (const core::error& e) {
     // Counted out of the round here: nothing of it goes up.
     d.parts.clear();
@@ -23,7 +23,7 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
                       " refused: " + e.what());
   }
   if (!r.final_part()) return;
-  d.parts = uploads_.complete(d.s.get(), core::tier::device, transport::stats_of(r), devs);
+  d.parts = uploads_.complete(d.s.get(), core::tier::device, protocol::stats_of(r), devs);
   d.done = true;
   d.n_samples = r.n_samples();
   arrived_.push_back(id);
@@ -61,7 +61,7 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
   // An empty final part carries the statistics when nothing was averaged.
   if (parts.empty()) parts.push_back({done});
   parts.back().final_part = true;
-  transport::replica_desc d;
+  protocol::replica_desc d;
   d.round = round_;
   d.attempt = attempt_;
   d.node_id = c_.id;
@@ -74,7 +74,7 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
     d.final_part = p.final_part;
     // The statistics go with the last part only.
     if (i + 1 == parts.size()) d.stats = uploads_.tally().relayed(compute, bytes - std::min(bytes, bytes_mark_));
-    up_->post(transport::make_replica_upload(d, p.params, p.buffers));
+    up_->post(protocol::make_replica_upload(d, p.params, p.buffers));
   }
   collecting_ = false;
 }

@@ -11,8 +11,8 @@
 
 #include "cleave/core/error.h"
 #include "cleave/core/random.h"
+#include "cleave/protocol/tensor_io.h"
 #include "cleave/split/replica_checks.h"
-#include "cleave/transport/tensor_io.h"
 
 namespace cleave::runtime {
 
@@ -21,7 +21,7 @@ using clock = std::chrono::steady_clock;
 segment_runner::segment_runner(core::backend& b, core::tier here, std::uint32_t node_id, double slowdown)
     : b_(&b), here_(here), node_id_(node_id), slowdown_(slowdown) {}
 
-bool segment_runner::set_model(const std::string& json, const transport::training_settings& t) {
+bool segment_runner::set_model(const std::string& json, const protocol::training_settings& t) {
   if (host_ && json == model_json_) return false;
   model_ = core::parse_model_spec(json, "plan");
   model_json_ = json;
@@ -74,10 +74,10 @@ step_result segment_runner::run(std::uint32_t device, const split::route& r, std
     if (r.u_shape() == (a->labels() != nullptr))
       throw core::error(r.u_shape() ? "labels sent in a U-shaped plan" : "activation without labels for the loss");
     const split::micro_batch_id id{a->step(), a->micro_batch()};
-    const auto bi = transport::batch_of(*a);
-    const core::tensor x = transport::to_backend(*b_, transport::view_of(*a->activation()));
+    const auto bi = protocol::batch_of(*a);
+    const core::tensor x = protocol::to_backend(*b_, transport::view_of(*a->activation()));
     core::tensor y = labels ? *labels : core::tensor{};
-    if (a->labels()) y = transport::to_backend(*b_, transport::view_of(*a->labels()));
+    if (a->labels()) y = protocol::to_backend(*b_, transport::view_of(*a->labels()));
     split::segment_output o;
     const double secs = timed([&] {
       o = host_->forward(device, seg, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size),
@@ -92,7 +92,7 @@ step_result segment_runner::run(std::uint32_t device, const split::route& r, std
   if (!g) throw core::error("not a step message: " + std::string(transport::body_name(m.type())));
   const int seg = segment_at(r, g->block(), from, false);
   const split::micro_batch_id id{g->step(), g->micro_batch()};
-  core::tensor dy = transport::to_backend(*b_, transport::view_of(*g->gradient()));
+  core::tensor dy = protocol::to_backend(*b_, transport::view_of(*g->gradient()));
   if (here_ == core::tier::device && seg == 0) dy = defend_gradient(device, id, dy);
   split::segment_output o;
   const double secs = timed([&] { o = host_->backward(device, seg, id, dy); });
@@ -106,7 +106,7 @@ step_result segment_runner::run(std::uint32_t device, const split::route& r, std
 
 step_result segment_runner::run_input(std::uint32_t device, const split::route& r, std::uint32_t epoch,
                                       std::uint32_t attempt, split::micro_batch_id id, const core::tensor& x,
-                                      const core::tensor& y, const transport::batch_info& bi,
+                                      const core::tensor& y, const protocol::batch_info& bi,
                                       std::span<const std::int32_t> host_y) {
   split::segment_output o;
   const double secs = timed([&] {
@@ -124,7 +124,7 @@ step_result segment_runner::run_input(std::uint32_t device, const split::route& 
 
 step_result segment_runner::finish(std::uint32_t device, const split::route& r, std::uint32_t epoch,
                                    std::uint32_t attempt, int seg, split::micro_batch_id id,
-                                   const transport::batch_info& bi, split::segment_output o, const core::tensor& labels,
+                                   const protocol::batch_info& bi, split::segment_output o, const core::tensor& labels,
                                    double seconds, bool forward) {
   step_result res;
   double& spent = seg_seconds_[{device, seg}];
@@ -153,21 +153,21 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
     return cut == cut_.end() || r.end(hop) == r.n_blocks ? core::codec_spec{} : cut->second.spec(hop, up, seed);
   };
   if (o.dir == split::segment_output::direction::up) {
-    const transport::step_key key{epoch,  id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.end(seg)),
-                                  attempt};
+    const protocol::step_key key{epoch,  id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.end(seg)),
+                                 attempt};
     const bool pass_labels = !r.u_shape() && labels.defined();
-    res.out = transport::make_activations(key, bi, *b_, o.value, pass_labels ? &labels : nullptr, spec(seg, true));
+    res.out = protocol::make_activations(key, bi, *b_, o.value, pass_labels ? &labels : nullptr, spec(seg, true));
     res.to = r.path[static_cast<std::size_t>(seg + 1)];
   } else if (o.dir == split::segment_output::direction::down) {
     if (res.loss_here && (equalise_ || gradient_noise_ >= 0))
       defend_labels(o.value, core::mix64(noise_seed_ ^
                                          core::mix64((std::uint64_t{device} << 40) ^ (id.step << 8) ^ id.micro_batch)));
-    const transport::step_key key{epoch,  id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.begin(seg)),
-                                  attempt};
+    const protocol::step_key key{epoch,  id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.begin(seg)),
+                                 attempt};
     const core::codec_spec cs = spec(seg - 1, false);
     std::vector<float>* residual =
         cs.id == core::codec::topk && cut->second.topk_feedback ? &residual_[{device, seg, id.micro_batch}] : nullptr;
-    res.out = transport::make_gradients(key, *b_, o.value, o.loss, o.n_correct, cs, residual);
+    res.out = protocol::make_gradients(key, *b_, o.value, o.loss, o.n_correct, cs, residual);
     res.to = r.path[static_cast<std::size_t>(seg - 1)];
   }
   return res;
@@ -230,7 +230,7 @@ void segment_runner::set_gradient_check(int window, double threshold) {
 
 void segment_runner::defend_output(std::uint32_t device, split::micro_batch_id id, const core::tensor& x,
                                    const core::tensor& y, std::span<const std::int32_t> host_y,
-                                   const transport::batch_info& bi, core::tensor& o) {
+                                   const protocol::batch_info& bi, core::tensor& o) {
   const std::int64_t n = o.shape().rank() ? o.shape()[0] : 0;
   if (n <= 0) return;
   const bool check = monitor_ && (!monitor_->ready() || checked_++ % check_stride == 0);
@@ -307,7 +307,7 @@ core::tensor segment_runner::defend_gradient(std::uint32_t device, split::micro_
   return out;
 }
 
-void segment_runner::set_cut(std::uint32_t device, transport::cut_settings c) {
+void segment_runner::set_cut(std::uint32_t device, protocol::cut_settings c) {
   cut_[device] = std::move(c);
 }
 
@@ -342,18 +342,18 @@ void segment_runner::discard(std::uint32_t device, bool segments) {
 }
 
 std::vector<std::pair<core::tier, transport::message_builder>> segment_runner::rehost(
-    std::uint32_t device, const split::route& from, const split::route& to, const transport::migrate_desc& md) {
+    std::uint32_t device, const split::route& from, const split::route& to, const protocol::migrate_desc& md) {
   std::vector<std::pair<core::tier, transport::message_builder>> out;
   std::vector<split::block_state> leaving;
   timed([&] { leaving = host_->rehost(device, from, to, here_); });
   for (const auto& bs : leaving)
-    out.emplace_back(split::tier_of_block(to, bs.begin), transport::make_migrate(md, to, bs));
+    out.emplace_back(split::tier_of_block(to, bs.begin), protocol::make_migrate(md, to, bs));
   release(device);
   return out;
 }
 
 void segment_runner::install(std::uint32_t device, const wire::Migrate& m) {
-  split::block_state st = transport::block_state_of(m, model_);
+  split::block_state st = protocol::block_state_of(m, model_);
   timed([&] { host_->install_blocks(device, std::move(st)); });
   release(device);
 }
@@ -362,7 +362,7 @@ void segment_runner::load(std::uint32_t device, const split::route& r, std::span
                           std::span<const float> buffers, bool shared) {
   for (int seg : r.segments_on(here_)) {
     if (!host_->hosts(device, r, seg)) host_->host(device, r, seg, shared);
-    transport::install(host_->stage_of(device, seg), params, buffers);
+    protocol::install(host_->stage_of(device, seg), params, buffers);
   }
 }
 
@@ -441,7 +441,7 @@ std::vector<split::block_profile> shared_board::profile(
   return it->second;
 }
 
-void segment_runner::profile(std::uint32_t batch, const transport::training_settings& t) {
+void segment_runner::profile(std::uint32_t batch, const protocol::training_settings& t) {
   const auto t0 = clock::now();
   split::profile_options po;
   po.batch = static_cast<int>(std::max(1u, batch));

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "cleave/core/error.h"
-#include "cleave/transport/protocol.h"
+#include "cleave/protocol/protocol.h"
 
 namespace cleave::runtime {
 
@@ -53,9 +53,9 @@ transport::listener_options listen_options(std::vector<std::string> allowed, con
 void check_hello(session& s, const transport::message& m) {
   const auto* h = m.as<wire::Hello>();
   if (!h) throw core::error("the first message was " + std::string(transport::body_name(m.type())) + ", not a Hello");
-  if (h->protocol_version() != transport::protocol_version)
+  if (h->protocol_version() != protocol::protocol_version)
     throw core::error("protocol version " + std::to_string(h->protocol_version()) + ", expected " +
-                      std::to_string(transport::protocol_version));
+                      std::to_string(protocol::protocol_version));
   s.role = static_cast<core::tier>(h->role());
   s.id = h->node_id();
   if (s.ch.peer_role() && *s.ch.peer_role() != s.role)

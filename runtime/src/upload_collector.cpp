@@ -12,7 +12,7 @@ void round_tally::add_loss(double loss, std::int64_t n, std::uint64_t correct) {
   n_correct += correct;
 }
 
-void round_tally::add(const transport::round_stats& s, core::tier sender) {
+void round_tally::add(const protocol::round_stats& s, core::tier sender) {
   (sender == core::tier::edge ? edge_compute_s : device_compute_s) += static_cast<double>(s.compute_us) * 1e-6;
   device_compute_s += static_cast<double>(s.device_compute_us) * 1e-6;
   bytes_moved += s.bytes_moved;
@@ -22,8 +22,8 @@ void round_tally::add(const transport::round_stats& s, core::tier sender) {
   n_correct += s.n_correct;
 }
 
-transport::round_stats round_tally::relayed(double own_compute_s, std::uint64_t bytes) const {
-  transport::round_stats s;
+protocol::round_stats round_tally::relayed(double own_compute_s, std::uint64_t bytes) const {
+  protocol::round_stats s;
   s.compute_us = static_cast<std::uint64_t>(own_compute_s * 1e6);
   s.device_compute_us = static_cast<std::uint64_t>(device_compute_s * 1e6 + 0.5);
   s.bytes_moved = bytes;
@@ -55,7 +55,7 @@ void upload_collector::check_secure(core::tier from, const std::vector<std::uint
 
 void upload_collector::add(const void* sender, core::tier from, const std::vector<std::uint32_t>& devices,
                            const std::vector<split::route>& routes, const wire::ReplicaUpload& r,
-                           const transport::weights_view& w) {
+                           const protocol::weights_view& w) {
   try {
     if (rules_.secure) check_secure(from, devices, routes, r);
     if (!rules_.secure || from != core::tier::device) {
@@ -85,7 +85,7 @@ void upload_collector::add(const void* sender, core::tier from, const std::vecto
 }
 
 std::vector<upload_part> upload_collector::complete(const void* sender, core::tier from,
-                                                    const transport::round_stats& st,
+                                                    const protocol::round_stats& st,
                                                     const std::vector<std::uint32_t>& finished) {
   std::vector<upload_part> parts;
   if (const auto it = held_.find(sender); it != held_.end()) {

@@ -64,15 +64,15 @@ void round::start_training(std::uint32_t id, clock::time_point until) {
   // In sequential mode a device's turn waits for it alone.
   const bool turn = c_.mode == training_mode::sequential;
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
-  transport::round_start_desc rs{number_,
-                                 host_.plan_epoch(),
-                                 static_cast<std::uint32_t>(c_.local_steps),
-                                 static_cast<std::uint64_t>(std::max<std::int64_t>(left, 1)),
-                                 lr_,
-                                 id,
-                                 turn ? std::span<const std::uint32_t>(&id, 1) : participants_,
-                                 attempt_};
-  host_.post(id, transport::make_round_start(rs));
+  protocol::round_start_desc rs{number_,
+                                host_.plan_epoch(),
+                                static_cast<std::uint32_t>(c_.local_steps),
+                                static_cast<std::uint64_t>(std::max<std::int64_t>(left, 1)),
+                                lr_,
+                                id,
+                                turn ? std::span<const std::uint32_t>(&id, 1) : participants_,
+                                attempt_};
+  host_.post(id, protocol::make_round_start(rs));
 }
 
 asio::awaitable<void> round::take_turns(clock::time_point deadline) {
@@ -223,7 +223,7 @@ void round::add_loss(std::uint64_t number, double loss, std::int64_t n, std::uin
 
 void round::on_upload(const void* via, core::tier from, const std::string& who,
                       const std::vector<std::uint32_t>& devices, const wire::ReplicaUpload& r,
-                      const transport::weights_view& w) {
+                      const protocol::weights_view& w) {
   // Of a round closed, or of an attempt at this one that nobody finished in time.
   if (!collects(r.round(), r.attempt())) return;
   // Parts for devices no longer in the round (counted out meanwhile) are neither checked nor
@@ -247,7 +247,7 @@ void round::on_upload(const void* via, core::tier from, const std::string& who,
   const auto finishes = [&finished](std::uint32_t d) {
     return std::find(finished.begin(), finished.end(), d) != finished.end();
   };
-  for (const auto& p : uploads_.complete(via, from, transport::stats_of(r), finished))
+  for (const auto& p : uploads_.complete(via, from, protocol::stats_of(r), finished))
     if (p.weight > 0 && std::any_of(p.devices.begin(), p.devices.end(), finishes))
       avg_->add(p.first, p.end, p.weight, p.params, p.buffers);
   wake_.notify();

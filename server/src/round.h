@@ -108,7 +108,7 @@ class round {
   // A part of an upload from `via` (tier `from`, named `who` in refusals) for `devices`, each
   // attached through via. Throws core::error when it is refused.
   void on_upload(const void* via, core::tier from, const std::string& who, const std::vector<std::uint32_t>& devices,
-                 const wire::ReplicaUpload& r, const transport::weights_view& w);
+                 const wire::ReplicaUpload& r, const protocol::weights_view& w);
   // Secure aggregation's messages from device `dev`; throws core::error when it breaks the rules.
   void on_secagg(std::uint32_t dev, const wire::SecAgg& m);
   // Whether uploads and secure aggregation's messages of round `number`, attempt `attempt` are taken.

@@ -23,14 +23,14 @@ void secure_round::reset(std::uint64_t round) {
   n_aggregated_ = 0;
 }
 
-void secure_round::post(std::uint32_t device, const transport::secagg_desc& d) {
-  host_.post(device, transport::make_secagg(d));
+void secure_round::post(std::uint32_t device, const protocol::secagg_desc& d) {
+  host_.post(device, protocol::make_secagg(d));
 }
 
 void secure_round::on_message(std::uint32_t dev, const wire::SecAgg& m) {
   switch (m.phase()) {
     case wire::SecAggPhase::keys: {
-      auto keys = transport::keys_of(m);
+      auto keys = protocol::keys_of(m);
       if (keys.size() != 1 || keys[0].id != dev) throw core::error("keys must be the sender's own, one pair");
       if (!agg_) keys_[dev] = keys[0];  // after the roster: too late for this round
       break;
@@ -39,7 +39,7 @@ void secure_round::on_message(std::uint32_t dev, const wire::SecAgg& m) {
       if (!agg_ || shared_.count(dev)) return;
       const auto& roster = agg_->roster();
       if (std::none_of(roster.begin(), roster.end(), [dev](const auto& e) { return e.id == dev; })) return;
-      auto blobs = transport::blobs_of(m);
+      auto blobs = protocol::blobs_of(m);
       std::set<std::uint32_t> to;
       for (const auto& b : blobs) to.insert(b.id);
       std::set<std::uint32_t> others;
@@ -68,7 +68,7 @@ void secure_round::on_message(std::uint32_t dev, const wire::SecAgg& m) {
       if (!unmasking_ || revealed_.count(dev)) return;
       const auto survivors = agg_->survivors();
       if (!std::binary_search(survivors.begin(), survivors.end(), dev)) return;
-      agg_->add_reveal(dev, transport::blobs_of(m));
+      agg_->add_reveal(dev, protocol::blobs_of(m));
       revealed_.insert(dev);
       break;
     }

@@ -14,9 +14,9 @@
 
 #include "cleave/core/model.h"
 #include "cleave/privacy/secagg.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/split/aggregator.h"
-#include "cleave/transport/protocol.h"
 
 namespace cleave::server {
 
@@ -44,7 +44,7 @@ class secure_round {
   int n_aggregated() const { return n_aggregated_; }
 
  private:
-  void post(std::uint32_t device, const transport::secagg_desc& d);
+  void post(std::uint32_t device, const protocol::secagg_desc& d);
   // Every block any device of `set` holds, sorted and merged.
   std::vector<std::pair<int, int>> held_ranges(const std::vector<std::uint32_t>& set) const;
   asio::awaitable<std::string> add_unmasked(const core::flat_layout& lay,

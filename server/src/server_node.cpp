@@ -56,7 +56,7 @@ const std::vector<float>& server_node::global_buffers() const {
 }
 
 void server_node::impl::send_global(const runtime::session_ptr& to, std::uint32_t device_id) {
-  transport::global_weights_desc g;
+  protocol::global_weights_desc g;
   const round_report& last = round_.last();
   g.round = last.round;  // the round these weights come from
   g.n_blocks = static_cast<std::uint32_t>(model_.n_blocks());
@@ -64,7 +64,7 @@ void server_node::impl::send_global(const runtime::session_ptr& to, std::uint32_
   // Only for weights that were evaluated (NaN: not this round).
   g.test_accuracy = last.evaluated ? static_cast<float>(last.test_accuracy) : std::nanf("");
   g.test_loss = last.evaluated ? static_cast<float>(last.test_loss) : std::nanf("");
-  to->post(transport::make_global_weights(g, global_.params, global_.buffers));
+  to->post(protocol::make_global_weights(g, global_.params, global_.buffers));
 }
 
 void server_node::impl::on_hello(const runtime::session_ptr& s, const transport::message& hello) {
@@ -72,12 +72,12 @@ void server_node::impl::on_hello(const runtime::session_ptr& s, const transport:
   if (s->role != core::tier::edge) throw core::error("a server cannot join another server");
   spdlog::info("server: edge {} ({}) connected", s->id, s->identity);
   schedule_->apply(*s);
-  transport::welcome_info w;
+  protocol::welcome_info w;
   w.node_id = s->id;
   w.plan_epoch = plans_.epoch();
   w.run_id = run_id_;
   w.per_device_replicas = c_.aggregate.per_device();
-  s->post(transport::make_welcome(w));
+  s->post(protocol::make_welcome(w));
 }
 
 void server_node::impl::register_device(const runtime::session_ptr& via, const wire::Hello& h) {
@@ -105,11 +105,11 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
   });
   spdlog::info("server: device {} joined{} ({} samples): {}{}", id,
                behind_edge ? " through " + via->identity : std::string(), h.n_samples(), d.rs.route.str(), resumed);
-  transport::welcome_info w;
+  protocol::welcome_info w;
   w.node_id = id;
   w.plan_epoch = plans_.epoch();
   w.run_id = run_id_;
-  via->post(transport::make_welcome(w));
+  via->post(protocol::make_welcome(w));
   via->post(plans_.plan_message(id));
   send_global(via, id);
   if (!behind_edge) schedule_->apply(*via);
@@ -152,7 +152,7 @@ void server_node::impl::on_message(const runtime::session_ptr& s, transport::mes
       try {
         register_device(s, h);
       } catch (const core::error& e) {  // refuse that device only: the edge passes it on
-        s->post(transport::make_leave({h.node_id(), e.what()}));
+        s->post(protocol::make_leave({h.node_id(), e.what()}));
       }
       return;
     }
@@ -182,7 +182,7 @@ void server_node::impl::on_message(const runtime::session_ptr& s, transport::mes
 
 void server_node::impl::on_step(const runtime::session_ptr& s, transport::message m) {
   const bool act = m.type() == wire::Body::Activations;
-  const auto key = *transport::step_key_of(m);
+  const auto key = *protocol::step_key_of(m);
   const std::uint32_t dev = key.device_id, epoch = key.epoch;
   const std::uint64_t step = key.step;
   auto* at = members_.attached(dev, s, "step message");
@@ -226,7 +226,7 @@ void server_node::impl::device_failed(const runtime::session_ptr& s, std::uint32
 
 void server_node::impl::on_replica(const runtime::session_ptr& s, const wire::ReplicaUpload& r) {
   if (!round_.collects(r.round(), r.attempt())) return;
-  const auto devs = transport::devices_of(r);
+  const auto devs = protocol::devices_of(r);
   if (s->role == core::tier::device && (devs.size() != 1 || devs[0] != s->id))
     throw core::error("a device may only upload its own replicas");
   // A device that left its edge after its upload is still named in the edge's: counted out.
@@ -237,7 +237,7 @@ void server_node::impl::on_replica(const runtime::session_ptr& s, const wire::Re
     for (std::size_t i = 0; i < devs.size(); ++i) who += (i ? ", " : " ") + std::to_string(devs[i]);
     who += ")";
   }
-  round_.on_upload(s.get(), s->role, who, devs, r, transport::replica_weights_of(r, model_));
+  round_.on_upload(s.get(), s->role, who, devs, r, protocol::replica_weights_of(r, model_));
 }
 
 void server_node::impl::on_secagg(const runtime::session_ptr& s, const wire::SecAgg& m) {
@@ -262,7 +262,7 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
   const bool leg = collecting && c.step() / static_cast<std::uint64_t>(c_.local_steps) == round_.number();
   const split::route from = plans_.cut_over(d, c.epoch(), c.step(), round_.number(), leg), to = d.rs.route;
   if (collecting) round_.count_resplit();
-  const transport::migrate_desc md{d.rs.epoch, c.step(), dev, d.behind_edge ? s->id : 0, core::tier::server, 0};
+  const protocol::migrate_desc md{d.rs.epoch, c.step(), dev, d.behind_edge ? s->id : 0, core::tier::server, 0};
   ex_.post_compute(
       [this, s, dev, from, to, md, cut = plans_.cut_of(to, &d.hops)] {
         runner_->set_cut(dev, cut);
@@ -276,7 +276,7 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
 void server_node::impl::on_migrate(const runtime::session_ptr& s, transport::message m) {
   const std::uint32_t dev = m.as<wire::Migrate>()->device_id();
   if (!members_.attached(dev, s, "Migrate")) return;
-  if (transport::tier_of(m.as<wire::Migrate>()->to_role()) != core::tier::server)
+  if (protocol::tier_of(m.as<wire::Migrate>()->to_role()) != core::tier::server)
     throw core::error("Migrate not addressed to the server");
   auto held = std::make_shared<transport::message>(std::move(m));
   ex_.post_compute([this, dev, held] { runner_->install(dev, *held->as<wire::Migrate>()); },
@@ -475,7 +475,7 @@ round_report server_node::impl::run() {
   plans_.route_for_device(false);
   plans_.route_for_device(true);
   runner_.emplace(*be_, core::tier::server, 0, schedule_->start_slowdown(1.0));
-  const transport::training_settings training{c_.opt, c_.seed};
+  const protocol::training_settings training{c_.opt, c_.seed};
   runner_->set_model(model_.json, training);
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   if (c_.adaptive && c_.mode == training_mode::splitfed) {

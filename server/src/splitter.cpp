@@ -136,7 +136,7 @@ split::route splitter::cut_over(device_state& d, std::uint32_t epoch, std::uint6
 
 double splitter::on_profile(const runtime::session_ptr& s, const wire::Profile& m,
                             const std::list<runtime::session_ptr>& sessions) {
-  auto prof = transport::profile_of(m, model_.n_blocks());
+  auto prof = protocol::profile_of(m, model_.n_blocks());
   if (!book_) return 0;  // not splitting adaptively
   const std::uint32_t node = m.node_id();
   const split::node_key server{core::tier::server, 0};
@@ -328,7 +328,7 @@ std::string splitter::place(std::uint32_t id, device_state& d) {
 
 transport::message_builder splitter::plan_message(std::uint32_t device, bool resplit) const {
   const auto& d = *members_.find(device);
-  transport::plan_desc p;
+  protocol::plan_desc p;
   p.epoch = resplit ? d.rs.next_epoch : d.rs.epoch;
   p.resplit = resplit;
   p.model_json = model_.json;
@@ -347,11 +347,11 @@ transport::message_builder splitter::plan_message(std::uint32_t device, bool res
   p.topk_feedback = cut.topk_feedback;
   p.secure_aggregation = c_.secure_aggregation;
   p.resume = d.resumes;
-  return transport::make_plan(p);
+  return protocol::make_plan(p);
 }
 
-transport::cut_settings splitter::cut_of(const split::route& r, const std::vector<core::hop_codecs>* hops) const {
-  transport::cut_settings c;
+protocol::cut_settings splitter::cut_of(const split::route& r, const std::vector<core::hop_codecs>* hops) const {
+  protocol::cut_settings c;
   c.n_micro_batches = static_cast<std::uint32_t>(c_.micro_batches);
   if (hops && hops->size() + 1 == r.path.size())
     c.hops = *hops;

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "cleave/core/checkpoint.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/server/server_node.h"
 #include "cleave/split/profile_book.h"
 #include "cleave/split/splitter.h"
-#include "cleave/transport/protocol.h"
 #include "membership.h"
 
 namespace cleave::server {
@@ -42,7 +42,7 @@ class splitter {
   transport::message_builder plan_message(std::uint32_t device, bool resplit = false) const;
   // How a device on route r crosses its cuts; hops: the planner's choice for r (null or not one
   // per hop: the most compact allowed codecs).
-  transport::cut_settings cut_of(const split::route& r, const std::vector<core::hop_codecs>* hops = nullptr) const;
+  protocol::cut_settings cut_of(const split::route& r, const std::vector<core::hop_codecs>* hops = nullptr) const;
 
   // A profile from s (a device's own, relayed by its edge, or an edge's); then maybe a re-plan.
   // Returns the planner's seconds (0: it did not search).

@@ -248,10 +248,10 @@ inline asio::awaitable<transport::result<transport::channel>> hello_as(const tra
                                                                        std::uint16_t port, std::uint32_t id) {
   auto ch = co_await transport::connect(tls, "127.0.0.1", port);
   if (!ch) co_return ch;
-  transport::hello_info h;
+  protocol::hello_info h;
   h.role = core::tier::device;
   h.node_id = id;
-  co_await ch->send(transport::make_hello(h));
+  co_await ch->send(protocol::make_hello(h));
   co_return ch;
 }
 

@@ -16,9 +16,9 @@
 
 #include "../support/error_of.h"
 #include "cleave/core/model.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/transport/connect.h"
 #include "cleave/transport/listener.h"
-#include "cleave/transport/protocol.h"
 #include "federation.h"
 
 using namespace cleave;
@@ -31,8 +31,8 @@ transport::message_builder activation_of(core::backend& b, std::uint32_t epoch, 
                                          const core::shape& in, std::uint32_t device = 1) {
   core::tensor x = b.zeros(in.batched(2));
   core::tensor y = b.zeros({2}, core::dtype::i32);
-  const transport::step_key key{epoch, step, 0, device, block};
-  return transport::make_activations(key, {2, 1}, b, x, &y);
+  const protocol::step_key key{epoch, step, 0, device, block};
+  return protocol::make_activations(key, {2, 1}, b, x, &y);
 }
 
 // Reads ch until a Plan arrives: its epoch, or what ended the wait.
@@ -121,8 +121,8 @@ TEST_CASE("a device sending an out-of-plan or malformed message is disconnected 
           } else {
             auto b = backend::make_backend("reference");
             core::tensor x = b->zeros({2, 4});
-            const transport::step_key key{1, 10, 0, id, 9};
-            co_await ch.send(transport::make_activations(key, {2, 1}, *b, x, nullptr));
+            const protocol::step_key key{1, 10, 0, id, 9};
+            co_await ch.send(protocol::make_activations(key, {2, 1}, *b, x, nullptr));
           }
         }
       });
@@ -174,7 +174,7 @@ TEST_CASE("after a re-split, step messages of the old plan epoch are refused and
         }
         // The re-split: switch at the next step boundary.
         new_epoch = p->epoch();
-        co_await ch->send(transport::make_cutover(1, new_epoch, step + 1));
+        co_await ch->send(protocol::make_cutover(1, new_epoch, step + 1));
       } else if (const auto* r = m->as<cleave::wire::RoundStart>()) {
         step = r->round() * r->local_steps();
         co_await ch->send(activation_of(*b, epoch, step, 3, pool1));
@@ -424,19 +424,19 @@ TEST_CASE("what an edge still sends for a device that left through it is dropped
   auto play = [&]() -> asio::awaitable<std::string> {
     auto edge = co_await transport::connect(edge_tls, "127.0.0.1", sp);
     if (!edge) co_return "edge connect failed: " + edge.error().reason();
-    transport::hello_info eh;
+    protocol::hello_info eh;
     eh.role = core::tier::edge;
     eh.node_id = 1000;
-    co_await edge->send(transport::make_hello(eh));
+    co_await edge->send(protocol::make_hello(eh));
     // Device 2 joins through the edge, then leaves it (its Wi-Fi to the edge dropped).
-    transport::hello_info dh;
+    protocol::hello_info dh;
     dh.role = core::tier::device;
     dh.node_id = 2;
-    co_await edge->send(transport::make_hello(dh));
+    co_await edge->send(protocol::make_hello(dh));
     std::uint32_t epoch = 0;
     if (auto why = co_await plan_epoch(*edge, epoch); !why.empty()) co_return "edge: " + why;
     // (Named first: g++ 12 mishandles aggregate temporaries inside a co_await expression.)
-    auto leave = transport::make_leave({2, "link lost"});
+    auto leave = protocol::make_leave({2, "link lost"});
     co_await edge->send(std::move(leave));
     // It joins again straight to the server (retried until the server has taken the Leave).
     std::optional<transport::channel> direct;
@@ -459,7 +459,7 @@ TEST_CASE("what an edge still sends for a device that left through it is dropped
     co_await edge->send(std::move(late));
     // The edge is still served: device 3 joins through it.
     dh.node_id = 3;
-    co_await edge->send(transport::make_hello(dh));
+    co_await edge->send(protocol::make_hello(dh));
     if (auto why = co_await plan_epoch(*edge, epoch); !why.empty()) co_return "edge after the late message: " + why;
     co_return std::string("served");
   };
@@ -495,9 +495,9 @@ TEST_CASE("a step message the server sent under a plan the edge has left behind 
     if (!up) co_return "no edge: " + up.error().reason();
     auto hello = co_await up->receive();
     if (!hello || !hello->as<cleave::wire::Hello>()) co_return std::string("no Hello from the edge");
-    transport::welcome_info ew;
+    protocol::welcome_info ew;
     ew.node_id = 1000;
-    co_await up->send(transport::make_welcome(ew));
+    co_await up->send(protocol::make_welcome(ew));
     auto dev = co_await hello_as(dev_tls, edge.port, 2);
     if (!dev) co_return "device connect failed: " + dev.error().reason();
     dev_ch = &*dev;
@@ -506,25 +506,25 @@ TEST_CASE("a step message the server sent under a plan the edge has left behind 
       if (!m) co_return "closed: " + m.error().reason();
       if (const auto* h = m->as<cleave::wire::Hello>(); h && h->node_id() == 2) break;
     }
-    transport::welcome_info dw;
+    protocol::welcome_info dw;
     dw.node_id = 2;
-    co_await up->send(transport::make_welcome(dw));
-    transport::plan_desc p;
+    co_await up->send(protocol::make_welcome(dw));
+    protocol::plan_desc p;
     p.epoch = 2;
     p.model_json = model.json;
     p.micro_batch_size = 2;
     p.device_id = 2;
     p.edge_id = 1000;
     p.route = split::make_route(false, true, {3, 8}, model.n_blocks());
-    co_await up->send(transport::make_plan(p));
+    co_await up->send(protocol::make_plan(p));
     // A gradient of plan 1 for device 2: sent before the server's plan 2, and late.
     auto b = backend::make_backend("reference");
     const core::tensor g = b->zeros({2, 4});
-    const transport::step_key key{1, 0, 0, 2, 8};
-    auto stale = transport::make_gradients(key, *b, g, 0.5f, 0);
+    const protocol::step_key key{1, 0, 0, 2, 8};
+    auto stale = protocol::make_gradients(key, *b, g, 0.5f, 0);
     co_await up->send(std::move(stale));
     // What follows on the same link reaches the device: the edge took the gradient and kept it.
-    co_await up->send(transport::make_welcome(dw));
+    co_await up->send(protocol::make_welcome(dw));
     for (int welcomes = 0; welcomes < 2;) {
       auto m = co_await dev->receive();
       if (!m) co_return "device: closed: " + m.error().reason();
@@ -533,7 +533,7 @@ TEST_CASE("a step message the server sent under a plan the edge has left behind 
     // And the other way: device 2's profile reaches the server.
     split::node_profile prof;
     prof.node_id = 2;
-    auto report = transport::make_profile(prof, 2, 0);
+    auto report = protocol::make_profile(prof, 2, 0);
     co_await dev->send(std::move(report));
     for (;;) {
       auto m = co_await up->receive();

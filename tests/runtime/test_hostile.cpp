@@ -11,8 +11,8 @@
 #include <mutex>
 
 #include "cleave/core/trainer.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/transport/connect.h"
-#include "cleave/transport/protocol.h"
 #include "federation.h"
 
 using namespace cleave;
@@ -173,7 +173,7 @@ TEST_CASE(
           const auto* r = m->as<cleave::wire::RoundStart>();
           if (!r) continue;
           const auto lay = core::layout_of(model);
-          transport::replica_desc d;
+          protocol::replica_desc d;
           d.round = r->round();
           d.node_id = id;
           d.first_block = 0;
@@ -182,7 +182,7 @@ TEST_CASE(
           d.devices = std::span(&id, 1);
           const std::vector<float> p(static_cast<std::size_t>(lay.param_offset[d.end_block]), 0.0f);
           const std::vector<float> b(static_cast<std::size_t>(lay.buffer_offset[d.end_block]), 0.0f);
-          co_await ch.send(transport::make_replica_upload(d, p, b));
+          co_await ch.send(protocol::make_replica_upload(d, p, b));
         }
       });
   CHECK(run.server_error == "");
@@ -254,7 +254,7 @@ TEST_CASE("a device sending NaN activations poisons only its own server replica,
           if (!m) co_return "closed: " + m.error().reason();
           if (const auto* p = m->as<cleave::wire::Plan>()) {
             model = core::parse_model_spec(p->model()->str(), "plan");
-            route = transport::route_for(*p, id, model.n_blocks());
+            route = protocol::route_for(*p, id, model.n_blocks());
             mb_size = p->micro_batch_size();
             n_mb = p->n_micro_batches();
           }
@@ -266,11 +266,12 @@ TEST_CASE("a device sending NaN activations poisons only its own server replica,
           const std::vector<std::int32_t> y(mb_size, 1);
           for (std::uint32_t s = 0; s < r->local_steps(); ++s) {
             for (std::uint32_t mb = 0; mb < n_mb; ++mb) {
-              const transport::step_key key{r->epoch(), r->round() * r->local_steps() + s, mb, id, cut};
+              const protocol::step_key key{r->epoch(), r->round() * r->local_steps() + s, mb, id, cut};
               const transport::tensor_source act{core::dtype::f32, in, x.data(), "activation"};
               const transport::tensor_source lab{core::dtype::i32, core::shape({static_cast<std::int64_t>(mb_size)}),
                                                  y.data(), "labels"};
-              co_await ch.send(transport::make_activations(key, act, &lab));
+              // No batch fields (a sender that does not micro-batch), as this device always sent.
+              co_await ch.send(protocol::make_activations(key, {0, 0}, act, &lab));
             }
             for (std::uint32_t got = 0; got < n_mb;) {
               auto g = co_await ch.receive();
@@ -279,7 +280,7 @@ TEST_CASE("a device sending NaN activations poisons only its own server replica,
             }
           }
           const auto lay = core::layout_of(model);
-          transport::replica_desc d;
+          protocol::replica_desc d;
           d.round = r->round();
           d.node_id = id;
           d.first_block = 0;
@@ -288,7 +289,7 @@ TEST_CASE("a device sending NaN activations poisons only its own server replica,
           d.devices = std::span(&id, 1);
           const std::vector<float> p(static_cast<std::size_t>(lay.param_offset[cut]), 0.0f);
           const std::vector<float> b(static_cast<std::size_t>(lay.buffer_offset[cut]), 0.0f);
-          co_await ch.send(transport::make_replica_upload(d, p, b));
+          co_await ch.send(protocol::make_replica_upload(d, p, b));
         }
       });
   CHECK(run.server_error == "");

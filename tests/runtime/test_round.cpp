@@ -14,8 +14,8 @@
 #include "cleave/core/model.h"
 #include "cleave/privacy/masked_replica.h"
 #include "cleave/privacy/secagg.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/split/plan.h"
-#include "cleave/transport/protocol.h"
 #include "round.h"
 
 namespace {
@@ -116,7 +116,7 @@ class fake_host final : public srv::round_host {
     std::vector<float> b(global->buffers.begin(), global->buffers.begin() + static_cast<std::ptrdiff_t>(n_b));
     for (auto& v : p) v += d.delta;
     d.held = p;
-    transport::replica_desc r;
+    protocol::replica_desc r;
     r.round = number;
     r.attempt = attempt;
     r.node_id = id;
@@ -127,16 +127,16 @@ class fake_host final : public srv::round_host {
     r.stats.loss_sum = 32;
     r.stats.n_loss = 64;
     r.stats.n_correct = 48;
-    const auto m = secure_ ? decoded(transport::make_replica_upload(r, std::span<const float>{}, {}))
-                           : decoded(transport::make_replica_upload(r, p, b));
+    const auto m = secure_ ? decoded(protocol::make_replica_upload(r, std::span<const float>{}, {}))
+                           : decoded(protocol::make_replica_upload(r, p, b));
     const auto& u = *m.as<wire::ReplicaUpload>();
     round->on_upload(&d.session, core::tier::device, "device " + std::to_string(id), {id}, u,
-                     transport::replica_weights_of(u, model_));
+                     protocol::replica_weights_of(u, model_));
   }
 
  private:
-  void secagg(std::uint32_t id, const transport::secagg_desc& d) {
-    round->on_secagg(id, *decoded(transport::make_secagg(d)).as<wire::SecAgg>());
+  void secagg(std::uint32_t id, const protocol::secagg_desc& d) {
+    round->on_secagg(id, *decoded(protocol::make_secagg(d)).as<wire::SecAgg>());
   }
 
   // What device id does with a message from the round.
@@ -160,21 +160,21 @@ class fake_host final : public srv::round_host {
     const std::uint64_t r = s->round();
     switch (s->phase()) {
       case wire::SecAggPhase::roster: {
-        const auto roster = transport::keys_of(*s);
+        const auto roster = protocol::keys_of(*s);
         d.shares_due = roster.size() - 1;
         const auto blobs = d.secure->share_keys(roster, static_cast<int>(s->threshold()));
         secagg(id, {.phase = wire::SecAggPhase::shares, .round = r, .device_id = id, .blobs = blobs});
         break;
       }
       case wire::SecAggPhase::shares:
-        for (const auto& b : transport::blobs_of(*s)) {
+        for (const auto& b : protocol::blobs_of(*s)) {
           CHECK(d.secure->receive_share(b.id, b.bytes));
           if (--d.shares_due == 0 && d.trains) upload(id, r, d.attempt);
         }
         break;
       case wire::SecAggPhase::mask_set: {
-        const auto set = transport::ids_of(s->devices());
-        const auto ranges = transport::block_ranges_of(*s, model_.n_blocks());
+        const auto set = protocol::ids_of(s->devices());
+        const auto ranges = protocol::block_ranges_of(*s, model_.n_blocks());
         const privacy::held_segment seg{
             0, cut_, d.held,
             std::vector<float>(static_cast<std::size_t>(lay_.buffer_offset[static_cast<std::size_t>(cut_)]))};
@@ -184,7 +184,7 @@ class fake_host final : public srv::round_host {
         break;
       }
       case wire::SecAggPhase::unmask: {
-        const auto blobs = d.secure->reveal(transport::ids_of(s->devices()), transport::ids_of(s->dropped()));
+        const auto blobs = d.secure->reveal(protocol::ids_of(s->devices()), protocol::ids_of(s->dropped()));
         secagg(id, {.phase = wire::SecAggPhase::reveal, .round = r, .device_id = id, .blobs = blobs});
         break;
       }
@@ -350,7 +350,7 @@ TEST_CASE(
   u.host->devices[1] = {.delta = 1, .trains = false};
   std::string refused;
   u.host->on_start = [&](std::uint32_t id, std::uint32_t) {
-    transport::replica_desc r;
+    protocol::replica_desc r;
     r.round = 1;
     r.node_id = id;
     r.end_block = 2;
@@ -358,12 +358,12 @@ TEST_CASE(
     r.devices = std::span(&id, 1);
     const auto lay = core::layout_of(u.model);
     const auto m =
-        decoded(transport::make_replica_upload(r, std::vector<float>(static_cast<std::size_t>(lay.param_offset[2])),
-                                               std::vector<float>(static_cast<std::size_t>(lay.buffer_offset[2]))));
+        decoded(protocol::make_replica_upload(r, std::vector<float>(static_cast<std::size_t>(lay.param_offset[2])),
+                                              std::vector<float>(static_cast<std::size_t>(lay.buffer_offset[2]))));
     const auto& up = *m.as<wire::ReplicaUpload>();
     try {
       u.round->on_upload(&u.host->devices[id].session, core::tier::device, "device 1", {id}, up,
-                         transport::replica_weights_of(up, u.model));
+                         protocol::replica_weights_of(up, u.model));
     } catch (const core::error& e) {
       refused = e.what();
     }

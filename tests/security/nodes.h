@@ -21,8 +21,8 @@
 
 #include "../runtime/federation.h"
 #include "../support/idle_flood.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/transport/connect.h"
-#include "cleave/transport/protocol.h"
 #include "cleave/transport/tls_context.h"
 
 namespace cleave::testing {

@@ -128,7 +128,7 @@ TEST_CASE("a device uploading an all-NaN replica of the whole model is refused a
         if (!r) continue;
         const auto lay = core::layout_of(model);
         std::uint32_t id = 2;
-        transport::replica_desc d;
+        protocol::replica_desc d;
         d.round = r->round();
         d.node_id = id;
         d.first_block = 0;
@@ -138,7 +138,7 @@ TEST_CASE("a device uploading an all-NaN replica of the whole model is refused a
         const float nan = std::numeric_limits<float>::quiet_NaN();
         const std::vector<float> p(static_cast<std::size_t>(lay.param_offset.back()), nan);
         const std::vector<float> b(static_cast<std::size_t>(lay.buffer_offset.back()), nan);
-        co_await ch->send(transport::make_replica_upload(d, p, b));
+        co_await ch->send(protocol::make_replica_upload(d, p, b));
       }
     }());
   });
@@ -274,13 +274,13 @@ TEST_CASE("an agent that pins no upstream refuses an edge's certificate and spec
       if (!ch) co_return "not accepted";
       auto hello = co_await ch->receive();
       if (!hello || !hello->as<wire::Hello>()) co_return "no Hello";
-      transport::plan_desc p;
+      protocol::plan_desc p;
       p.epoch = 1;
       p.model_json = spec;
       p.micro_batch_size = 16;
       p.n_micro_batches = 1;
       p.device_id = 1;
-      co_await ch->send(transport::make_plan(p));
+      co_await ch->send(protocol::make_plan(p));
       for (;;) {
         auto m = co_await ch->receive();
         if (!m) co_return "closed: " + m.error().reason();

@@ -1,4 +1,5 @@
-// One well-formed sample of every message type, for round-trip tests and the fuzz seed corpus.
+// One well-formed sample of every message type, built as nodes build them (the protocol's
+// builders, the channel's own for Ping / Pong / Error): for round-trip tests and the fuzz seeds.
 #pragma once
 
 #include <string>
@@ -9,8 +10,9 @@
 
 namespace cleave::transport::testing {
 
-// (type name, finished message) for every member of the Body union, tensors filled with a
-// deterministic pattern.
+// (type name, finished message) for every member of the Body union, with the fields nodes fill
+// (a RoundStart with its attempt and devices, a Plan with its route, codecs and training settings,
+// a step message with its batch and attempt), tensors filled with deterministic values.
 std::vector<std::pair<std::string, message_builder>> sample_messages();
 
 // Step messages whose tensor is encoded by each codec (activations: f16, bf16, int8; gradients:
@@ -19,9 +21,7 @@ std::vector<std::pair<std::string, message_builder>> sample_messages();
 std::vector<std::pair<std::string, message_builder>> encoded_step_messages();
 std::vector<float> encoded_sample_values();
 
-// Bytes of the pattern at index i of a tensor's data (what sample_messages writes).
-inline std::byte pattern_byte(std::size_t i) {
-  return static_cast<std::byte>((i * 131u + 7u) & 0xffu);
-}
+// The model spec the sample Plan carries (5 blocks).
+const char* sample_model_json();
 
 }  // namespace cleave::transport::testing

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "channel_pair.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/transport/channel.h"
 #include "cleave/transport/connect.h"
 #include "cleave/transport/listener.h"
@@ -27,9 +28,9 @@ namespace {
 
 // Sends a RoundStart with `round` one way and checks it arrives.
 asio::awaitable<void> exchange(channel& from, channel& to, std::uint64_t round) {
-  round_start_info info;
+  protocol::round_start_desc info;
   info.round = round;
-  const status st = co_await from.send(make_round_start(info));
+  const status st = co_await from.send(protocol::make_round_start(info));
   REQUIRE_MESSAGE(st.ok(), why(st));
   auto got = co_await to.receive();
   REQUIRE_MESSAGE(got.ok(), why(got));
@@ -85,7 +86,7 @@ TEST_CASE("a mutually authenticated channel exchanges messages both ways") {
 
     const auto act = ramp(8 * 3 * 4 * 4, -10.f);
     const std::vector<std::int32_t> labels = {0, 1, 2, 3, 4, 5, 6, 7};
-    step_key key;
+    protocol::step_key key;
     key.epoch = 2;
     key.step = 41;
     key.micro_batch = 1;
@@ -93,7 +94,7 @@ TEST_CASE("a mutually authenticated channel exchanges messages both ways") {
     key.block = 3;
     const tensor_source a{core::dtype::f32, {8, 3, 4, 4}, act.data(), "a3"};
     const tensor_source l{core::dtype::i32, {8}, labels.data(), {}};
-    status st = co_await p.client.send(make_activations(key, a, &l));
+    status st = co_await p.client.send(protocol::make_activations(key, {8, 1}, a, &l));
     REQUIRE_MESSAGE(st.ok(), why(st));
     auto up = co_await p.server.receive();
     REQUIRE_MESSAGE(up.ok(), why(up));
@@ -108,7 +109,7 @@ TEST_CASE("a mutually authenticated channel exchanges messages both ways") {
 
     const auto grad = ramp(act.size(), 0.25f);
     const tensor_source g{core::dtype::f32, {8, 3, 4, 4}, grad.data(), {}};
-    st = co_await p.server.send(make_gradients(key, g, 2.5f, 6));
+    st = co_await p.server.send(protocol::make_gradients(key, g, 2.5f, 6));
     REQUIRE_MESSAGE(st.ok(), why(st));
     auto down = co_await p.client.receive();
     REQUIRE_MESSAGE(down.ok(), why(down));
@@ -339,11 +340,10 @@ TEST_CASE("send waits while the bytes in flight exceed the bound") {
     auto sender = [&]() -> asio::awaitable<void> {
       for (int i = 0; i < n; ++i) {
         const auto data = ramp(floats, static_cast<float>(i));
-        global_weights_info info;
+        protocol::global_weights_desc info;
         info.round = static_cast<std::uint64_t>(i);
-        info.end_block = 1;
-        const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(floats)}, data.data(), {}};
-        const status st = co_await p.client.send(make_global_weights(info, std::span(&t, 1)));
+        info.n_blocks = 1;
+        const status st = co_await p.client.send(protocol::make_global_weights(info, data, {}));
         REQUIRE_MESSAGE(st.ok(), why(st));
         max_in_flight = std::max(max_in_flight, p.client.stats().bytes_in_flight);
       }
@@ -375,10 +375,9 @@ TEST_CASE("a message larger than the frame limit is refused at send") {
     co.channel.limits.max_frame_bytes = 4096;
     auto p = co_await open_pair(lis, tls_context(pki().device()), co);
     const std::vector<float> big(2048);
-    global_weights_info info;
-    info.end_block = 1;
-    const tensor_source t{core::dtype::f32, {2048}, big.data(), {}};
-    const status st = co_await p.client.send(make_global_weights(info, std::span(&t, 1)));
+    protocol::global_weights_desc info;
+    info.n_blocks = 1;
+    const status st = co_await p.client.send(protocol::make_global_weights(info, big, {}));
     REQUIRE_FALSE(st.ok());
     CHECK(st.error().code() == errc::too_large);
     CHECK(p.client.is_open());
@@ -455,11 +454,10 @@ TEST_CASE("a clean close delivers every queued message, then reports the close t
     auto p = co_await open_pair(lis, tls_context(pki().device()));
     const auto data = ramp(256 << 10, 1.f);  // 1 MiB each
     for (int i = 0; i < 8; ++i) {
-      global_weights_info info;
+      protocol::global_weights_desc info;
       info.round = static_cast<std::uint64_t>(i);
-      info.end_block = 1;
-      const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(data.size())}, data.data(), {}};
-      const status st = co_await p.client.send(make_global_weights(info, std::span(&t, 1)));
+      info.n_blocks = 1;
+      const status st = co_await p.client.send(protocol::make_global_weights(info, data, {}));
       REQUIRE(st.ok());
     }
     co_await p.client.close();
@@ -490,9 +488,9 @@ TEST_CASE("dropping a channel handle closes it after sending what was queued") {
   rt.run([&]() -> asio::awaitable<void> {
     auto p = co_await open_pair(lis, tls_context(pki().device()));
     for (std::uint64_t i = 0; i < 5; ++i) {
-      round_start_info info;
+      protocol::round_start_desc info;
       info.round = i;
-      REQUIRE((co_await p.client.send(make_round_start(info))).ok());
+      REQUIRE((co_await p.client.send(protocol::make_round_start(info))).ok());
     }
     { channel dropped = std::move(p.client); }
     for (std::uint64_t i = 0; i < 5; ++i) {
@@ -536,9 +534,8 @@ TEST_CASE("an emulated bandwidth cap, changed while the channel runs, paces the 
   rt.run([&]() -> asio::awaitable<void> {
     auto p = co_await open_pair(lis, tls_context(pki().device()));
     const auto data = ramp(256 << 10, 0.f);  // 1 MiB
-    global_weights_info info;
-    info.end_block = 1;
-    const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(data.size())}, data.data(), {}};
+    protocol::global_weights_desc info;
+    info.n_blocks = 1;
 
     co_await exchange(p.client, p.server, 1);
 
@@ -547,7 +544,7 @@ TEST_CASE("an emulated bandwidth cap, changed while the channel runs, paces the 
     capped.bytes_per_second = rate;
     p.client.emulate(capped);
     const auto t0 = std::chrono::steady_clock::now();
-    REQUIRE((co_await p.client.send(make_global_weights(info, std::span(&t, 1)))).ok());
+    REQUIRE((co_await p.client.send(protocol::make_global_weights(info, data, {}))).ok());
     auto got = co_await p.server.receive();
     REQUIRE(got.ok());
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -571,9 +568,8 @@ TEST_CASE("an emulated link's measured bandwidth is its time on the link, withou
   rt.run([&]() -> asio::awaitable<void> {
     auto p = co_await open_pair(lis, tls_context(pki().device()));
     const auto data = ramp(128 << 10, 0.f);  // 512 KiB
-    global_weights_info info;
-    info.end_block = 1;
-    const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(data.size())}, data.data(), {}};
+    protocol::global_weights_desc info;
+    info.n_blocks = 1;
     constexpr double rate = 8e6;
     link_caps slow;
     slow.bytes_per_second = rate;
@@ -581,10 +577,10 @@ TEST_CASE("an emulated link's measured bandwidth is its time on the link, withou
     p.client.emulate(slow);
     // Frames one at a time (the link idles in between) and back to back.
     for (int i = 0; i < 3; ++i) {
-      REQUIRE((co_await p.client.send(make_global_weights(info, std::span(&t, 1)))).ok());
+      REQUIRE((co_await p.client.send(protocol::make_global_weights(info, data, {}))).ok());
       REQUIRE((co_await p.server.receive()).ok());
     }
-    for (int i = 0; i < 3; ++i) p.client.post(make_global_weights(info, std::span(&t, 1)));
+    for (int i = 0; i < 3; ++i) p.client.post(protocol::make_global_weights(info, data, {}));
     for (int i = 0; i < 3; ++i) REQUIRE((co_await p.server.receive()).ok());
     // 512 KiB at 8 MB/s is 66 ms on the link (less the bucket's 64 KiB burst); counting the
     // 60 ms latency in would halve the figure.
@@ -599,10 +595,9 @@ namespace {
 // Global weights carrying `v`, a message of about its size; and an emulated link of `rate`
 // bytes/s with a 1500-byte burst allowance (one packet).
 message_builder weights_of(const std::vector<float>& v) {
-  global_weights_info info;
-  info.end_block = 1;
-  const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(v.size())}, v.data(), {}};
-  return make_global_weights(info, std::span(&t, 1));
+  protocol::global_weights_desc info;
+  info.n_blocks = 1;
+  return protocol::make_global_weights(info, v, {});
 }
 link_caps packet_burst_link(double rate) {
   link_caps c;

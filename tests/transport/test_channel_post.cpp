@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "channel_pair.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/transport/channel.h"
 #include "cleave/transport/listener.h"
 #include "test_support.h"
@@ -18,18 +19,17 @@ using namespace asio::experimental::awaitable_operators;
 namespace {
 
 message_builder round_start(std::uint64_t round) {
-  round_start_info info;
+  protocol::round_start_desc info;
   info.round = round;
-  return make_round_start(info);
+  return protocol::make_round_start(info);
 }
 
 // A GlobalWeights message of `floats` f32 values, labelled `round`.
 message_builder weights(std::uint64_t round, const std::vector<float>& data) {
-  global_weights_info info;
+  protocol::global_weights_desc info;
   info.round = round;
-  info.end_block = 1;
-  const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(data.size())}, data.data(), {}};
-  return make_global_weights(info, std::span(&t, 1));
+  info.n_blocks = 1;
+  return protocol::make_global_weights(info, data, {});
 }
 
 }  // namespace

@@ -9,13 +9,14 @@
 #include <optional>
 #include <vector>
 
+#include "cleave/protocol/protocol.h"
 #include "cleave/transport/message.h"
-#include "cleave/transport/protocol.h"
 #include "frame_bytes.h"
 #include "sample_messages.h"
 
 using namespace cleave;
 using namespace cleave::transport;
+using namespace cleave::protocol;
 
 using cleave::transport::testing::aligned_copy;
 
@@ -74,7 +75,7 @@ TEST_CASE("activations keep their ids, shapes and bytes, read in place and 32-by
   key.block = 5;
   const tensor_source a{core::dtype::f32, {2, 3, 4, 5}, act.data(), "a5"};
   const tensor_source l{core::dtype::i32, {2}, labels.data(), {}};
-  auto b = make_activations(key, a, &l);
+  auto b = make_activations(key, {2, 1}, a, &l);
   auto decoded = decode_frame(aligned_copy(b.frame()), {});
   REQUIRE(decoded.ok());
   const auto* m = decoded->as<wire::Activations>();
@@ -151,9 +152,10 @@ TEST_CASE("an empty tensor and a scalar tensor are valid") {
   const tensor_source empty{core::dtype::f32, {0, 16}, nullptr, {}};
   const tensor_source scalar{core::dtype::f32, {}, &one, {}};
   const tensor_source both[] = {empty, scalar};
-  global_weights_info info;
-  info.end_block = 1;
-  auto b = make_global_weights(info, both);
+  // Built by hand: the protocol's GlobalWeights carries flat params and buffers only.
+  message_builder b;
+  const auto list = b.add_tensors(both);
+  b.finish(wire::CreateGlobalWeights(b.fbb(), 0, 0, 1, list));
   auto decoded = decode_frame(aligned_copy(b.frame()), {});
   REQUIRE(decoded.ok());
   const auto* w = decoded->as<wire::GlobalWeights>()->weights();
@@ -269,7 +271,7 @@ TEST_CASE("labels whose batch differs from the activation's are refused") {
   const std::vector<std::int32_t> l(5);
   const tensor_source at{core::dtype::f32, {4, 3}, a.data(), {}};
   const tensor_source lt{core::dtype::i32, {5}, l.data(), {}};
-  auto b = make_activations(step_key{}, at, &lt);
+  auto b = make_activations(step_key{}, {4, 1}, at, &lt);
   CHECK(refusal(aligned_copy(b.frame())).find("batch size") != std::string::npos);
 }
 
@@ -296,10 +298,9 @@ TEST_CASE("the depth, table, tensor and string limits apply") {
 }
 
 TEST_CASE("non-finite profile measurements are refused") {
-  const block_profile_desc blocks[] = {{0, -1.f, 2.f, 0, 0}};
-  profile_info p;
-  p.blocks = blocks;
-  auto b = make_profile(p);
+  split::node_profile p;
+  p.blocks.push_back({-1e-6, 2e-6, 0, 0, 0, 0});
+  auto b = make_profile(p, 0, 0);
   CHECK(refusal(aligned_copy(b.frame())).find("forward time is negative") != std::string::npos);
 }
 
@@ -379,7 +380,7 @@ aligned_bytes raw_coded(const coded_tensor& c) {
 
 TEST_CASE("encoded activations and gradients decode within their codec's error bound") {
   const auto x = testing::encoded_sample_values();
-  const auto plain = make_activations({}, tensor_source{core::dtype::f32, {3, 2, 5, 5}, x.data(), "a"});
+  const auto plain = make_activations({}, {3, 1}, tensor_source{core::dtype::f32, {3, 2, 5, 5}, x.data(), "a"});
   for (auto& [name, builder] : testing::encoded_step_messages()) {
     CAPTURE(name);
     auto decoded = decode_frame(aligned_copy(builder.frame()), {});

@@ -4,13 +4,15 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "../support/error_of.h"
-#include "cleave/transport/protocol.h"
+#include "cleave/protocol/protocol.h"
 #include "frame_bytes.h"
 
 using namespace cleave;
 using namespace cleave::transport;
+using namespace cleave::protocol;
 
 using cleave::transport::testing::aligned_copy;
 
@@ -87,21 +89,23 @@ TEST_CASE("a profile with another block count than the model is refused") {
 }
 
 TEST_CASE("a profile whose blocks are out of order is refused") {
-  const block_profile_desc blocks[] = {{0, 1.f, 2.f, 0, 0}, {2, 1.f, 2.f, 0, 0}, {1, 1.f, 2.f, 0, 0}};
-  profile_info info;
-  info.node_id = 2;
-  info.blocks = blocks;
-  auto b = make_profile(info);
+  // Built by hand: the protocol's builder numbers blocks in order.
+  message_builder b;
+  auto& f = b.fbb();
+  std::vector<flatbuffers::Offset<wire::BlockProfile>> blocks;
+  for (std::uint32_t block : {0u, 2u, 1u}) blocks.push_back(wire::CreateBlockProfile(f, block, 1.f, 2.f));
+  const auto list = f.CreateVector(blocks);
+  b.finish(wire::CreateProfile(f, 2, 0, 0, 0, list));
   const std::string e = cleave::testing::error_of([&] { profile_of(raw_profile(b), 3); });
   CHECK(e == "profile from node 2: entry 1 profiles block 2 (expected blocks in order from 0)");
 }
 
 TEST_CASE("a profile with a time that is not finite is refused") {
-  const block_profile_desc blocks[] = {{0, 1.f, 2.f, 0, 0}, {1, 1.f, std::numeric_limits<float>::infinity(), 0, 0}};
-  profile_info info;
-  info.node_id = 2;
-  info.blocks = blocks;
-  auto b = make_profile(info);
+  split::node_profile p;
+  p.node_id = 2;
+  p.blocks.push_back({1e-6, 2e-6, 0, 0, 0, 0});
+  p.blocks.push_back({1e-6, std::numeric_limits<double>::infinity(), 0, 0, 0, 0});
+  auto b = make_profile(p, 0, 0);
   const std::string e = cleave::testing::error_of([&] { profile_of(raw_profile(b), 2); });
   CHECK(e.find("profile from node 2: block 1: backward time") == 0);
   CHECK(e.find("not a finite, non-negative value") != std::string::npos);

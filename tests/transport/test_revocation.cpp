@@ -9,6 +9,7 @@
 
 #include "channel_pair.h"
 #include "cleave/core/error.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/transport/certs.h"
 #include "cleave/transport/connect.h"
 #include "cleave/transport/listener.h"
@@ -80,10 +81,10 @@ int count_logged(const std::string& a, const std::string& b = {}) {
 
 // A message the channel hands to receive() (heartbeats it keeps to itself).
 message_builder hello() {
-  hello_info h;
+  protocol::hello_info h;
   h.role = core::tier::device;
   h.node_id = 1;
-  return make_hello(h);
+  return protocol::make_hello(h);
 }
 
 // Connects as `ctx`, then sends and receives one message on the channel (a refused client

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cleave/protocol/protocol.h"
 #include "cleave/transport/channel.h"
 #include "cleave/transport/connect.h"
 #include "cleave/transport/listener.h"
@@ -139,9 +140,9 @@ TEST_CASE("a listener whose clients send a ClientHello and vanish keeps serving,
       if (!c) co_return false;
       auto s = co_await lis.accept();
       if (!s) co_return false;
-      round_start_info info;
+      protocol::round_start_desc info;
       info.round = 7;
-      if (!(co_await c->send(make_round_start(info))).ok()) co_return false;
+      if (!(co_await c->send(protocol::make_round_start(info))).ok()) co_return false;
       auto got = co_await s->receive();
       co_return got.ok() && got->as<wire::RoundStart>() != nullptr && got->as<wire::RoundStart>()->round() == 7;
     }());
@@ -172,11 +173,10 @@ TEST_CASE("a channel writing to a peer that reset the connection fails with an e
       // its next write with EPIPE, which write(2) turns into SIGPIPE.
       const std::vector<float> data(64 << 10);
       for (int i = 0; i < 4; ++i) {
-        global_weights_info info;
+        protocol::global_weights_desc info;
         info.round = static_cast<std::uint64_t>(i);
-        info.end_block = 1;
-        const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(data.size())}, data.data(), {}};
-        auto b = make_global_weights(info, std::span(&t, 1));
+        info.n_blocks = 1;
+        auto b = protocol::make_global_weights(info, data, {});
         if (!(co_await peer.write_all(b.frame())).ok()) co_return false;
       }
       co_await sleep_for(100ms);
@@ -190,11 +190,10 @@ TEST_CASE("a channel writing to a peer that reset the connection fails with an e
       // Enough to need several writes.
       const std::vector<float> big(256 << 10);
       for (int i = 0; i < 8 && ch->is_open(); ++i) {
-        global_weights_info info;
+        protocol::global_weights_desc info;
         info.round = static_cast<std::uint64_t>(i);
-        info.end_block = 1;
-        const tensor_source t{core::dtype::f32, {static_cast<std::int64_t>(big.size())}, big.data(), {}};
-        (void)co_await ch->send(make_global_weights(info, std::span(&t, 1)));
+        info.n_blocks = 1;
+        (void)co_await ch->send(protocol::make_global_weights(info, big, {}));
         co_await sleep_for(10ms);
       }
       for (int i = 0; i < 200 && ch->is_open(); ++i) co_await sleep_for(10ms);

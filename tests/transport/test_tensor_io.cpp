@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "../support/backend_harness.h"
-#include "cleave/transport/protocol.h"
-#include "cleave/transport/tensor_io.h"
+#include "cleave/protocol/protocol.h"
+#include "cleave/protocol/tensor_io.h"
 #include "frame_bytes.h"
 
 using namespace cleave;
@@ -74,12 +74,12 @@ TEST_CASE("every backend encodes a cut tensor into the host encoder's frame, and
                               {"int8", {core::codec::int8}},
                               {"int8 stochastic", {core::codec::int8, 0.1f, true, 99u}},
                               {"topk", {core::codec::topk, 0.1f}}};
-  const transport::step_key key{1, 2, 0, 3, 1};
+  const protocol::step_key key{1, 2, 0, 3, 1};
   for (const auto& v : variants) {
     CAPTURE(v.name);
     // The host encoder's frame: the reference backend's buffers are host memory.
     auto& ref = backend_named("reference");
-    const auto want = frame_of(transport::make_gradients(key, ref, cleave::testing::make(ref, s, x), 0.5f, 1, v.spec));
+    const auto want = frame_of(protocol::make_gradients(key, ref, cleave::testing::make(ref, s, x), 0.5f, 1, v.spec));
     auto decoded = transport::decode_frame(aligned_copy(want), {});
     REQUIRE(decoded.ok());
     const auto view = transport::view_of(*decoded->as<wire::Gradients>()->gradient());
@@ -88,9 +88,9 @@ TEST_CASE("every backend encodes a cut tensor into the host encoder's frame, and
     for (const auto& name : every_backend()) {
       CAPTURE(name);
       auto& b = backend_named(name);
-      const auto got = frame_of(transport::make_gradients(key, b, cleave::testing::make(b, s, x), 0.5f, 1, v.spec));
+      const auto got = frame_of(protocol::make_gradients(key, b, cleave::testing::make(b, s, x), 0.5f, 1, v.spec));
       CHECK(got == want);
-      const core::tensor t = transport::to_backend(b, view);
+      const core::tensor t = protocol::to_backend(b, view);
       CHECK(t.dtype() == core::dtype::f32);
       CHECK(t.shape() == s);
       CHECK(bits_of(cleave::testing::read(b, t)) == bits_of(host));

@@ -1,6 +1,7 @@
 // One-line descriptions of received messages, for logs and debugging; reads every field.
 #include <string>
 
+#include "cleave/core/tier.h"
 #include "cleave/transport/message.h"
 
 namespace cleave::transport {

@@ -1,4 +1,5 @@
-// Builders of every message type; tensor bytes go straight into the FlatBuffers buffer.
+// The message builder (tensor bytes go straight into the FlatBuffers buffer) and the channel's own
+// messages: Ping, Pong and Error.
 #include "cleave/transport/message.h"
 
 #include "buffer_pool.h"
@@ -17,9 +18,6 @@ static_assert(static_cast<int>(wire::DType::i8) == static_cast<int>(core::dtype:
 static_assert(static_cast<int>(wire::DType::u8) == static_cast<int>(core::dtype::u8));
 static_assert(static_cast<int>(wire::DType::i32) == static_cast<int>(core::dtype::i32));
 static_assert(static_cast<int>(wire::DType::MAX) + 1 == core::n_dtypes);
-static_assert(static_cast<int>(wire::Role::server) == static_cast<int>(core::tier::server));
-static_assert(static_cast<int>(wire::Role::edge) == static_cast<int>(core::tier::edge));
-static_assert(static_cast<int>(wire::Role::device) == static_cast<int>(core::tier::device));
 
 namespace {
 
@@ -35,14 +33,6 @@ std::size_t tensor_bytes(core::dtype t, const core::shape& s) {
   CLEAVE_ASSERT(!__builtin_mul_overflow(n, core::dtype_size(t), &bytes), "shape too large");
   return bytes;
 }
-
-wire::Role to_wire(core::tier r) {
-  return static_cast<wire::Role>(r);
-}
-
-}  // namespace
-
-namespace {
 
 // Builder memory from the buffer pool; one stateless instance serves every builder.
 class pooled_allocator final : public flatbuffers::Allocator {
@@ -195,124 +185,6 @@ std::size_t estimate_frame_bytes(std::span<const tensor_source> tensors, std::si
   return n;
 }
 
-message_builder make_hello(const hello_info& info) {
-  message_builder b(256 + info.name.size() + info.backends.size() * 64);
-  auto& f = b.fbb();
-  const auto name = f.CreateString(info.name.data(), info.name.size());
-  std::vector<flatbuffers::Offset<wire::BackendInfo>> backends;
-  for (const auto& d : info.backends)
-    backends.push_back(
-        wire::CreateBackendInfo(f, f.CreateString(d.name.data(), d.name.size()), d.gflops, d.memory_bytes));
-  const auto list = f.CreateVector(backends);
-  b.finish(wire::CreateHello(f, info.version, to_wire(info.role), info.node_id, name, list, info.memory_bytes,
-                             info.gflops, info.n_samples));
-  return b;
-}
-
-message_builder make_welcome(const welcome_info& info) {
-  message_builder b(128);
-  b.finish(wire::CreateWelcome(b.fbb(), info.version, info.node_id, info.run_id, info.plan_epoch, info.heartbeat_ms,
-                               info.per_device_replicas));
-  return b;
-}
-
-message_builder make_plan(const plan_info& info) {
-  std::size_t n_stages = 0;
-  for (const auto& d : info.devices) n_stages += d.stages.size();
-  message_builder b(256 + info.model.size() + info.devices.size() * 48 + n_stages * 48);
-  auto& f = b.fbb();
-  const auto model = f.CreateString(info.model.data(), info.model.size());
-  std::vector<flatbuffers::Offset<wire::DevicePlan>> devices;
-  for (const auto& d : info.devices) {
-    std::vector<flatbuffers::Offset<wire::StageAssignment>> stages;
-    for (const auto& s : d.stages)
-      stages.push_back(
-          wire::CreateStageAssignment(f, s.node_id, to_wire(s.role), s.first_block, s.end_block, s.with_loss));
-    devices.push_back(wire::CreateDevicePlan(f, d.device_id, f.CreateVector(stages)));
-  }
-  const auto list = f.CreateVector(devices);
-  b.finish(wire::CreatePlan(f, info.epoch, info.n_blocks, info.u_shape, model, info.micro_batch_size,
-                            info.n_micro_batches, list));
-  return b;
-}
-
-message_builder make_activations(const step_key& key, const tensor_source& activation, const tensor_source* labels) {
-  const tensor_source both[2] = {activation, labels ? *labels : tensor_source{}};
-  message_builder b(estimate_frame_bytes(std::span(both, labels ? 2 : 1)));
-  const auto a = b.add_tensor(activation);
-  flatbuffers::Offset<wire::Tensor> l;
-  if (labels) l = b.add_tensor(*labels);
-  b.finish(wire::CreateActivations(b.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, a, l, 0, 0,
-                                   key.attempt));
-  return b;
-}
-
-message_builder make_gradients(const step_key& key, const tensor_source& gradient, float loss,
-                               std::uint32_t n_correct) {
-  message_builder b(estimate_frame_bytes(std::span(&gradient, 1)));
-  const auto g = b.add_tensor(gradient);
-  b.finish(wire::CreateGradients(b.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, g, loss,
-                                 n_correct, key.attempt));
-  return b;
-}
-
-message_builder make_round_start(const round_start_info& info) {
-  message_builder b(128);
-  b.finish(
-      wire::CreateRoundStart(b.fbb(), info.round, info.epoch, info.local_steps, info.deadline_ms, info.learning_rate));
-  return b;
-}
-
-message_builder make_replica_upload(const replica_info& info, std::span<const tensor_source> weights) {
-  message_builder b(estimate_frame_bytes(weights));
-  const auto w = b.add_tensors(weights);
-  b.finish(wire::CreateReplicaUpload(b.fbb(), info.round, info.node_id, info.first_block, info.end_block,
-                                     info.n_samples, w));
-  return b;
-}
-
-message_builder make_global_weights(const global_weights_info& info, std::span<const tensor_source> weights) {
-  message_builder b(estimate_frame_bytes(weights));
-  const auto w = b.add_tensors(weights);
-  b.finish(wire::CreateGlobalWeights(b.fbb(), info.round, info.first_block, info.end_block, w));
-  return b;
-}
-
-message_builder make_profile(const profile_info& info) {
-  message_builder b(256 + info.blocks.size() * 64 + info.links.size() * 48);
-  auto& f = b.fbb();
-  std::vector<flatbuffers::Offset<wire::BlockProfile>> blocks;
-  for (const auto& p : info.blocks)
-    blocks.push_back(wire::CreateBlockProfile(f, p.block, p.forward_us, p.backward_us, p.memory_bytes, p.output_bytes,
-                                              p.state_bytes, p.saved_bytes));
-  const auto bl = f.CreateVector(blocks);
-  std::vector<flatbuffers::Offset<wire::LinkProfile>> links;
-  for (const auto& l : info.links)
-    links.push_back(wire::CreateLinkProfile(f, l.peer_id, l.rtt_us, l.bandwidth_bytes_per_s));
-  const auto ll = f.CreateVector(links);
-  const auto be = f.CreateString(info.backend.data(), info.backend.size());
-  b.finish(
-      wire::CreateProfile(f, info.node_id, info.epoch, info.step, info.memory_budget_bytes, bl, ll, info.batch, be));
-  return b;
-}
-
-message_builder make_migrate(const migrate_info& info, std::span<const tensor_source> weights,
-                             std::span<const tensor_source> optimizer_state) {
-  message_builder b(estimate_frame_bytes(weights) + estimate_frame_bytes(optimizer_state));
-  const auto w = b.add_tensors(weights);
-  const auto o = b.add_tensors(optimizer_state);
-  b.finish(wire::CreateMigrate(b.fbb(), info.epoch, info.step, info.first_block, info.end_block, info.from_node,
-                               info.to_node, w, o, info.device_id, static_cast<wire::Role>(info.from_role),
-                               static_cast<wire::Role>(info.to_role), info.optimizer_steps));
-  return b;
-}
-
-message_builder make_cutover(std::uint32_t device_id, std::uint32_t epoch, std::uint64_t step) {
-  message_builder b(96);
-  b.finish(wire::CreateCutover(b.fbb(), device_id, epoch, step));
-  return b;
-}
-
 message_builder make_ping(std::uint64_t sequence, std::uint64_t sent_ns, std::size_t padding) {
   message_builder b(96 + padding);
   flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> pad;
@@ -336,14 +208,6 @@ message_builder make_error(wire::ErrorCode code, std::string_view text) {
   const auto s = b.fbb().CreateString(text.data(), text.size());
   b.finish(wire::CreateError(b.fbb(), code, s));
   return b;
-}
-
-std::optional<step_key> step_key_of(const message& m) {
-  if (const auto* a = m.as<wire::Activations>())
-    return step_key{a->epoch(), a->step(), a->micro_batch(), a->device_id(), a->block(), a->attempt()};
-  if (const auto* g = m.as<wire::Gradients>())
-    return step_key{g->epoch(), g->step(), g->micro_batch(), g->device_id(), g->block(), g->attempt()};
-  return std::nullopt;
 }
 
 }  // namespace cleave::transport

@@ -4,11 +4,12 @@
 
 fuzz_project_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/project"
 
-# fuzz_build BUILD_DIR CLANGXX SOURCE_DIR GENERATED_DIR CMAKE GENERATOR
-# GENERATED_DIR: the main build's FlatBuffers header dir, or "" to run flatc here. Returns 77 when
-# clang or its libFuzzer runtime is missing. Seeds go to BUILD_DIR/seeds.
+# fuzz_build BUILD_DIR CLANGXX SOURCE_DIR GENERATED_DIR CMAKE GENERATOR SEEDS_TOOL
+# GENERATED_DIR: the main build's FlatBuffers header dir, or "" to run flatc here. SEEDS_TOOL: the
+# main build's make_fuzz_seeds (it writes every message with the protocol's builders). Returns 77
+# when clang or its libFuzzer runtime is missing. Seeds go to BUILD_DIR/seeds.
 fuzz_build() {
-  local build=$1 clangxx=$2 source=$3 generated=$4 cmake=$5 generator=$6
+  local build=$1 clangxx=$2 source=$3 generated=$4 cmake=$5 generator=$6 seeds_tool=$7
   if [ -z "$clangxx" ] || ! command -v "$clangxx" >/dev/null 2>&1; then
     echo "fuzz: clang++ not found, skipped"
     return 77
@@ -20,12 +21,16 @@ fuzz_build() {
     echo "fuzz: $clangxx cannot link libFuzzer with ASan/UBSan (libclang-rt missing?), skipped"
     return 77
   fi
+  if [ ! -x "$seeds_tool" ]; then
+    echo "fuzz: no seed writer at '$seeds_tool' (build the main build's make_fuzz_seeds target)"
+    return 1
+  fi
   "$cmake" -S "$fuzz_project_dir" -B "$build" -G "$generator" -DCMAKE_CXX_COMPILER="$clangxx" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLEAVE_SOURCE_DIR="$source" -DCLEAVE_GENERATED_DIR="$generated" >/dev/null &&
     "$cmake" --build "$build" -j "${CLEAVE_FUZZ_BUILD_JOBS:-2}" || return 1
   rm -rf "$build/seeds"
   mkdir -p "$build/seeds" "$build/corpus" || return 1
-  "$build/make_fuzz_seeds" "$build/seeds" || return 1
+  "$seeds_tool" "$build/seeds" || return 1
 }
 
 # fuzz_run BUILD_DIR ARTIFACT_PREFIX LIBFUZZER_ARGS...

@@ -1,5 +1,7 @@
-// Writes the fuzz seed corpus: one frame of every message type, a stream of all of them, the zoo
-// models' specs and nested residual specs as JSON texts, and Plan frames carrying those specs.
+// Writes the fuzz seed corpus: one frame of every message type as nodes build it (the protocol's
+// builders), a stream of all of them, the zoo models' specs and nested residual specs as JSON
+// texts, and Plan frames carrying those specs. Built by the main build, since the protocol's
+// builders need split/ and privacy/; the fuzz target itself is built with clang.
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -10,12 +12,15 @@
 
 #include "cleave/core/error.h"
 #include "cleave/core/model.h"
+#include "cleave/protocol/protocol.h"
 #include "sample_messages.h"
 
 namespace {
 
 namespace core = cleave::core;
 namespace transport = cleave::transport;
+namespace protocol = cleave::protocol;
+namespace split = cleave::split;
 using json = nlohmann::json;
 
 bool write(const std::string& path, std::span<const char> bytes) {
@@ -29,20 +34,18 @@ bool write_frame(const std::string& path, const transport::message_builder& b) {
   return write(path, {reinterpret_cast<const char*>(f.data()), f.size()});
 }
 
-// A Plan for two devices over a model of n blocks (the device keeps the first block, the server
-// the rest), carrying the spec as the server sends it.
+// The Plan a server sends a device over a model of n blocks (the device keeps the first block,
+// the server the rest), carrying the spec as the server sends it.
 transport::message_builder plan_with(const std::string& spec, std::uint32_t n) {
-  const transport::stage_desc a[] = {{7, core::tier::device, 0, 1, false}, {0, core::tier::server, 1, n, true}};
-  const transport::stage_desc b[] = {{8, core::tier::device, 0, 1, false}, {0, core::tier::server, 1, n, true}};
-  const transport::device_plan_desc devices[] = {{7, a}, {8, b}};
-  transport::plan_info p;
+  protocol::plan_desc p;
   p.epoch = 1;
-  p.n_blocks = n;
-  p.model = spec;
+  p.model_json = spec;
   p.micro_batch_size = 16;
   p.n_micro_batches = 2;
-  p.devices = devices;
-  return transport::make_plan(p);
+  p.device_id = 7;
+  p.route = split::make_route(false, false, {1}, static_cast<int>(n));
+  p.run_id = 1;
+  return protocol::make_plan(p);
 }
 
 json conv(int out, json kernel, int stride, int pad) {

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "cleave/privacy/cut_defence.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/runtime/route_state.h"
 #include "cleave/split/pipeline.h"
 #include "cleave/split/profiler.h"
-#include "cleave/transport/protocol.h"
 
 namespace cleave::runtime {
 
@@ -64,7 +64,7 @@ class segment_runner {
 
   // The model and settings of a plan; a different model starts a new host (every hosted
   // segment goes). Throws core::error on a bad spec. Returns whether it changed.
-  bool set_model(const std::string& json, const transport::training_settings& t);
+  bool set_model(const std::string& json, const protocol::training_settings& t);
   bool has_model() const { return host_ != nullptr; }
   const core::model_spec& model() const { return model_; }
   split::segment_host& host() { return *host_; }
@@ -73,7 +73,7 @@ class segment_runner {
   void share_board(std::shared_ptr<shared_board> b) { shared_ = std::move(b); }
   // How device's activations and gradients leave this node, hop by hop (its plan's cut
   // settings); f32 until set. A step message says how it is encoded, so only senders need this.
-  void set_cut(std::uint32_t device, transport::cut_settings c);
+  void set_cut(std::uint32_t device, protocol::cut_settings c);
   // A defence of the labels this node holds: every gradient it computes from its own loss (a
   // U-shaped top on a device, the top on a server) leaves with isotropic Gaussian noise added per
   // sample, of total expected energy s^2 times the gap between the batch's largest squared norm
@@ -128,7 +128,7 @@ class segment_runner {
   // them (saves the gradient check a download).
   step_result run_input(std::uint32_t device, const split::route& r, std::uint32_t epoch, std::uint32_t attempt,
                         split::micro_batch_id id, const core::tensor& x, const core::tensor& y,
-                        const transport::batch_info& bi, std::span<const std::int32_t> host_y = {});
+                        const protocol::batch_info& bi, std::span<const std::int32_t> host_y = {});
 
   // Work for `device` runs now, or once the blocks migrating here for it are all in (in order).
   void submit(std::uint32_t device, std::function<void()> task);
@@ -140,7 +140,7 @@ class segment_runner {
   // Returns the Migrate messages of the blocks leaving, each with the tier it goes to.
   std::vector<std::pair<core::tier, transport::message_builder>> rehost(std::uint32_t device, const split::route& from,
                                                                         const split::route& to,
-                                                                        const transport::migrate_desc& md);
+                                                                        const protocol::migrate_desc& md);
   // Blocks arriving for `device`; then runs its held work if nothing is missing any more.
   void install(std::uint32_t device, const wire::Migrate& m);
 
@@ -171,7 +171,7 @@ class segment_runner {
   void restore_optimizer(std::uint32_t device, const split::route& r, const std::vector<optimizer_state>& states);
 
   // Times every block on this backend (x the slowdown) for micro-batches of `batch`.
-  void profile(std::uint32_t batch, const transport::training_settings& t);
+  void profile(std::uint32_t batch, const protocol::training_settings& t);
   bool profiled() const { return live_.n_blocks() > 0; }
   // Times the blocks again when none ran here since the last call: plans must not rest on the
   // figures of the start whatever the load has become. True when it did.
@@ -183,7 +183,7 @@ class segment_runner {
  private:
   int segment_at(const split::route& r, std::uint32_t block, core::tier from, bool activation) const;
   step_result finish(std::uint32_t device, const split::route& r, std::uint32_t epoch, std::uint32_t attempt, int seg,
-                     split::micro_batch_id id, const transport::batch_info& bi, split::segment_output o,
+                     split::micro_batch_id id, const protocol::batch_info& bi, split::segment_output o,
                      const core::tensor& labels, double seconds, bool forward);
   double timed(const std::function<void()>& f);
   // See set_gradient_equalise and set_gradient_noise (in that order, one download and upload):
@@ -193,7 +193,7 @@ class segment_runner {
   // See set_cut_defence: a device's bottom-cut output o (of inputs x, labels y) as it leaves, and
   // what its gradient needs on the way back.
   void defend_output(std::uint32_t device, split::micro_batch_id id, const core::tensor& x, const core::tensor& y,
-                     std::span<const std::int32_t> host_y, const transport::batch_info& bi, core::tensor& o);
+                     std::span<const std::int32_t> host_y, const protocol::batch_info& bi, core::tensor& o);
   core::tensor defend_gradient(std::uint32_t device, split::micro_batch_id id, const core::tensor& dy);
 
   core::backend* b_;
@@ -203,14 +203,14 @@ class segment_runner {
   std::shared_ptr<shared_board> shared_;
   std::string model_json_;
   core::model_spec model_;
-  transport::training_settings training_;
+  protocol::training_settings training_;
   std::unique_ptr<split::segment_host> host_;
   std::map<std::uint32_t, std::vector<std::function<void()>>> held_;
   split::live_profile live_;
   std::uint32_t profile_batch_ = 0;
   std::map<std::pair<std::uint32_t, int>, double> seg_seconds_;  // this step's compute per segment
-  std::map<std::uint32_t, transport::batch_info> batch_;         // per device: its step's shape
-  std::map<std::uint32_t, transport::cut_settings> cut_;         // per device: its hops' codecs
+  std::map<std::uint32_t, protocol::batch_info> batch_;          // per device: its step's shape
+  std::map<std::uint32_t, protocol::cut_settings> cut_;          // per device: its hops' codecs
   // topk's error feedback per gradient stream: (device, segment, micro-batch).
   std::map<std::tuple<std::uint32_t, int, std::uint32_t>, std::vector<float>> residual_;
   int n_observed_ = 0, n_observed_mark_ = 0;

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "cleave/core/tier.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/split/replica_checks.h"
-#include "cleave/transport/protocol.h"
 
 namespace cleave::runtime {
 
@@ -25,11 +25,11 @@ struct round_tally {
   // n samples whose mean loss is `loss`, `correct` of them classified right.
   void add_loss(double loss, std::int64_t n, std::uint64_t correct);
   // The statistics an upload from a node of tier `sender` carries.
-  void add(const transport::round_stats& s, core::tier sender);
+  void add(const protocol::round_stats& s, core::tier sender);
   double mean_loss() const { return n_loss ? loss_sum / static_cast<double>(n_loss) : 0.0; }
   double accuracy() const { return n_loss ? static_cast<double>(n_correct) / static_cast<double>(n_loss) : 0.0; }
   // As an edge passes it up: its devices' compute and loss, its own compute and bytes.
-  transport::round_stats relayed(double own_compute_s, std::uint64_t bytes) const;
+  protocol::round_stats relayed(double own_compute_s, std::uint64_t bytes) const;
 };
 
 // A part of an upload that passed the checks: blocks [first, end) of `devices`, weighted by the
@@ -59,10 +59,10 @@ class upload_collector {
   // now (`routes`, in the same order), and holds it. Throws core::error saying what is wrong; the
   // sender's held parts are dropped then.
   void add(const void* sender, core::tier from, const std::vector<std::uint32_t>& devices,
-           const std::vector<split::route>& routes, const wire::ReplicaUpload& r, const transport::weights_view& w);
+           const std::vector<split::route>& routes, const wire::ReplicaUpload& r, const protocol::weights_view& w);
   // The sender's final part came: its statistics are summed, `finished` (the devices whose work
   // it completes) are done, and its held parts are returned.
-  std::vector<upload_part> complete(const void* sender, core::tier from, const transport::round_stats& st,
+  std::vector<upload_part> complete(const void* sender, core::tier from, const protocol::round_stats& st,
                                     const std::vector<std::uint32_t>& finished);
   // The sender's channel closed: what it held goes.
   void drop(const void* sender) { held_.erase(sender); }

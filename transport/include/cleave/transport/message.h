@@ -1,5 +1,5 @@
-// Messages: builders that write each message type (tensor bytes straight into the builder's
-// buffer), and the verified, decoded view of a received frame.
+// The envelope of every message: the builder that writes a frame (tensor bytes straight into its
+// buffer), the channel's own messages (Ping, Pong, Error) and the verified view of a received frame.
 #pragma once
 
 #include <cstddef>
@@ -13,14 +13,11 @@
 #include "cleave/core/codec.h"
 #include "cleave/core/dtype.h"
 #include "cleave/core/shape.h"
-#include "cleave/core/tier.h"
 #include "cleave/transport/frame.h"
 #include "cleave/transport/result.h"
-#include "cleave/transport/wire_generated.h"
+#include "cleave/wire/wire_generated.h"
 
 namespace cleave::transport {
-
-inline constexpr std::uint16_t protocol_version = static_cast<std::uint16_t>(wire::ProtocolVersion::v1);
 
 // A tensor to write into a message: its bytes are copied once, from `data` into the frame.
 // `data` holds shape.numel() * dtype_size(dtype) bytes on the host.
@@ -106,141 +103,8 @@ class message_builder {
 // Frame size to reserve for tensors of these sizes plus `other_bytes` of other fields.
 std::size_t estimate_frame_bytes(std::span<const tensor_source> tensors, std::size_t other_bytes = 256);
 
-// ---- One builder per message type. Fields are those of transport/schema/wire.fbs. ----
-
-struct backend_desc {
-  std::string_view name;
-  float gflops = 0;
-  std::uint64_t memory_bytes = 0;
-};
-
-struct hello_info {
-  core::tier role = core::tier::device;
-  std::uint32_t node_id = 0;
-  std::string_view name;
-  std::span<const backend_desc> backends;
-  std::uint64_t memory_bytes = 0;
-  float gflops = 0;
-  std::uint64_t n_samples = 0;
-  std::uint16_t version = protocol_version;
-};
-message_builder make_hello(const hello_info& info);
-
-struct welcome_info {
-  std::uint32_t node_id = 0;
-  std::uint64_t run_id = 0;
-  std::uint32_t plan_epoch = 0;
-  std::uint32_t heartbeat_ms = 0;
-  std::uint16_t version = protocol_version;
-  bool per_device_replicas = false;  // to an edge: forward each device's replicas, no pre-average
-};
-message_builder make_welcome(const welcome_info& info);
-
-struct stage_desc {
-  std::uint32_t node_id = 0;
-  core::tier role = core::tier::server;
-  std::uint32_t first_block = 0;
-  std::uint32_t end_block = 0;
-  bool with_loss = false;
-};
-struct device_plan_desc {
-  std::uint32_t device_id = 0;
-  std::span<const stage_desc> stages;
-};
-struct plan_info {
-  std::uint32_t epoch = 0;
-  std::uint32_t n_blocks = 0;
-  bool u_shape = false;
-  std::string_view model;
-  std::uint32_t micro_batch_size = 0;
-  std::uint32_t n_micro_batches = 0;
-  std::span<const device_plan_desc> devices;
-};
-message_builder make_plan(const plan_info& info);
-
-// Identifies one micro-batch crossing one cut: `block` is the first block after the cut.
-struct step_key {
-  std::uint32_t epoch = 0;
-  std::uint64_t step = 0;
-  std::uint32_t micro_batch = 0;
-  std::uint32_t device_id = 0;
-  std::uint32_t block = 0;
-  std::uint32_t attempt = 1;  // at the step's round (see wire::RoundStart)
-};
-// activation (B, ...) going up; labels (B) or (B, K) when the loss is computed above.
-message_builder make_activations(const step_key& key, const tensor_source& activation,
-                                 const tensor_source* labels = nullptr);
-// gradient: same shape as the activation it answers.
-message_builder make_gradients(const step_key& key, const tensor_source& gradient, float loss = 0,
-                               std::uint32_t n_correct = 0);
-
-struct round_start_info {
-  std::uint64_t round = 0;
-  std::uint32_t epoch = 0;
-  std::uint32_t local_steps = 0;
-  std::uint64_t deadline_ms = 0;
-  float learning_rate = 0;
-};
-message_builder make_round_start(const round_start_info& info);
-
-struct replica_info {
-  std::uint64_t round = 0;
-  std::uint32_t node_id = 0;
-  std::uint32_t first_block = 0;
-  std::uint32_t end_block = 0;
-  std::uint64_t n_samples = 0;
-};
-message_builder make_replica_upload(const replica_info& info, std::span<const tensor_source> weights);
-
-struct global_weights_info {
-  std::uint64_t round = 0;
-  std::uint32_t first_block = 0;
-  std::uint32_t end_block = 0;
-};
-message_builder make_global_weights(const global_weights_info& info, std::span<const tensor_source> weights);
-
-struct block_profile_desc {
-  std::uint32_t block = 0;
-  float forward_us = 0;
-  float backward_us = 0;
-  std::uint64_t memory_bytes = 0;  // parameters and buffers
-  std::uint64_t output_bytes = 0;  // per sample
-  std::uint64_t state_bytes = 0;   // optimizer state
-  std::uint64_t saved_bytes = 0;   // kept for backward, per sample
-};
-struct link_profile_desc {
-  std::uint32_t peer_id = 0;
-  float rtt_us = 0;
-  float bandwidth_bytes_per_s = 0;
-};
-struct profile_info {
-  std::uint32_t node_id = 0;
-  std::uint32_t epoch = 0;
-  std::uint64_t step = 0;
-  std::uint64_t memory_budget_bytes = 0;
-  std::span<const block_profile_desc> blocks;
-  std::span<const link_profile_desc> links;
-  std::uint32_t batch = 0;  // samples per timed micro-batch
-  std::string_view backend;
-};
-message_builder make_profile(const profile_info& info);
-
-struct migrate_info {
-  std::uint32_t epoch = 0;
-  std::uint64_t step = 0;
-  std::uint32_t first_block = 0;
-  std::uint32_t end_block = 0;
-  std::uint32_t from_node = 0;
-  std::uint32_t to_node = 0;
-  std::uint32_t device_id = 0;
-  core::tier from_role = core::tier::device;
-  core::tier to_role = core::tier::server;
-  std::uint64_t optimizer_steps = 0;
-};
-message_builder make_migrate(const migrate_info& info, std::span<const tensor_source> weights,
-                             std::span<const tensor_source> optimizer_state);
-
-message_builder make_cutover(std::uint32_t device_id, std::uint32_t epoch, std::uint64_t step);
+// ---- The channel's own messages. Every training message has its one builder in protocol/
+// (cleave/protocol/protocol.h); the schema is protocol/schema/wire.fbs. ----
 
 // padding: bytes carried only to measure the link's bandwidth (a probe).
 message_builder make_ping(std::uint64_t sequence, std::uint64_t sent_ns, std::size_t padding = 0);
@@ -296,9 +160,6 @@ class message {
   aligned_bytes buf_;
   const wire::Message* root_ = nullptr;
 };
-
-// The key of a step message (Activations or Gradients); nothing for any other message.
-std::optional<step_key> step_key_of(const message& m);
 
 // Decodes a tensor of a message that passed decode_frame.
 tensor_view view_of(const wire::Tensor& t);

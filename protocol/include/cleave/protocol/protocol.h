@@ -1,9 +1,12 @@
-// The training protocol's values in messages: plans and routes, optimizer settings, weights,
-// replicas with their round statistics, step messages written straight from backend tensors.
-// Every reader checks what it reads against the model and throws core::error naming the problem.
+// The training protocol: the one builder of every training message (Hello, Welcome, Plan,
+// Activations, Gradients, RoundStart, ReplicaUpload, GlobalWeights, Profile, Migrate, Cutover,
+// Leave, SecAgg) and its readers, between split/ and privacy/ values and the network layer's
+// messages. Every reader checks what it reads against the model and throws core::error naming the
+// problem. The fields are those of protocol/schema/wire.fbs.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -11,13 +14,50 @@
 #include "cleave/core/codec.h"
 #include "cleave/core/optimizer.h"
 #include "cleave/core/stage.h"
+#include "cleave/core/tier.h"
 #include "cleave/privacy/secagg.h"
 #include "cleave/split/pipeline.h"
 #include "cleave/split/plan.h"
 #include "cleave/split/profiler.h"
 #include "cleave/transport/message.h"
 
-namespace cleave::transport {
+namespace cleave::protocol {
+
+// The network layer's envelope, which every builder here fills and every reader reads.
+using transport::message;
+using transport::message_builder;
+using transport::tensor_source;
+
+inline constexpr std::uint16_t protocol_version = static_cast<std::uint16_t>(wire::ProtocolVersion::v1);
+
+// ---- joining ----
+struct backend_desc {
+  std::string_view name;
+  float gflops = 0;
+  std::uint64_t memory_bytes = 0;
+};
+
+struct hello_info {
+  core::tier role = core::tier::device;
+  std::uint32_t node_id = 0;
+  std::string_view name;
+  std::span<const backend_desc> backends;
+  std::uint64_t memory_bytes = 0;
+  float gflops = 0;
+  std::uint64_t n_samples = 0;
+  std::uint16_t version = protocol_version;
+};
+message_builder make_hello(const hello_info& info);
+
+struct welcome_info {
+  std::uint32_t node_id = 0;
+  std::uint64_t run_id = 0;
+  std::uint32_t plan_epoch = 0;
+  std::uint32_t heartbeat_ms = 0;
+  std::uint16_t version = protocol_version;
+  bool per_device_replicas = false;  // to an edge: forward each device's replicas, no pre-average
+};
+message_builder make_welcome(const welcome_info& info);
 
 // ---- plans ----
 struct training_settings {
@@ -79,11 +119,26 @@ struct migrate_desc {
 // Blocks of a device's route with their weights and optimizer state, leaving tier d.from for
 // the tier that runs them under the new route `to` (split::tier_of_block(to, s.begin)).
 message_builder make_migrate(const migrate_desc& d, const split::route& to, const split::block_state& s);
+// After the blocks of a re-split moved: device `device_id` runs plan `epoch` from `step` on.
+message_builder make_cutover(std::uint32_t device_id, std::uint32_t epoch, std::uint64_t step);
 // The state in a Migrate, checked against the model's layout (core::error naming the problem).
 split::block_state block_state_of(const wire::Migrate& m, const core::model_spec& model);
 core::tier tier_of(wire::Role r);
 
 // ---- step messages ----
+// Identifies one micro-batch crossing one cut: `block` is the first block after the cut.
+struct step_key {
+  std::uint32_t epoch = 0;
+  std::uint64_t step = 0;
+  std::uint32_t micro_batch = 0;
+  std::uint32_t device_id = 0;
+  std::uint32_t block = 0;
+  std::uint32_t attempt = 1;  // at the step's round (see wire::RoundStart)
+};
+// The key of a step message (Activations or Gradients); nothing for any other message.
+std::optional<step_key> step_key_of(const message& m);
+
+// batch_size 0: a sender that does not micro-batch (the activation is the whole batch).
 struct batch_info {
   std::uint32_t batch_size = 0;
   std::uint32_t n_micro_batches = 1;
@@ -98,6 +153,12 @@ message_builder make_activations(const step_key& key, const batch_info& batch, c
 message_builder make_gradients(const step_key& key, core::backend& b, const core::tensor& gradient, float loss,
                                std::uint32_t n_correct, const core::codec_spec& codec = {},
                                std::vector<float>* residual = nullptr);
+// The same messages from host memory (a tool, a test or a probe with no backend), tensors written
+// as given (dtype, shape, name) and encoded by `codec` where it is not f32 (f32 values only).
+message_builder make_activations(const step_key& key, const batch_info& batch, const tensor_source& activation,
+                                 const tensor_source* labels = nullptr, const core::codec_spec& codec = {});
+message_builder make_gradients(const step_key& key, const tensor_source& gradient, float loss = 0,
+                               std::uint32_t n_correct = 0, const core::codec_spec& codec = {});
 
 // ---- rounds ----
 struct round_start_desc {
@@ -194,4 +255,4 @@ message_builder make_profile(const split::node_profile& p, std::uint32_t epoch, 
 // non-negative; throws core::error naming the node and the problem.
 split::node_profile profile_of(const wire::Profile& p, int n_blocks);
 
-}  // namespace cleave::transport
+}  // namespace cleave::protocol

@@ -1,13 +1,21 @@
-// Training-protocol values in messages.
-#include "cleave/transport/protocol.h"
+// The training messages: one builder for each, and the readers that check what they read.
+#include "cleave/protocol/protocol.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "cleave/transport/tensor_io.h"
+#include "cleave/protocol/tensor_io.h"
 
-namespace cleave::transport {
+namespace cleave::protocol {
+
+using transport::estimate_frame_bytes;
+using transport::tensor_view;
+using transport::view_of;
+
+static_assert(static_cast<int>(wire::Role::server) == static_cast<int>(core::tier::server));
+static_assert(static_cast<int>(wire::Role::edge) == static_cast<int>(core::tier::edge));
+static_assert(static_cast<int>(wire::Role::device) == static_cast<int>(core::tier::device));
 
 namespace {
 
@@ -34,6 +42,27 @@ std::span<const float> f32_tensor(const flatbuffers::Vector<flatbuffers::Offset<
 }
 
 }  // namespace
+
+message_builder make_hello(const hello_info& info) {
+  message_builder b(256 + info.name.size() + info.backends.size() * 64);
+  auto& f = b.fbb();
+  const auto name = f.CreateString(info.name.data(), info.name.size());
+  std::vector<flatbuffers::Offset<wire::BackendInfo>> backends;
+  for (const auto& d : info.backends)
+    backends.push_back(
+        wire::CreateBackendInfo(f, f.CreateString(d.name.data(), d.name.size()), d.gflops, d.memory_bytes));
+  const auto list = f.CreateVector(backends);
+  b.finish(wire::CreateHello(f, info.version, role_of(info.role), info.node_id, name, list, info.memory_bytes,
+                             info.gflops, info.n_samples));
+  return b;
+}
+
+message_builder make_welcome(const welcome_info& info) {
+  message_builder b(128);
+  b.finish(wire::CreateWelcome(b.fbb(), info.version, info.node_id, info.run_id, info.plan_epoch, info.heartbeat_ms,
+                               info.per_device_replicas));
+  return b;
+}
 
 message_builder make_plan(const plan_desc& p) {
   message_builder b(p.model_json.size() + 1024);
@@ -76,18 +105,20 @@ message_builder make_migrate(const migrate_desc& d, const split::route& to, cons
   std::vector<tensor_source> state;
   for (const auto& v : s.optimizer_state)
     state.push_back({core::dtype::f32, core::shape{static_cast<std::int64_t>(v.size())}, v.data(), "state"});
-  migrate_info info;
-  info.epoch = d.epoch;
-  info.step = d.step;
-  info.first_block = static_cast<std::uint32_t>(s.begin);
-  info.end_block = static_cast<std::uint32_t>(s.end);
-  info.from_node = d.from_node;
-  info.to_node = dest == core::tier::device ? d.device_id : dest == core::tier::edge ? d.edge_id : 0;
-  info.device_id = d.device_id;
-  info.from_role = d.from;
-  info.to_role = dest;
-  info.optimizer_steps = static_cast<std::uint64_t>(s.optimizer_steps);
-  return make_migrate(info, weights, state);
+  const std::uint32_t to_node = dest == core::tier::device ? d.device_id : dest == core::tier::edge ? d.edge_id : 0;
+  message_builder b(estimate_frame_bytes(weights) + estimate_frame_bytes(state));
+  const auto w = b.add_tensors(weights);
+  const auto o = b.add_tensors(state);
+  b.finish(wire::CreateMigrate(b.fbb(), d.epoch, d.step, static_cast<std::uint32_t>(s.begin),
+                               static_cast<std::uint32_t>(s.end), d.from_node, to_node, w, o, d.device_id,
+                               role_of(d.from), role_of(dest), static_cast<std::uint64_t>(s.optimizer_steps)));
+  return b;
+}
+
+message_builder make_cutover(std::uint32_t device_id, std::uint32_t epoch, std::uint64_t step) {
+  message_builder b(96);
+  b.finish(wire::CreateCutover(b.fbb(), device_id, epoch, step));
+  return b;
 }
 
 split::block_state block_state_of(const wire::Migrate& m, const core::model_spec& model) {
@@ -213,6 +244,39 @@ batch_info batch_of(const wire::Activations& a) {
   return b;
 }
 
+namespace {
+
+// The one writer of each step message's table, whatever memory its tensors came from.
+void finish_activations(message_builder& m, const step_key& key, const batch_info& batch,
+                        flatbuffers::Offset<wire::Tensor> a, flatbuffers::Offset<wire::Tensor> labels) {
+  m.finish(wire::CreateActivations(m.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, a, labels,
+                                   batch.batch_size, batch.n_micro_batches, key.attempt));
+}
+
+void finish_gradients(message_builder& m, const step_key& key, flatbuffers::Offset<wire::Tensor> g, float loss,
+                      std::uint32_t n_correct) {
+  m.finish(wire::CreateGradients(m.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, g, loss,
+                                 n_correct, key.attempt));
+}
+
+// A host tensor, encoded by spec where it is not f32 (then its values are f32).
+flatbuffers::Offset<wire::Tensor> add_host_tensor(message_builder& m, const tensor_source& t,
+                                                  const core::codec_spec& spec) {
+  if (spec.id == core::codec::f32) return m.add_tensor(t);
+  CLEAVE_ASSERT(t.dtype == core::dtype::f32, "an encoded tensor holds f32 values");
+  return m.add_encoded_tensor(spec, t.shape, t.name, static_cast<const float*>(t.data), nullptr);
+}
+
+}  // namespace
+
+std::optional<step_key> step_key_of(const message& m) {
+  if (const auto* a = m.as<wire::Activations>())
+    return step_key{a->epoch(), a->step(), a->micro_batch(), a->device_id(), a->block(), a->attempt()};
+  if (const auto* g = m.as<wire::Gradients>())
+    return step_key{g->epoch(), g->step(), g->micro_batch(), g->device_id(), g->block(), g->attempt()};
+  return std::nullopt;
+}
+
 message_builder make_activations(const step_key& key, const batch_info& batch, core::backend& b,
                                  const core::tensor& activation, const core::tensor* labels,
                                  const core::codec_spec& codec) {
@@ -220,8 +284,18 @@ message_builder make_activations(const step_key& key, const batch_info& batch, c
   const auto a = add_tensor(m, b, activation, "activation", codec);
   flatbuffers::Offset<wire::Tensor> l;
   if (labels) l = add_tensor(m, b, *labels, "labels");
-  m.finish(wire::CreateActivations(m.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, a, l,
-                                   batch.batch_size, batch.n_micro_batches, key.attempt));
+  finish_activations(m, key, batch, a, l);
+  return m;
+}
+
+message_builder make_activations(const step_key& key, const batch_info& batch, const tensor_source& activation,
+                                 const tensor_source* labels, const core::codec_spec& codec) {
+  const tensor_source both[2] = {activation, labels ? *labels : tensor_source{}};
+  message_builder m(estimate_frame_bytes(std::span(both, labels ? 2 : 1)));
+  const auto a = add_host_tensor(m, activation, codec);
+  flatbuffers::Offset<wire::Tensor> l;
+  if (labels) l = m.add_tensor(*labels);
+  finish_activations(m, key, batch, a, l);
   return m;
 }
 
@@ -229,8 +303,15 @@ message_builder make_gradients(const step_key& key, core::backend& b, const core
                                std::uint32_t n_correct, const core::codec_spec& codec, std::vector<float>* residual) {
   message_builder m(gradient.bytes() + 512);
   const auto g = add_tensor(m, b, gradient, "gradient", codec, residual);
-  m.finish(wire::CreateGradients(m.fbb(), key.epoch, key.step, key.micro_batch, key.device_id, key.block, g, loss,
-                                 n_correct, key.attempt));
+  finish_gradients(m, key, g, loss, n_correct);
+  return m;
+}
+
+message_builder make_gradients(const step_key& key, const tensor_source& gradient, float loss, std::uint32_t n_correct,
+                               const core::codec_spec& codec) {
+  message_builder m(estimate_frame_bytes(std::span(&gradient, 1)));
+  const auto g = add_host_tensor(m, gradient, codec);
+  finish_gradients(m, key, g, loss, n_correct);
   return m;
 }
 
@@ -409,26 +490,24 @@ message_builder copy_of(const message& m) {
 }
 
 message_builder make_profile(const split::node_profile& p, std::uint32_t epoch, std::uint64_t step) {
-  std::vector<block_profile_desc> blocks;
+  message_builder m(256 + p.blocks.size() * 64 + p.links.size() * 48);
+  auto& f = m.fbb();
+  std::vector<flatbuffers::Offset<wire::BlockProfile>> blocks;
   blocks.reserve(p.blocks.size());
   for (std::size_t i = 0; i < p.blocks.size(); ++i) {
     const split::block_profile& b = p.blocks[i];
-    blocks.push_back({static_cast<std::uint32_t>(i), static_cast<float>(b.forward_seconds * 1e6),
-                      static_cast<float>(b.backward_seconds * 1e6), b.param_bytes, b.output_bytes, b.state_bytes,
-                      b.saved_bytes});
+    blocks.push_back(wire::CreateBlockProfile(
+        f, static_cast<std::uint32_t>(i), static_cast<float>(b.forward_seconds * 1e6),
+        static_cast<float>(b.backward_seconds * 1e6), b.param_bytes, b.output_bytes, b.state_bytes, b.saved_bytes));
   }
-  profile_info info;
-  info.node_id = p.node_id;
-  info.epoch = epoch;
-  info.step = step;
-  info.memory_budget_bytes = p.memory_budget_bytes;
-  info.blocks = blocks;
-  std::vector<link_profile_desc> links;
-  for (const auto& l : p.links) links.push_back({l.peer_id, l.rtt_us, l.bandwidth_bytes_per_s});
-  info.links = links;
-  info.batch = p.batch;
-  info.backend = p.backend;
-  return make_profile(info);
+  const auto bl = f.CreateVector(blocks);
+  std::vector<flatbuffers::Offset<wire::LinkProfile>> links;
+  for (const auto& l : p.links)
+    links.push_back(wire::CreateLinkProfile(f, l.peer_id, l.rtt_us, l.bandwidth_bytes_per_s));
+  const auto ll = f.CreateVector(links);
+  const auto be = f.CreateString(p.backend.data(), p.backend.size());
+  m.finish(wire::CreateProfile(f, p.node_id, epoch, step, p.memory_budget_bytes, bl, ll, p.batch, be));
+  return m;
 }
 
 split::node_profile profile_of(const wire::Profile& p, int n_blocks) {
@@ -472,4 +551,4 @@ split::node_profile profile_of(const wire::Profile& p, int n_blocks) {
   return out;
 }
 
-}  // namespace cleave::transport
+}  // namespace cleave::protocol

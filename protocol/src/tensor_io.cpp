@@ -3,12 +3,15 @@
 // GPU's tensor crosses the bus already encoded (2 or 1 bytes a value instead of 4). On a backend
 // whose buffers are host memory the host loops read and write the tensor in place. topk
 // (gradients only) is selected on the host.
-#include "cleave/transport/tensor_io.h"
+#include "cleave/protocol/tensor_io.h"
 
 #include <cstring>
 #include <vector>
 
-namespace cleave::transport {
+namespace cleave::protocol {
+
+using transport::message_builder;
+using transport::tensor_view;
 
 namespace {
 
@@ -110,4 +113,4 @@ flatbuffers::Offset<wire::Tensor> add_tensor(message_builder& m, core::backend& 
   return m.add_encoded_tensor(spec, t.shape(), name, host.data(), r);
 }
 
-}  // namespace cleave::transport
+}  // namespace cleave::protocol
