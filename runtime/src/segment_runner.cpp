@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "cleave/core/error.h"
-#include "cleave/core/random.h"
+#include "cleave/core/micro_batch_seed.h"
 #include "cleave/split/replica_checks.h"
 #include "cleave/transport/tensor_io.h"
 
@@ -81,7 +81,9 @@ step_result segment_runner::run(std::uint32_t device, const split::route& r, std
     split::segment_output o;
     const double secs = timed([&] {
       o = host_->forward(device, seg, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size),
-                         bi.n_micro_batches, core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch));
+                         bi.n_micro_batches,
+                         static_cast<std::uint32_t>(
+                             core::micro_batch_seed(0, device, id.step, id.micro_batch, core::stream::dropout)));
     });
     batch_[device] = bi;
     auto res = finish(device, r, epoch, a->attempt(), seg, id, bi, std::move(o), y, secs, true);
@@ -111,8 +113,9 @@ step_result segment_runner::run_input(std::uint32_t device, const split::route& 
                                       std::span<const std::int32_t> host_y) {
   split::segment_output o;
   const double secs = timed([&] {
-    o = host_->forward(device, 0, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size),
-                       bi.n_micro_batches, core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch));
+    o = host_->forward(
+        device, 0, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size), bi.n_micro_batches,
+        static_cast<std::uint32_t>(core::micro_batch_seed(0, device, id.step, id.micro_batch, core::stream::dropout)));
   });
   batch_[device] = bi;
   if (o.dir == split::segment_output::direction::up) {
@@ -149,7 +152,8 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
   res.loss_here = forward && o.dir != split::segment_output::direction::up;  // into the loss here
   // Hop k joins segments k and k + 1: the activation goes up hop seg, the gradient down hop seg - 1.
   const auto cut = cut_.find(device);
-  const std::uint32_t seed = core::hash32(core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch), device);
+  const auto seed =
+      static_cast<std::uint32_t>(core::micro_batch_seed(0, device, id.step, id.micro_batch, core::stream::codec));
   // Decided by the route this step runs under (a re-split's settings may arrive before its
   // cutover): the output's hop goes f32, see cut_settings::keep_output_exact.
   const auto spec = [&](int hop, bool up) {
