@@ -7,21 +7,13 @@
 #include "cleave/core/trainer.h"
 #include "cleave/split/aggregate.h"
 #include "cleave/split/pipeline.h"
+#include "cleave/split/split_step.h"
 
 using namespace cleave;
 using core::shape;
 using core::tensor;
 
 namespace {
-
-// Moves a tensor between hosts the way the network would: through host bytes.
-tensor wire(core::backend& from, core::backend& to, const tensor& t) {
-  std::vector<std::uint8_t> bytes(t.bytes());
-  from.download(t, bytes.data());
-  tensor out = to.empty(t.shape(), t.dtype());
-  to.upload(out, bytes.data());
-  return out;
-}
 
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0.0;
@@ -66,42 +58,19 @@ struct split_rig {
       for (int seg : r.segments_on(t)) h->host(7, r, seg);
   }
 
-  // One step of device 7 along route r: forward up the route, the loss at its end, backward down.
+  // One step of device 7 along route r (split::split_step).
   void step(const split::route& r, int s, int micro_batches) {
-    const int mb_size = n / micro_batches;
-    for (int mb = 0; mb < micro_batches; ++mb) {
-      const split::micro_batch_id id{static_cast<std::uint64_t>(s), static_cast<std::uint32_t>(mb)};
-      auto& dev = *be[core::tier::device];
-      tensor x = testing::make(dev, {mb_size, 1, 28, 28},
-                               std::vector<float>(data.begin() + (s * n + mb * mb_size) * 784,
-                                                  data.begin() + (s * n + (mb + 1) * mb_size) * 784));
-      tensor y = testing::make_typed(dev, {mb_size}, core::dtype::i32,
-                                     std::vector<std::int32_t>(labels.begin() + s * n + mb * mb_size,
-                                                               labels.begin() + s * n + (mb + 1) * mb_size));
-      tensor v = x;
-      core::backend* at = &dev;
-      int seg = 0;
-      split::segment_output out;
-      for (;; ++seg) {
-        const auto t = r.path[static_cast<std::size_t>(seg)];
-        tensor in = wire(*at, *be[t], v);
-        tensor lab = seg == r.loss_segment() ? wire(dev, *be[t], y) : tensor{};
-        out = hosts[t]->forward(7, seg, id, in, lab, 1.0f / static_cast<float>(micro_batches),
-                                static_cast<std::uint32_t>(micro_batches), 0);
-        at = be[t].get();
-        v = out.value;
-        if (out.dir != split::segment_output::direction::up) break;
-      }
-      while (out.dir == split::segment_output::direction::down) {
-        --seg;
-        const auto t = r.path[static_cast<std::size_t>(seg)];
-        tensor g = wire(*at, *be[t], v);
-        out = hosts[t]->backward(7, seg, id, g);
-        at = be[t].get();
-        v = out.value;
-      }
-      CHECK(seg == 0);
-    }
+    auto& dev = *be[core::tier::device];
+    tensor x = testing::make(dev, {n, 1, 28, 28},
+                             std::vector<float>(data.begin() + s * n * 784, data.begin() + (s + 1) * n * 784));
+    tensor y = testing::make_typed(dev, {n}, core::dtype::i32,
+                                   std::vector<std::int32_t>(labels.begin() + s * n, labels.begin() + (s + 1) * n));
+    split::tier_hosts on;
+    for (auto& [t, h] : hosts) on[t] = h.get();
+    const int seg =
+        split::split_step(on, 7, r, static_cast<std::uint64_t>(s), x, y, static_cast<std::uint32_t>(micro_batches))
+            .end_segment;
+    CHECK(seg == 0);
   }
 
   // The whole model's parameters reassembled from the segments of route r.
