@@ -59,7 +59,7 @@ struct split_rig {
   }
 
   // One step of device 7 along route r (split::split_step).
-  void step(const split::route& r, int s, int micro_batches) {
+  split::split_step_result step(const split::route& r, int s, int micro_batches) {
     auto& dev = *be[core::tier::device];
     tensor x = testing::make(dev, {n, 1, 28, 28},
                              std::vector<float>(data.begin() + s * n * 784, data.begin() + (s + 1) * n * 784));
@@ -67,10 +67,11 @@ struct split_rig {
                                    std::vector<std::int32_t>(labels.begin() + s * n, labels.begin() + (s + 1) * n));
     split::tier_hosts on;
     for (auto& [t, h] : hosts) on[t] = h.get();
-    const int seg =
-        split::split_step(on, 7, r, static_cast<std::uint64_t>(s), x, y, static_cast<std::uint32_t>(micro_batches))
-            .end_segment;
+    const auto res =
+        split::split_step(on, 7, r, static_cast<std::uint64_t>(s), x, y, static_cast<std::uint32_t>(micro_batches));
+    const int seg = res.end_segment;
     CHECK(seg == 0);
+    return res;
   }
 
   // The whole model's parameters reassembled from the segments of route r.
@@ -108,6 +109,27 @@ TEST_CASE("split training through segment hosts equals local training for every 
     // Micro-batches change only the summation order of the gradients.
     CHECK(max_rel_diff(got, want) <= (sc.micro_batches == 1 ? 1e-6 : 1e-4));
     CHECK(rig.hosts[core::tier::server]->n_pending() == 0);
+  }
+}
+
+TEST_CASE("the split step reports each step's loss as local training does") {
+  for (const int micro_batches : {1, 4}) {
+    CAPTURE(micro_batches);
+    split_rig rig;
+    auto ref = backend::make_backend("reference");
+    core::train_config tc;
+    tc.seed = rig.seed;
+    tc.opt = rig.oc;
+    core::trainer local(*ref, rig.m, tc);
+    const auto r = split::make_route(true, true, {2, 6, 9, 11}, rig.m.n_blocks());
+    rig.host(r);
+    for (int s = 0; s < 5; ++s) {
+      const float want =
+          testing::read(*ref, local.step(rig.data.data() + s * rig.n * 784, rig.labels.data() + s * rig.n, rig.n))[0];
+      const auto got = rig.step(r, s, micro_batches);
+      CHECK(got.loss == doctest::Approx(want).epsilon(1e-5));
+      CHECK(got.n_correct <= static_cast<std::uint32_t>(rig.n));
+    }
   }
 }
 
