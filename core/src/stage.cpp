@@ -143,11 +143,6 @@ tensor upload_targets(backend& b, std::span<const std::int32_t> y, int groups, s
   return t;
 }
 
-std::uint32_t group_seed(std::uint32_t device, std::uint64_t step, std::uint32_t micro_batch) {
-  const auto s = mix64(0x6c6162656c73ull ^ mix64((std::uint64_t{device} << 40) ^ (step << 8) ^ micro_batch));
-  return static_cast<std::uint32_t>(s >> 32);
-}
-
 void class_logits(std::span<const float> logits, std::int64_t n, int classes, int groups, std::span<float> out) {
   const std::int64_t k = static_cast<std::int64_t>(classes) * groups;
   if (n < 0 || classes < 1 || groups < 1 || logits.size() != static_cast<std::size_t>(n * k) ||

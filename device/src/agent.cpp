@@ -433,11 +433,10 @@ int agent::impl::run() {
   n_classes_ = shard_->class_count();
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   runner_.emplace(*be_, core::tier::device, c_.id, schedule_->start_slowdown(c_.slowdown));
-  runner_->set_gradient_noise(c_.cut_gradient_noise, c_.order_seed);
-  runner_->set_gradient_equalise(c_.equalise_cut_gradients);
-  runner_->set_cut_defence({c_.activation_clip, c_.activation_noise, c_.nopeek, c_.order_seed});
-  if (c_.on_gradient) runner_->set_gradient_hook(c_.on_gradient);
-  if (c_.gradient_check != "off") runner_->set_gradient_check(c_.gradient_check_window, c_.gradient_check_threshold);
+  runner_->set_filters(
+      privacy::device_filters({c_.activation_clip, c_.activation_noise, c_.nopeek, c_.cut_gradient_noise,
+                               c_.equalise_cut_gradients, c_.gradient_check != "off" ? c_.gradient_check_window : 0,
+                               c_.gradient_check_threshold, c_.order_seed, c_.on_gradient}));
   if (c_.activation_clip > 0)
     spdlog::info("device {}: activations leave clipped to L2 norm {:g}{}", c_.id, c_.activation_clip,
                  c_.activation_noise > 0

@@ -11,7 +11,7 @@
 
 #include "cleave/core/dataset.h"
 #include "cleave/device/agent.h"
-#include "cleave/privacy/cut_defence.h"
+#include "cleave/privacy/cut_filters.h"
 #include "cleave/privacy/masked_replica.h"
 #include "cleave/privacy/secagg.h"
 #include "cleave/protocol/protocol.h"

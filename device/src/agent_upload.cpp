@@ -25,20 +25,22 @@ void agent::impl::report_privacy(std::uint64_t round) {
     ex_.metrics().set("cleave_privacy_epsilon", {{"scope", "round"}}, eps);
     ex_.metrics().set("cleave_privacy_epsilon", {{"scope", "run"}}, total);
   }
-  if (const auto [sum, n] = runner_->take_nopeek(); n > 0) {
+  auto* nopeek = runner_->filters().find<privacy::nopeek_filter>();
+  if (const auto [sum, n] = nopeek ? nopeek->take() : std::pair<double, std::uint64_t>{}; n > 0) {
     spdlog::info("device {}: round {}: distance correlation of inputs and cut activations {:.4f} (NoPeek weight {:g})",
                  c_.id, round, sum / static_cast<double>(n), c_.nopeek);
     ex_.metrics().set("cleave_cut_distance_correlation", {}, sum / static_cast<double>(n));
   }
-  if (const auto* g = runner_->gradient_check(); g && g->ready()) {
+  if (const auto* g = runner_->filters().find<privacy::gradient_check_filter>(); g && g->monitor().ready()) {
     spdlog::debug("device {}: round {}: label alignment of the gradients from upstream {:.4f}", c_.id, round,
-                  g->mean());
-    ex_.metrics().set("cleave_gradient_label_alignment", {}, g->mean());
+                  g->monitor().mean());
+    ex_.metrics().set("cleave_gradient_label_alignment", {}, g->monitor().mean());
   }
 }
 
 void agent::impl::check_gradients() {
-  const auto* g = runner_->gradient_check();
+  const auto* f = runner_->filters().find<privacy::gradient_check_filter>();
+  const privacy::gradient_monitor* g = f ? &f->monitor() : nullptr;
   if (!g || !g->suspicious() || warned_round_ == round_) return;
   warned_round_ = round_;
   ex_.metrics().add("cleave_gradient_check_alarms_total", {});

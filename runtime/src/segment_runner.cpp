@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "cleave/core/error.h"
-#include "cleave/core/random.h"
+#include "cleave/core/micro_batch_seed.h"
 #include "cleave/protocol/tensor_io.h"
 #include "cleave/split/replica_checks.h"
 
@@ -81,7 +81,9 @@ step_result segment_runner::run(std::uint32_t device, const split::route& r, std
     split::segment_output o;
     const double secs = timed([&] {
       o = host_->forward(device, seg, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size),
-                         bi.n_micro_batches, core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch));
+                         bi.n_micro_batches,
+                         static_cast<std::uint32_t>(
+                             core::micro_batch_seed(0, device, id.step, id.micro_batch, core::stream::dropout)));
     });
     batch_[device] = bi;
     auto res = finish(device, r, epoch, a->attempt(), seg, id, bi, std::move(o), y, secs, true);
@@ -93,7 +95,8 @@ step_result segment_runner::run(std::uint32_t device, const split::route& r, std
   const int seg = segment_at(r, g->block(), from, false);
   const split::micro_batch_id id{g->step(), g->micro_batch()};
   core::tensor dy = protocol::to_backend(*b_, transport::view_of(*g->gradient()));
-  if (here_ == core::tier::device && seg == 0) dy = defend_gradient(device, id, dy);
+  // Segment 0 is a device's bottom: this gradient came back through its bottom cut.
+  if (seg == 0) dy = filters_.gradient(*b_, {device, id.step, id.micro_batch}, dy);
   split::segment_output o;
   const double secs = timed([&] { o = host_->backward(device, seg, id, dy); });
   // The loss computed above travels down with the gradient, to whoever reports it.
@@ -110,13 +113,16 @@ step_result segment_runner::run_input(std::uint32_t device, const split::route& 
                                       std::span<const std::int32_t> host_y) {
   split::segment_output o;
   const double secs = timed([&] {
-    o = host_->forward(device, 0, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size),
-                       bi.n_micro_batches, core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch));
+    o = host_->forward(
+        device, 0, id, x, y, static_cast<float>(x.shape()[0]) / static_cast<float>(bi.batch_size), bi.n_micro_batches,
+        static_cast<std::uint32_t>(core::micro_batch_seed(0, device, id.step, id.micro_batch, core::stream::dropout)));
   });
   batch_[device] = bi;
-  if (here_ == core::tier::device && o.dir == split::segment_output::direction::up &&
-      (defence_.any() || monitor_ || hostile_))
-    defend_output(device, id, x, y, host_y, bi, o.value);
+  if (o.dir == split::segment_output::direction::up) {
+    privacy::departure d(*b_, {device, id.step, id.micro_batch}, x, y, host_y, bi.batch_size,
+                         host_->model().label_groups);
+    o.value = filters_.output(*b_, d, o.value);
+  }
   auto res = finish(device, r, epoch, attempt, 0, id, bi, std::move(o), y, secs, true);
   res.n_samples = x.shape()[0];
   return res;
@@ -146,7 +152,8 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
   res.loss_here = forward && o.dir != split::segment_output::direction::up;  // into the loss here
   // Hop k joins segments k and k + 1: the activation goes up hop seg, the gradient down hop seg - 1.
   const auto cut = cut_.find(device);
-  const std::uint32_t seed = core::hash32(core::hash32(static_cast<std::uint32_t>(id.step), id.micro_batch), device);
+  const auto seed =
+      static_cast<std::uint32_t>(core::micro_batch_seed(0, device, id.step, id.micro_batch, core::stream::codec));
   // Decided by the route this step runs under (a re-split's settings may arrive before its
   // cutover): the output's hop goes f32, see cut_settings::keep_output_exact.
   const auto spec = [&](int hop, bool up) {
@@ -159,9 +166,7 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
     res.out = protocol::make_activations(key, bi, *b_, o.value, pass_labels ? &labels : nullptr, spec(seg, true));
     res.to = r.path[static_cast<std::size_t>(seg + 1)];
   } else if (o.dir == split::segment_output::direction::down) {
-    if (res.loss_here && (equalise_ || gradient_noise_ >= 0))
-      defend_labels(o.value, core::mix64(noise_seed_ ^
-                                         core::mix64((std::uint64_t{device} << 40) ^ (id.step << 8) ^ id.micro_batch)));
+    if (res.loss_here) o.value = filters_.loss_gradient(*b_, {device, id.step, id.micro_batch}, o.value);
     const protocol::step_key key{epoch,  id.step, id.micro_batch, device, static_cast<std::uint32_t>(r.begin(seg)),
                                  attempt};
     const core::codec_spec cs = spec(seg - 1, false);
@@ -171,140 +176,6 @@ step_result segment_runner::finish(std::uint32_t device, const split::route& r, 
     res.to = r.path[static_cast<std::size_t>(seg - 1)];
   }
   return res;
-}
-
-namespace {
-
-// Squared L2 norm of each of the n rows of v (n x d).
-std::vector<double> row_norms2(const std::vector<float>& v, std::int64_t n, std::int64_t d) {
-  std::vector<double> out(static_cast<std::size_t>(n), 0.0);
-  for (std::int64_t i = 0; i < n; ++i)
-    for (std::int64_t k = 0; k < d; ++k) {
-      const double x = v[static_cast<std::size_t>(i * d + k)];
-      out[static_cast<std::size_t>(i)] += x * x;
-    }
-  return out;
-}
-
-}  // namespace
-
-void segment_runner::defend_labels(core::tensor& g, std::uint64_t seed) {
-  const std::int64_t n = g.shape().rank() ? g.shape()[0] : 0;
-  if (n <= 0) return;
-  const std::int64_t d = g.shape().numel() / n;
-  std::vector<float> v(static_cast<std::size_t>(n * d));
-  b_->download(g, v.data());
-  std::vector<double> norm2 = row_norms2(v, n, d);
-  if (equalise_) {
-    double sum2 = 0;
-    for (const double x : norm2) sum2 += x;
-    const double rms = std::sqrt(sum2 / static_cast<double>(n));
-    for (std::int64_t i = 0; i < n; ++i) {
-      const double nm = std::sqrt(norm2[static_cast<std::size_t>(i)]);
-      if (!(nm > 0) || !std::isfinite(rms)) continue;
-      const float f = static_cast<float>(rms / nm);
-      for (std::int64_t k = 0; k < d; ++k) v[static_cast<std::size_t>(i * d + k)] *= f;
-    }
-    norm2 = row_norms2(v, n, d);  // what the noise sees: the rescaled rows
-  }
-  if (gradient_noise_ >= 0) {
-    const double most = *std::max_element(norm2.begin(), norm2.end());
-    const double s2 = gradient_noise_ * gradient_noise_;
-    core::rng r(seed);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const double gap = std::max(0.0, most - norm2[static_cast<std::size_t>(i)]);
-      const double sd = std::sqrt(s2 * gap / static_cast<double>(d));
-      for (std::int64_t k = 0; k < d; ++k)
-        v[static_cast<std::size_t>(i * d + k)] += static_cast<float>(sd * r.normal());
-    }
-  }
-  b_->upload(g, v.data());
-}
-
-void segment_runner::set_gradient_check(int window, double threshold) {
-  if (window > 0)
-    monitor_.emplace(window, threshold);
-  else
-    monitor_.reset();
-}
-
-void segment_runner::defend_output(std::uint32_t device, split::micro_batch_id id, const core::tensor& x,
-                                   const core::tensor& y, std::span<const std::int32_t> host_y,
-                                   const protocol::batch_info& bi, core::tensor& o) {
-  const std::int64_t n = o.shape().rank() ? o.shape()[0] : 0;
-  if (n <= 0) return;
-  const bool check = monitor_ && (!monitor_->ready() || checked_++ % check_stride == 0);
-  if (!check && !defence_.any() && !hostile_) return;
-  defended& st = defended_[{device, id.step, id.micro_batch}];
-  if (check) {
-    if (host_y.size() == static_cast<std::size_t>(n)) {
-      st.labels.assign(host_y.begin(), host_y.end());
-    } else {
-      st.labels.resize(static_cast<std::size_t>(n));
-      b_->download(y, st.labels.data());
-    }
-    // With label groups the gradients follow the sub-class each sample was trained on.
-    if (const int g = host_->model().label_groups; g > 1) {
-      core::group_targets(st.labels, g, core::group_seed(device, id.step, id.micro_batch), st.labels);
-    }
-  }
-  if (!defence_.any() && !hostile_) return;
-  std::vector<float> v(static_cast<std::size_t>(o.numel()));
-  b_->download(o, v.data());
-  if (!defence_.any()) {
-    st.sent = std::move(v);
-    return;
-  }
-  if (defence_.nopeek > 0 && n >= 2) {
-    std::vector<float> xv(static_cast<std::size_t>(x.numel()));
-    b_->download(x, xv.data());
-    st.nopeek_grad.resize(v.size());
-    const double r = privacy::distance_correlation(xv, x.numel() / n, v, o.numel() / n, n, st.nopeek_grad);
-    dcor_sum_ += r;
-    ++dcor_n_;
-    // A term of the loss, which is the batch's mean: each micro-batch its share.
-    const float w =
-        static_cast<float>(defence_.nopeek * static_cast<double>(n) / static_cast<double>(std::max(1u, bi.batch_size)));
-    for (float& gv : st.nopeek_grad) gv *= w;
-  }
-  if (defence_.clip <= 0) {
-    if (hostile_) st.sent = std::move(v);
-    return;
-  }
-  st.scale = privacy::clip_rows(v, n, defence_.clip);
-  st.clipped = v;
-  if (defence_.noise > 0) {
-    core::rng r(core::mix64(defence_.seed ^ 0x6163746976617465ULL ^
-                            core::mix64((std::uint64_t{device} << 40) ^ (id.step << 8) ^ id.micro_batch)));
-    const double sd = defence_.noise * defence_.clip;
-    for (float& e : v) e += static_cast<float>(sd * r.normal());
-  }
-  if (hostile_ && defence_.noise > 0) st.sent = v;  // else what was sent is st.clipped
-  // A tensor of its own: the segment may keep its output for the backward pass.
-  core::tensor out = b_->empty(o.shape());
-  b_->upload(out, v.data());
-  o = out;
-}
-
-core::tensor segment_runner::defend_gradient(std::uint32_t device, split::micro_batch_id id, const core::tensor& dy) {
-  const auto it = defended_.find({device, id.step, id.micro_batch});
-  if (it == defended_.end()) return dy;
-  const defended st = std::move(it->second);
-  defended_.erase(it);
-  const std::int64_t n = dy.shape().rank() ? dy.shape()[0] : 0;
-  if (n <= 0) return dy;
-  std::vector<float> g(static_cast<std::size_t>(dy.numel()));
-  b_->download(dy, g.data());
-  if (hostile_) hostile_(g, st.sent.empty() ? st.clipped : st.sent, n);
-  if (monitor_ && st.labels.size() == static_cast<std::size_t>(n))
-    monitor_->add(privacy::label_alignment(g, n, st.labels));
-  if (st.clipped.empty() && st.nopeek_grad.empty() && !hostile_) return dy;
-  if (st.clipped.size() == g.size()) privacy::clip_rows_backward(g, st.clipped, st.scale, n, defence_.clip);
-  if (st.nopeek_grad.size() == g.size())
-    for (std::size_t k = 0; k < g.size(); ++k) g[k] += st.nopeek_grad[k];
-  core::tensor out = b_->empty(dy.shape());
-  b_->upload(out, g.data());
-  return out;
 }
 
 void segment_runner::set_cut(std::uint32_t device, protocol::cut_settings c) {
@@ -329,7 +200,7 @@ void segment_runner::release(std::uint32_t device) {
 
 void segment_runner::discard(std::uint32_t device, bool segments) {
   held_.erase(device);
-  std::erase_if(defended_, [device](const auto& kv) { return std::get<0>(kv.first) == device; });
+  filters_.discard(device);
   std::erase_if(seg_seconds_, [device](const auto& kv) { return kv.first.first == device; });
   if (!host_) return;
   if (segments) {

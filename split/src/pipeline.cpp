@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "cleave/core/micro_batch_seed.h"
 #include "cleave/core/trainer.h"
 
 namespace cleave::split {
@@ -318,9 +319,10 @@ segment_output segment_host::forward(std::uint32_t device, int segment, micro_ba
     if (l < 0 || l >= m_->n_classes) throw core::error("label " + std::to_string(l) + " out of range");
   // Sub-class targets drawn per device, step and micro-batch (the same wherever the loss runs).
   const core::tensor targets =
-      m_->label_groups > 1
-          ? core::upload_targets(*b_, lab, m_->label_groups, core::group_seed(device, id.step, id.micro_batch))
-          : labels;
+      m_->label_groups > 1 ? core::upload_targets(*b_, lab, m_->label_groups,
+                                                  static_cast<std::uint32_t>(core::micro_batch_seed(
+                                                      0, device, id.step, id.micro_batch, core::stream::label_groups)))
+                           : labels;
   const core::loss_result lr = core::loss_forward(*b_, y, targets);
   std::vector<float> logits(static_cast<std::size_t>(y.numel()));
   b_->download(y, logits.data());

@@ -7,21 +7,13 @@
 #include "cleave/core/trainer.h"
 #include "cleave/split/aggregate.h"
 #include "cleave/split/pipeline.h"
+#include "cleave/split/split_step.h"
 
 using namespace cleave;
 using core::shape;
 using core::tensor;
 
 namespace {
-
-// Moves a tensor between hosts the way the network would: through host bytes.
-tensor wire(core::backend& from, core::backend& to, const tensor& t) {
-  std::vector<std::uint8_t> bytes(t.bytes());
-  from.download(t, bytes.data());
-  tensor out = to.empty(t.shape(), t.dtype());
-  to.upload(out, bytes.data());
-  return out;
-}
 
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0.0;
@@ -66,42 +58,20 @@ struct split_rig {
       for (int seg : r.segments_on(t)) h->host(7, r, seg);
   }
 
-  // One step of device 7 along route r: forward up the route, the loss at its end, backward down.
-  void step(const split::route& r, int s, int micro_batches) {
-    const int mb_size = n / micro_batches;
-    for (int mb = 0; mb < micro_batches; ++mb) {
-      const split::micro_batch_id id{static_cast<std::uint64_t>(s), static_cast<std::uint32_t>(mb)};
-      auto& dev = *be[core::tier::device];
-      tensor x = testing::make(dev, {mb_size, 1, 28, 28},
-                               std::vector<float>(data.begin() + (s * n + mb * mb_size) * 784,
-                                                  data.begin() + (s * n + (mb + 1) * mb_size) * 784));
-      tensor y = testing::make_typed(dev, {mb_size}, core::dtype::i32,
-                                     std::vector<std::int32_t>(labels.begin() + s * n + mb * mb_size,
-                                                               labels.begin() + s * n + (mb + 1) * mb_size));
-      tensor v = x;
-      core::backend* at = &dev;
-      int seg = 0;
-      split::segment_output out;
-      for (;; ++seg) {
-        const auto t = r.path[static_cast<std::size_t>(seg)];
-        tensor in = wire(*at, *be[t], v);
-        tensor lab = seg == r.loss_segment() ? wire(dev, *be[t], y) : tensor{};
-        out = hosts[t]->forward(7, seg, id, in, lab, 1.0f / static_cast<float>(micro_batches),
-                                static_cast<std::uint32_t>(micro_batches), 0);
-        at = be[t].get();
-        v = out.value;
-        if (out.dir != split::segment_output::direction::up) break;
-      }
-      while (out.dir == split::segment_output::direction::down) {
-        --seg;
-        const auto t = r.path[static_cast<std::size_t>(seg)];
-        tensor g = wire(*at, *be[t], v);
-        out = hosts[t]->backward(7, seg, id, g);
-        at = be[t].get();
-        v = out.value;
-      }
-      CHECK(seg == 0);
-    }
+  // One step of device 7 along route r (split::split_step).
+  split::split_step_result step(const split::route& r, int s, int micro_batches) {
+    auto& dev = *be[core::tier::device];
+    tensor x = testing::make(dev, {n, 1, 28, 28},
+                             std::vector<float>(data.begin() + s * n * 784, data.begin() + (s + 1) * n * 784));
+    tensor y = testing::make_typed(dev, {n}, core::dtype::i32,
+                                   std::vector<std::int32_t>(labels.begin() + s * n, labels.begin() + (s + 1) * n));
+    split::tier_hosts on;
+    for (auto& [t, h] : hosts) on[t] = h.get();
+    const auto res =
+        split::split_step(on, 7, r, static_cast<std::uint64_t>(s), x, y, static_cast<std::uint32_t>(micro_batches));
+    const int seg = res.end_segment;
+    CHECK(seg == 0);
+    return res;
   }
 
   // The whole model's parameters reassembled from the segments of route r.
@@ -139,6 +109,27 @@ TEST_CASE("split training through segment hosts equals local training for every 
     // Micro-batches change only the summation order of the gradients.
     CHECK(max_rel_diff(got, want) <= (sc.micro_batches == 1 ? 1e-6 : 1e-4));
     CHECK(rig.hosts[core::tier::server]->n_pending() == 0);
+  }
+}
+
+TEST_CASE("the split step reports each step's loss as local training does") {
+  for (const int micro_batches : {1, 4}) {
+    CAPTURE(micro_batches);
+    split_rig rig;
+    auto ref = backend::make_backend("reference");
+    core::train_config tc;
+    tc.seed = rig.seed;
+    tc.opt = rig.oc;
+    core::trainer local(*ref, rig.m, tc);
+    const auto r = split::make_route(true, true, {2, 6, 9, 11}, rig.m.n_blocks());
+    rig.host(r);
+    for (int s = 0; s < 5; ++s) {
+      const float want =
+          testing::read(*ref, local.step(rig.data.data() + s * rig.n * 784, rig.labels.data() + s * rig.n, rig.n))[0];
+      const auto got = rig.step(r, s, micro_batches);
+      CHECK(got.loss == doctest::Approx(want).epsilon(1e-5));
+      CHECK(got.n_correct <= static_cast<std::uint32_t>(rig.n));
+    }
   }
 }
 

@@ -89,9 +89,6 @@ void group_targets(std::span<const std::int32_t> y, int groups, std::uint32_t se
 // What a step's loss targets, uploaded to b: the labels y themselves (groups 1), else their
 // group_targets.
 tensor upload_targets(backend& b, std::span<const std::int32_t> y, int groups, std::uint32_t seed);
-// The seed of a split step's draws: a device's micro-batch of a step, wherever its loss runs
-// (and the device's own gradient check, which compares what comes back with these targets).
-std::uint32_t group_seed(std::uint32_t device, std::uint64_t step, std::uint32_t micro_batch);
 // Class logits (n, classes) from logits (n, classes * groups): log-sum-exp over each group, so
 // softmax over them is the sum of each group's sub-class probabilities.
 void class_logits(std::span<const float> logits, std::int64_t n, int classes, int groups, std::span<float> out);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cleave/core/dataset.h"
+#include "cleave/privacy/cut_filters.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/runtime/sessions.h"
 
@@ -54,16 +55,16 @@ struct agent_config {
   bool secure_aggregation = false;
   // In U-shaped plans (the loss here): Gaussian noise on the gradients this device sends up at its
   // top cut, s^2 times each sample's gap to the batch's largest squared norm (s = 1: max-norm), so
-  // that the server cannot tell labels by gradient norm or direction (segment_runner::set_gradient_noise).
+  // that the server cannot tell labels by gradient norm or direction (privacy::label_noise_filter).
   // Negative: off.
   double cut_gradient_noise = -1;
   // In U-shaped plans: every gradient this device sends up at its top cut is rescaled, sample by
   // sample, to the micro-batch's root-mean-square norm, so their norms tell the server nothing
-  // (segment_runner::set_gradient_equalise). Applied before cut_gradient_noise, which then adds
+  // (privacy::label_equalise_filter). Applied before cut_gradient_noise, which then adds
   // nothing: every gap to the largest norm is 0.
   bool equalise_cut_gradients = false;
   // Defences of the activations this device sends up at its bottom cut
-  // (segment_runner::set_cut_defence): each sample's activation clipped to L2 norm `activation_clip`,
+  // (privacy::clip_filter, privacy::nopeek_filter): each sample's activation clipped to L2 norm `activation_clip`,
   // then Gaussian noise of std activation_noise * activation_clip per value, with the privacy it
   // gives (epsilon at `dp_delta` per input sample, Renyi DP) logged every round; `nopeek` > 0:
   // the weight of the distance correlation of inputs and activations in the device's loss. 0: off.
@@ -98,8 +99,8 @@ struct agent_config {
   // uploads (a segment's flat parameters and state) just before they are encoded.
   std::function<void(std::vector<float>& params, std::vector<float>& buffers)> on_upload;
   // For tests of hostile servers only: may change every gradient that comes back through the
-  // bottom cut (segment_runner::set_gradient_hook).
-  runtime::segment_runner::gradient_hook on_gradient;
+  // bottom cut (privacy::gradient_hook_filter).
+  privacy::gradient_hook on_gradient;
 };
 
 class agent {

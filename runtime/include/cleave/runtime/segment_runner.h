@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "cleave/privacy/cut_defence.h"
+#include "cleave/privacy/cut_filter.h"
 #include "cleave/protocol/protocol.h"
 #include "cleave/runtime/route_state.h"
 #include "cleave/split/pipeline.h"
@@ -74,48 +74,11 @@ class segment_runner {
   // How device's activations and gradients leave this node, hop by hop (its plan's cut
   // settings); f32 until set. A step message says how it is encoded, so only senders need this.
   void set_cut(std::uint32_t device, protocol::cut_settings c);
-  // A defence of the labels this node holds: every gradient it computes from its own loss (a
-  // U-shaped top on a device, the top on a server) leaves with isotropic Gaussian noise added per
-  // sample, of total expected energy s^2 times the gap between the batch's largest squared norm
-  // and the sample's own (s = 1: every sample's expected squared norm is the largest, Li et al.'s
-  // max-norm; s < 1 less, s > 1 more, hiding directions too). Negative: off. The noise is drawn from (seed, device,
-  // step, micro-batch): runs repeat exactly.
-  void set_gradient_noise(double s, std::uint64_t seed) {
-    gradient_noise_ = s;
-    noise_seed_ = seed;
-  }
-  // Before that noise: each sample's gradient rescaled to the micro-batch's root-mean-square
-  // norm (a sample whose gradient is 0 keeps it), so norms carry nothing. It weighs the samples of
-  // the server's update differently: with label groups (core::with_label_groups) every sample's
-  // gradient keeps a share of its own, and training stays close to the plain one.
-  void set_gradient_equalise(bool on) { equalise_ = on; }
-
-  // Defences of what a device sends up at its bottom cut (the output of its route's first
-  // segment), see privacy/cut_defence.h: each sample's activation clipped to L2 norm `clip`, then
-  // Gaussian noise of standard deviation noise * clip added to every value (drawn from seed,
-  // device, step and micro-batch); `nopeek` > 0 adds that weight times the distance correlation
-  // of the micro-batch's inputs and activations to the device's loss (its gradient joins the one
-  // that comes back). The gradients pass back through the clipping exactly, and around the noise.
-  struct cut_defence {
-    double clip = 0;
-    double noise = 0;
-    double nopeek = 0;
-    std::uint64_t seed = 0;
-    bool any() const { return clip > 0 || nopeek > 0; }
-  };
-  void set_cut_defence(const cut_defence& d) { defence_ = d; }
-  // The check of the gradients that come back to a device's bottom cut: their label alignment
-  // (privacy::label_alignment) over the last `window` micro-batches it scored (each one until the
-  // window is full, then every check_stride-th); suspicious below `threshold`. window 0: off.
-  void set_gradient_check(int window, double threshold);
-  const privacy::gradient_monitor* gradient_check() const { return monitor_ ? &*monitor_ : nullptr; }
-  // For tests of hostile servers only: changes every gradient that comes back through a device's
-  // bottom cut (n rows), given the activations sent for it, before anything here uses it.
-  using gradient_hook =
-      std::function<void(std::vector<float>& gradient, const std::vector<float>& sent, std::int64_t n)>;
-  void set_gradient_hook(gradient_hook h) { hostile_ = std::move(h); }
-  // Since the last call: the distance correlations measured for NoPeek (their sum and count).
-  std::pair<double, std::uint64_t> take_nopeek() { return {std::exchange(dcor_sum_, 0.0), std::exchange(dcor_n_, 0)}; }
+  // The filters of what crosses this node's cuts (privacy/cut_filter.h): a device's bottom-cut
+  // output as it leaves and its gradient as it comes back, and every gradient leaving a loss
+  // computed here. None until set.
+  void set_filters(privacy::filter_chain f) { filters_ = std::move(f); }
+  privacy::filter_chain& filters() { return filters_; }
 
   // A step message (Activations or Gradients) of `device` under route r (plan epoch `epoch`)
   // that came from tier `from` into a segment on this tier; what it sends on keeps the message's
@@ -186,15 +149,7 @@ class segment_runner {
                      split::micro_batch_id id, const protocol::batch_info& bi, split::segment_output o,
                      const core::tensor& labels, double seconds, bool forward);
   double timed(const std::function<void()>& f);
-  // See set_gradient_equalise and set_gradient_noise (in that order, one download and upload):
-  // g (B, ...) on this runner's backend, changed in place.
-  void defend_labels(core::tensor& g, std::uint64_t seed);
   void release(std::uint32_t device);
-  // See set_cut_defence: a device's bottom-cut output o (of inputs x, labels y) as it leaves, and
-  // what its gradient needs on the way back.
-  void defend_output(std::uint32_t device, split::micro_batch_id id, const core::tensor& x, const core::tensor& y,
-                     std::span<const std::int32_t> host_y, const protocol::batch_info& bi, core::tensor& o);
-  core::tensor defend_gradient(std::uint32_t device, split::micro_batch_id id, const core::tensor& dy);
 
   core::backend* b_;
   core::tier here_;
@@ -215,22 +170,7 @@ class segment_runner {
   std::map<std::tuple<std::uint32_t, int, std::uint32_t>, std::vector<float>> residual_;
   int n_observed_ = 0, n_observed_mark_ = 0;
   double compute_s_ = 0;
-  double gradient_noise_ = -1;
-  bool equalise_ = false;
-  std::uint64_t noise_seed_ = 0;
-  cut_defence defence_;
-  std::optional<privacy::gradient_monitor> monitor_;
-  // Once its window is full the gradient check scores every check_stride-th micro-batch.
-  static constexpr std::uint64_t check_stride = 4;
-  std::uint64_t checked_ = 0;
-  gradient_hook hostile_;
-  struct defended {  // a micro-batch that left through the bottom cut, until its gradient is back
-    std::vector<float> clipped, scale, nopeek_grad, sent;
-    std::vector<std::int32_t> labels;
-  };
-  std::map<std::tuple<std::uint32_t, std::uint64_t, std::uint32_t>, defended> defended_;
-  double dcor_sum_ = 0;
-  std::uint64_t dcor_n_ = 0;
+  privacy::filter_chain filters_;
 };
 
 }  // namespace cleave::runtime
