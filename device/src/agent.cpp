@@ -103,7 +103,7 @@ void agent::impl::on_message(transport::message m) {
       return;  // Welcome, heartbeats
   }
   auto held = std::make_shared<transport::message>(std::move(m));
-  ex_.post_compute([this, held] { handle(held); }, [this](const std::string& why) { up_->drop(why); });
+  ex_.post_compute(ex_.guarded([this, held] { handle(held); }, [this](const std::string& why) { up_->drop(why); }));
 }
 
 void agent::impl::handle(const std::shared_ptr<transport::message>& m) {
@@ -234,7 +234,8 @@ void agent::impl::on_round_start(const wire::RoundStart& r) {
     post_secagg(
         {.phase = wire::SecAggPhase::keys, .round = r.round(), .device_id = c_.id, .keys = std::span(&mine, 1)});
   }
-  ex_.spawn_compute(run_round(r.round(), r.local_steps(), r.learning_rate(), ++round_gen_), "a round");
+  ex_.spawn(run_round(r.round(), r.local_steps(), r.learning_rate(), ++round_gen_), "a round",
+            runtime::executors::thread::compute);
 }
 
 void agent::impl::on_migrate(const wire::Migrate& m) {

@@ -179,7 +179,7 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
   if (r.learning_rate() > 0)  // 0: the server keeps the plan's rate
     ex_.post_compute([this, id = r.device_id(), lr = r.learning_rate()] { runner_->host().set_learning_rate(id, lr); });
   if (const auto it = devices_.find(r.device_id()); it != devices_.end() && it->second.planned)
-    ex_.post_compute(
+    ex_.post_compute(ex_.guarded(
         [this, id = r.device_id(), round = r.round(), route = it->second.rs.route] {
           auto& st = started_[id];
           if (st.round == round && st.route == route)
@@ -189,7 +189,7 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
         },
         [this, id = r.device_id()](const std::string& why) {
           spdlog::warn("edge {}: device {}: the state its round started from is not restored: {}", c_.id, id, why);
-        });
+        }));
   const auto it = devices_.find(r.device_id());
   if (it != devices_.end() && it->second.s) {
     protocol::round_start_desc rs{r.round(),     r.epoch(), r.local_steps(), r.deadline_ms(), r.learning_rate(),
@@ -286,7 +286,7 @@ void edge_node::impl::on_cutover(device_state& d, const transport::message& m) {
   const split::route from = d.rs.cut_over(c.epoch()), to = d.rs.route;
   const protocol::migrate_desc md{d.rs.epoch, c.step(), d.s->id, c_.id, core::tier::edge, c_.id};
   auto cutover = std::make_shared<transport::message_builder>(protocol::copy_of(m));
-  ex_.post_compute(
+  ex_.post_compute(ex_.guarded(
       [this, s = d.s, from, to, md, cutover] {
         auto moved = runner_->rehost(s->id, from, to, md);
         runtime::count_migration(ex_.metrics(), moved);
@@ -295,7 +295,7 @@ void edge_node::impl::on_cutover(device_state& d, const transport::message& m) {
         // After this edge's own blocks, so the server has them when it re-hosts.
         up_->post(std::move(*cutover));
       },
-      [this, s = d.s](const std::string& why) { below_->close(s, why); });
+      [this, s = d.s](const std::string& why) { below_->close(s, why); }));
 }
 
 void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier from) {
@@ -339,8 +339,8 @@ void edge_node::impl::report_moved_links(const device_state& d) {
 
 void edge_node::impl::install(const runtime::session_ptr& s, transport::message m) {
   auto held = std::make_shared<transport::message>(std::move(m));
-  ex_.post_compute([this, held, s] { runner_->install(s->id, *held->as<wire::Migrate>()); },
-                   [this, s](const std::string& why) { below_->close(s, why); });
+  ex_.post_compute(ex_.guarded([this, held, s] { runner_->install(s->id, *held->as<wire::Migrate>()); },
+                               [this, s](const std::string& why) { below_->close(s, why); }));
 }
 
 void edge_node::impl::send_profile(split::node_profile prof) {

@@ -56,26 +56,15 @@ void executors::stop_on_signals() {
 void executors::wait_for_signal() {
   signals_.async_wait([this](const std::error_code& ec, int sig) {
     if (ec || stopping_) return;
-    if (sig == SIGHUP) {
-      run_reload("SIGHUP");
-      wait_for_signal();
-      return;
+    if (sig != SIGHUP) return begin_stop(sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
+    spdlog::info("{}: SIGHUP: {}", who_, reload_ ? "reloading" : "nothing to reload");
+    try {
+      if (reload_) reload_();
+    } catch (const std::exception& e) {  // a reload never takes the node down
+      spdlog::error("{}: reload failed, running on as before: {}", who_, e.what());
     }
-    begin_stop(sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
+    wait_for_signal();
   });
-}
-
-void executors::run_reload(const char* why) {
-  if (!reload_) {
-    spdlog::info("{}: {}: nothing to reload", who_, why);
-    return;
-  }
-  spdlog::info("{}: {}: reloading", who_, why);
-  try {
-    reload_();
-  } catch (const std::exception& e) {  // a reload never takes the node down
-    spdlog::error("{}: reload failed, running on as before: {}", who_, e.what());
-  }
 }
 
 void executors::run() {
@@ -140,16 +129,13 @@ bool executors::run_on_io(std::function<void()> f, std::chrono::milliseconds wai
   return ready.wait_for(wait) == std::future_status::ready;
 }
 
-void executors::spawn(asio::awaitable<void> a, std::string what) {
-  asio::co_spawn(io_, std::move(a), [this, what = std::move(what)](std::exception_ptr e) {
-    if (e) fail(e, what);
-  });
-}
-
-void executors::spawn_compute(asio::awaitable<void> a, std::string what) {
-  asio::co_spawn(work_, std::move(a), [this, what = std::move(what)](std::exception_ptr e) {
-    if (e) post_io([this, e, what] { fail(e, what); });
-  });
+void executors::spawn(asio::awaitable<void> a, std::string what, thread on) {
+  asio::co_spawn(on == thread::io ? io_ : work_, std::move(a),
+                 [this, on, what = std::move(what)](std::exception_ptr e) {
+                   if (!e) return;
+                   if (on == thread::io) return fail(e, what);
+                   post_io([this, e, what] { fail(e, what); });
+                 });
 }
 
 void executors::begin_stop(const std::string& why) {

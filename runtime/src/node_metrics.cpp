@@ -75,4 +75,18 @@ void count_migration(metrics::registry& r,
   r.add("cleave_migrated_bytes_total", {}, bytes);
 }
 
+void publish_link(metrics::registry& m, const std::string& peer, bool up, std::uint64_t sent, std::uint64_t received,
+                  const transport::channel_stats& last) {
+  const metrics::labels l{{"peer", peer}};
+  m.set("cleave_link_up", l, up ? 1 : 0);
+  m.raise_to("cleave_link_sent_bytes_total", l, static_cast<double>(sent));
+  m.raise_to("cleave_link_received_bytes_total", l, static_cast<double>(received));
+  if (!up) return;
+  if (transport::link_rtt_us(last) > 0) m.set("cleave_link_rtt_seconds", l, transport::link_rtt_us(last) * 1e-6);
+  if (last.send_bytes_per_second > 0)
+    m.set("cleave_link_send_bandwidth_bytes_per_second", l, last.send_bytes_per_second);
+  if (last.receive_bytes_per_second > 0)
+    m.set("cleave_link_receive_bandwidth_bytes_per_second", l, last.receive_bytes_per_second);
+}
+
 }  // namespace cleave::runtime

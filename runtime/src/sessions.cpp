@@ -12,6 +12,7 @@
 
 #include "cleave/core/error.h"
 #include "cleave/protocol/protocol.h"
+#include "cleave/runtime/node_metrics.h"
 
 namespace cleave::runtime {
 
@@ -21,22 +22,6 @@ namespace {
 
 // Failed attempts in a row to reach the upstream that are each logged before they are summarised.
 constexpr int first_reports = 3;
-
-// One peer's link into a node's metrics: up or not, its byte totals over all its connections
-// (never lowered), and the figures of its open channel (`last`, when up).
-void publish_link(metrics::registry& m, const std::string& peer, bool up, std::uint64_t sent, std::uint64_t received,
-                  const transport::channel_stats& last) {
-  const metrics::labels l{{"peer", peer}};
-  m.set("cleave_link_up", l, up ? 1 : 0);
-  m.raise_to("cleave_link_sent_bytes_total", l, static_cast<double>(sent));
-  m.raise_to("cleave_link_received_bytes_total", l, static_cast<double>(received));
-  if (!up) return;
-  if (transport::link_rtt_us(last) > 0) m.set("cleave_link_rtt_seconds", l, transport::link_rtt_us(last) * 1e-6);
-  if (last.send_bytes_per_second > 0)
-    m.set("cleave_link_send_bandwidth_bytes_per_second", l, last.send_bytes_per_second);
-  if (last.receive_bytes_per_second > 0)
-    m.set("cleave_link_receive_bandwidth_bytes_per_second", l, last.receive_bytes_per_second);
-}
 
 asio::awaitable<void> close_channel(session_ptr s) {
   co_await s->ch.close();

@@ -263,14 +263,14 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
   const split::route from = plans_.cut_over(d, c.epoch(), c.step(), round_.number(), leg), to = d.rs.route;
   if (collecting) round_.count_resplit();
   const protocol::migrate_desc md{d.rs.epoch, c.step(), dev, d.behind_edge ? s->id : 0, core::tier::server, 0};
-  ex_.post_compute(
+  ex_.post_compute(ex_.guarded(
       [this, s, dev, from, to, md, cut = plans_.cut_of(to, &d.hops)] {
         runner_->set_cut(dev, cut);
         auto moved = runner_->rehost(dev, from, to, md);
         runtime::count_migration(ex_.metrics(), moved);
         for (auto& [tier, msg] : moved) s->post(std::move(msg));
       },
-      [this, s, dev](const std::string& why) { device_failed(s, dev, why); });
+      [this, s, dev](const std::string& why) { device_failed(s, dev, why); }));
 }
 
 void server_node::impl::on_migrate(const runtime::session_ptr& s, transport::message m) {
@@ -279,8 +279,8 @@ void server_node::impl::on_migrate(const runtime::session_ptr& s, transport::mes
   if (protocol::tier_of(m.as<wire::Migrate>()->to_role()) != core::tier::server)
     throw core::error("Migrate not addressed to the server");
   auto held = std::make_shared<transport::message>(std::move(m));
-  ex_.post_compute([this, dev, held] { runner_->install(dev, *held->as<wire::Migrate>()); },
-                   [this, s, dev](const std::string& why) { device_failed(s, dev, why); });
+  ex_.post_compute(ex_.guarded([this, dev, held] { runner_->install(dev, *held->as<wire::Migrate>()); },
+                               [this, s, dev](const std::string& why) { device_failed(s, dev, why); }));
 }
 
 void server_node::impl::replan(const std::string& why) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks the node layer's size limits: no source file over 600 lines, no function (or lambda)
-body over 80 lines, and no asio::detached (a coroutine's exception would vanish).
+"""Checks the node layer's size limits: no source file over 500 lines, no function (or lambda)
+body over 80 lines, no class with over 25 member functions, and no asio::detached (a coroutine's
+exception would vanish).
 
 Usage: node_limits.py ROOT [DIR ...]   (default dirs: device edge server runtime)
 Prints every breach as FILE:LINE: what, and exits 1 if there is any.
@@ -9,7 +10,7 @@ import os
 import re
 import sys
 
-MAX_FILE, MAX_FUNCTION = 600, 80
+MAX_FILE, MAX_FUNCTION, MAX_METHODS = 500, 80, 25
 SOURCES = (".h", ".cpp")
 CONTROL = re.compile(r"\b(if|for|while|switch|catch|do|else)\b\s*(\(|$)")
 
@@ -71,6 +72,44 @@ def long_functions(code):
     return found
 
 
+CLASS_HEAD = re.compile(r"\b(class|struct)\s+(\w+)(\s+final)?\s*(:[^{;]*)?$")
+METHOD = re.compile(r"(operator\s*\S+|~?\w+)\s*\((?:[^()]|\([^()]*\))*\)\s*(const)?\s*(noexcept)?\s*"
+                    r"(override|final)?\s*(=\s*(0|default|delete))?\s*(->[^;{]*)?$")
+
+
+def fat_classes(code):
+    """(line, name, count) of every class or struct whose body declares more than MAX_METHODS
+    member functions (constructors included, deleted ones not; nested classes count on their own)."""
+    found = []
+    stack = []  # per open brace: None, or [name, line, count] for a class body
+    head_start, line = 0, 1
+    for i, c in enumerate(code):
+        if c == "\n":
+            line += 1
+        elif c in "{;":
+            head = " ".join(code[head_start:i].split())
+            head = re.sub(r"^(public|private|protected)\s*:\s*", "", head)
+            cls = stack[-1] if stack else None
+            skip = ("using ", "friend ", "static_assert", "typedef ")
+            if cls is not None and head and not head.startswith(skip) and not re.search(r"=\s*delete$", head):
+                if METHOD.search(head) and "=" not in re.sub(r"=\s*(0|default|delete)\s*$", "", head):
+                    cls[2] += 1
+            if c == "{":
+                m = CLASS_HEAD.search(head)
+                stack.append([m.group(2), line, 0] if m and "(" not in head else None)
+            head_start = i + 1
+        elif c == "}":
+            if stack:
+                cls = stack.pop()
+                if cls is not None and cls[2] > MAX_METHODS:
+                    found.append((cls[1], cls[0], cls[2]))
+            head_start = i + 1
+        elif c == ":" and code[i - 1 : i + 1] != "::" and code[i : i + 2] != "::":
+            if re.search(r"(public|private|protected)\s*$", code[head_start:i]):
+                head_start = i + 1
+    return found
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else "."
     dirs = sys.argv[2:] or ["device", "edge", "server", "runtime"]
@@ -91,10 +130,13 @@ def main():
                     breaches.append(f"{rel}:{code[:code.index('detached')].count(chr(10)) + 1}: asio::detached")
                 for at, length, head in long_functions(code):
                     breaches.append(f"{rel}:{at}: a body of {length} lines (at most {MAX_FUNCTION}): {head[:80]}")
+                for at, name, count in fat_classes(code):
+                    breaches.append(f"{rel}:{at}: class {name} has {count} member functions (at most {MAX_METHODS})")
     for b in breaches:
         print(b)
     if not breaches:
-        print("node layer within limits: files <= %d lines, bodies <= %d lines, no asio::detached" % (MAX_FILE, MAX_FUNCTION))
+        print("node layer within limits: files <= %d lines, bodies <= %d lines, classes <= %d member functions, "
+              "no asio::detached" % (MAX_FILE, MAX_FUNCTION, MAX_METHODS))
     return 1 if breaches else 0
 
 

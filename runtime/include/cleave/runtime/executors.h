@@ -78,10 +78,10 @@ class executors {
   // not run in time (it may run later: f must own what it writes to).
   bool run_on_io(std::function<void()> f, std::chrono::milliseconds wait);
 
-  // Starts a coroutine on the I/O thread; an exception escaping it is logged and stops the node.
-  void spawn(asio::awaitable<void> a, std::string what);
-  // The same on the compute thread (for work that waits on the compute thread's own events).
-  void spawn_compute(asio::awaitable<void> a, std::string what);
+  // Starts a coroutine on the I/O thread, or the compute thread (for work that waits on that
+  // thread's own events); an exception escaping it is logged and stops the node.
+  enum class thread : std::uint8_t { io, compute };
+  void spawn(asio::awaitable<void> a, std::string what, thread on = thread::io);
 
   template <class F>
   void post_io(F&& f) {
@@ -91,7 +91,8 @@ class executors {
   void post_compute(F&& f) {
     asio::post(work_, std::forward<F>(f));
   }
-  // f, made to hand a core::error it throws to on_error(what) on the I/O thread.
+  // f, made to hand a core::error it throws to on_error(what) on the I/O thread (post it to the
+  // compute thread: post_compute(guarded(f, on_error))).
   template <class F, class E>
   auto guarded(F f, E on_error) {
     return [this, f = std::move(f), on_error = std::move(on_error)]() mutable {
@@ -101,11 +102,6 @@ class executors {
         post_io([on_error, why = std::string(e.what())] { on_error(why); });
       }
     };
-  }
-  // Runs f on the compute thread; a core::error it throws reaches on_error(what) on the I/O thread.
-  template <class F, class E>
-  void post_compute(F f, E on_error) {
-    post_compute(guarded(std::move(f), std::move(on_error)));
   }
   // From a coroutine on the I/O thread: runs f on the compute thread and resumes with its
   // result (exceptions travel too).
@@ -120,7 +116,6 @@ class executors {
  private:
   void begin_stop(const std::string& why);
   void wait_for_signal();
-  void run_reload(const char* why);
 
   std::string who_;
   asio::io_context io_, work_;

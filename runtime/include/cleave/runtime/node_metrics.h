@@ -3,11 +3,13 @@
 // (seconds, bytes), counters end in _total.
 #pragma once
 
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "cleave/core/tier.h"
 #include "cleave/metrics/registry.h"
+#include "cleave/transport/channel.h"
 #include "cleave/transport/message.h"
 
 namespace cleave::runtime {
@@ -17,5 +19,10 @@ void declare_node_metrics(metrics::registry& r);
 // The block ranges a re-split moves off this node (segment_runner::rehost), counted and their
 // bytes added before they are sent.
 void count_migration(metrics::registry& r, const std::vector<std::pair<core::tier, transport::message_builder>>& moved);
+
+// One peer's link: up or not, its byte totals over all its connections (never lowered), and the
+// figures of its open channel (`last`, when up).
+void publish_link(metrics::registry& m, const std::string& peer, bool up, std::uint64_t sent, std::uint64_t received,
+                  const transport::channel_stats& last);
 
 }  // namespace cleave::runtime
