@@ -123,12 +123,14 @@ void run_eval(const train_options& o) {
 
 }  // namespace
 
+const char* const augment_help =
+    "augment the training batches, seeded (evaluation never is): bare, random crop with 4 pixels of padding and "
+    "horizontal flip; or a list of crop, crop:PAD, flip";
+
 CLI::Option* add_augment_option(CLI::App* c, core::augment_config& a) {
   return c
       ->add_option_function<std::string>(
-          "--augment", [&a](const std::string& text) { a = core::parse_augment(text); },
-          "augment the training batches, seeded (evaluation never is): bare, random crop with 4 pixels of "
-          "padding and horizontal flip; or a list of crop, crop:PAD, flip")
+          "--augment", [&a](const std::string& text) { a = core::parse_augment(text); }, augment_help)
       ->expected(0, 1)
       ->default_str("crop:4,flip");
 }
