@@ -170,13 +170,13 @@ void add_options(CLI::App& app, const option_table<S>& table, S& s) {
 }
 
 // The arguments that make a command read settings s, given that it starts from `defaults`: one
-// per option whose value differs, in the table's order.
+// per option whose value differs (and every required one), in the table's order.
 template <class S>
 std::vector<std::string> command_line(const option_table<S>& table, const S& s, const S& defaults) {
   std::vector<std::string> args;
   for (const auto& o : table) {
     const auto v = o.show(s);
-    if (v == o.show(defaults) || v.empty()) continue;
+    if ((!o.required && v == o.show(defaults)) || v.empty()) continue;
     if (o.kind == value_kind::flag) {
       args.push_back(o.flag());
       continue;
