@@ -51,7 +51,8 @@ struct demo_options {
   std::string backend = "auto", data = "fashion-mnist";
   bool no_emulation = false, secure = false;
   bool no_compare = false;  // no second run on the first plan kept
-  std::string schedule, device_backends;
+  std::string device_backends;
+  transport::emulation_schedule schedule;  // of every node
   int slow = 0;
   double slowdown = 1.0;
   bool emulate_board = false;  // set slowdown from this machine's speed and board_gflops
@@ -64,7 +65,7 @@ struct demo_options {
     server.rounds = 8;
     server.local_steps = 150;
     server.opt.lr = 0.05f;
-    agent.partition = "dirichlet:0.5";
+    agent.partition = core::parse_partition("dirichlet:0.5");
   }
 };
 
@@ -518,7 +519,7 @@ void emulate_deployment(demo_options& o, const CLI::App& cmd) {
   links(1, "50Mbit/s");
   links(3, "10Mbit/s");
   links(6, "50Mbit/s");
-  o.schedule = s;
+  o.schedule = transport::parse_schedule(s);
 }
 
 // Starts the nodes of p and waits for them to end; throws when the run failed. The server's log
@@ -700,9 +701,12 @@ const option_table<demo_options>& demo_table() {
         "no-emulation", "run the nodes as they are (by default the demo emulates slow boards on Wi-Fi, see the README)",
         [](D & d) -> auto& { return d.no_emulation; }));
     for (const char* name : {"micro-batches", "codecs"}) t.push_back(passed_on<D>(so, name, srv));
-    t.push_back(value<D>(
+    t.push_back(parsed<D>(
         "schedule", "TEXT|FILE", "emulated heterogeneity by round, given to every node (text or file)",
-        [](D & d) -> auto& { return d.schedule; }));
+        [](D& d, const std::string& v) { d.schedule = transport::parse_schedule(v); },
+        [](const D& d) {
+          return d.schedule.empty() ? std::vector<std::string>{} : std::vector<std::string>{d.schedule.text};
+        }));
     t.push_back(value<D>(
                     "slow", "N", "devices 1..N run --slowdown times slower", [](D & d) -> auto& { return d.slow; })
                     .in(CLI::Range(0, 4096)));

@@ -84,8 +84,9 @@ option<C> memory_budget_option(const char* help) {
 
 template <class C>
 option<C> schedule_option(const char* help) {
-  return value<C>(
-      "schedule", "TEXT|FILE", help, [](C & c) -> auto& { return c.schedule; });
+  return parsed<C>(
+      "schedule", "TEXT|FILE", help, [](C& c, const std::string& v) { c.schedule = transport::parse_schedule(v); },
+      [](const C& c) { return c.schedule.empty() ? strings{} : strings{c.schedule.text}; });
 }
 
 template <class C>
@@ -150,7 +151,11 @@ option_table<server::server_config> make_server_options() {
       [](C & c) -> auto& { return c.data; }));
   t.push_back(parsed<C>(
       "mode", "MODE", "splitfed (per-device server replicas) or sequential (one shared)",
-      [](C& c, const std::string& v) { c.mode = server::parse_mode(v); },
+      [](C& c, const std::string& v) {
+        if (v != "splitfed" && v != "sequential")
+          throw core::error("unknown mode '" + v + "' (known: splitfed, sequential)");
+        c.mode = v == "splitfed" ? server::training_mode::splitfed : server::training_mode::sequential;
+      },
       [](const C& c) { return strings{std::string(server::mode_name(c.mode))}; }));
   t.push_back(flag<C>(
       "u-shape", "U-shaped plans: the top blocks and the loss stay on the devices",
@@ -378,8 +383,10 @@ option_table<device::agent_config> make_agent_options() {
         }
       },
       [](const C& c) { return strings{std::to_string(c.shard) + "/" + std::to_string(c.n_shards)}; }));
-  t.push_back(value<C>(
-      "partition", "HOW", "iid, dirichlet:ALPHA, classes:K or all", [](C & c) -> auto& { return c.partition; }));
+  t.push_back(parsed<C>(
+      "partition", "HOW", "iid, dirichlet:ALPHA, classes:K or all",
+      [](C& c, const std::string& v) { c.partition = core::parse_partition(v); },
+      [](const C& c) { return strings{core::partition_name(c.partition)}; }));
   t.push_back(value<C>(
       "partition-seed", "N", "seed of the partition (same on every device)",
       [](C & c) -> auto& { return c.partition_seed; }));
@@ -429,12 +436,21 @@ option_table<device::agent_config> make_agent_options() {
                   "weight of the distance correlation of inputs and cut activations in the device's loss (0: off)",
                   [](C & c) -> auto& { return c.nopeek; })
                   .in(CLI::Range(0.0, 1e6)));
-  t.push_back(value<C>(
-                  "gradient-check", "MODE",
-                  "off, warn or refuse: gradients from upstream that do not follow the labels (a server steering "
-                  "this device's features)",
-                  [](C & c) -> auto& { return c.gradient_check; })
-                  .in(CLI::IsMember({"off", "warn", "refuse"})));
+  t.push_back(
+      parsed<C>(
+          "gradient-check", "MODE",
+          "off, warn or refuse: gradients from upstream that do not follow the labels (a server steering "
+          "this device's features)",
+          [](C& c, const std::string& v) {
+            c.gradient_check = v == "off"      ? device::gradient_check_mode::off
+                               : v == "refuse" ? device::gradient_check_mode::refuse
+                                               : device::gradient_check_mode::warn;
+          },
+          [](const C& c) {
+            using m = device::gradient_check_mode;
+            return strings{c.gradient_check == m::off ? "off" : c.gradient_check == m::refuse ? "refuse" : "warn"};
+          })
+          .in(CLI::IsMember({"off", "warn", "refuse"})));
   t.push_back(value<C>(
                   "gradient-check-window", "N", "micro-batches the gradient check averages",
                   [](C & c) -> auto& { return c.gradient_check_window; })

@@ -44,8 +44,6 @@ agent::impl::impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_st
                     "clipping bound",
                     c_.activation_noise));
   if (!(c_.dp_delta > 0 && c_.dp_delta < 1)) throw core::error("--dp-delta must be in (0, 1)");
-  if (c_.gradient_check != "off" && c_.gradient_check != "warn" && c_.gradient_check != "refuse")
-    throw core::error("--gradient-check '" + c_.gradient_check + "': expected off, warn or refuse");
   if (c_.gradient_check_window < 1) throw core::error("--gradient-check-window must be >= 1");
 }
 
@@ -437,7 +435,8 @@ int agent::impl::run() {
   runner_->set_gradient_equalise(c_.equalise_cut_gradients);
   runner_->set_cut_defence({c_.activation_clip, c_.activation_noise, c_.nopeek, c_.order_seed});
   if (c_.on_gradient) runner_->set_gradient_hook(c_.on_gradient);
-  if (c_.gradient_check != "off") runner_->set_gradient_check(c_.gradient_check_window, c_.gradient_check_threshold);
+  if (c_.gradient_check != gradient_check_mode::off)
+    runner_->set_gradient_check(c_.gradient_check_window, c_.gradient_check_threshold);
   if (c_.activation_clip > 0)
     spdlog::info("device {}: activations leave clipped to L2 norm {:g}{}", c_.id, c_.activation_clip,
                  c_.activation_noise > 0
@@ -445,7 +444,8 @@ int agent::impl::run() {
                      : std::string());
   if (c_.shared_board) runner_->share_board(c_.shared_board);
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_->size(),
-               shard_->describe(), c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());
+               shard_->describe(), c_.shard, c_.n_shards, core::partition_name(c_.partition), be_->name(),
+               be_->device_name());
   if (c_.augment.any()) spdlog::info("device {}: augmenting its batches ({})", c_.id, core::augment_str(c_.augment));
   auto lost = [this](const std::string& why) {
     spdlog::warn("device {}: link lost: {}", c_.id, why);

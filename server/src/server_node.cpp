@@ -12,12 +12,6 @@ std::string_view mode_name(training_mode m) {
   return m == training_mode::splitfed ? "splitfed" : "sequential";
 }
 
-training_mode parse_mode(const std::string& s) {
-  if (s == "splitfed") return training_mode::splitfed;
-  if (s == "sequential") return training_mode::sequential;
-  throw core::error("unknown mode '" + s + "' (known: splitfed, sequential)");
-}
-
 server_node::server_node(server_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
 server_node::~server_node() = default;
 round_report server_node::run() {
