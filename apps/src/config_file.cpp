@@ -4,83 +4,18 @@
 
 #include <fmt/format.h>
 
-#include <toml++/toml.h>
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+
+#include "toml_text.h"
 
 namespace cleave::apps {
 
 namespace {
 
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
-}
-
 [[noreturn]] void bad(int line, const std::string& what) {
   throw CLI::ConfigError("line " + std::to_string(line) + ": " + what);
-}
-
-std::string line_of(const std::string& doc, int n) {
-  std::istringstream in(doc);
-  std::string l;
-  for (int i = 1; i <= n && std::getline(in, l); ++i) {
-  }
-  return l;
-}
-
-int line_of(const toml::node& n) {
-  return static_cast<int>(n.source().begin.line);
-}
-
-// The last line before `before` on which a key named `key` is set in t (0: none).
-int last_set(const toml::table& t, const std::string& key, int before) {
-  int found = 0;
-  for (const auto& [k, v] : t) {
-    const int at = static_cast<int>(k.source().begin.line);
-    if (k.str() == key && at < before) found = std::max(found, at);
-    if (const auto* sub = v.as_table()) found = std::max(found, last_set(*sub, key, before));
-  }
-  return found;
-}
-
-// The first line toml++ refused, said the way the rest of cleave's errors are.
-[[noreturn]] void syntax_error(const std::string& doc, const toml::parse_error& e) {
-  const int n = static_cast<int>(e.source().begin.line);
-  const std::string desc(e.description());
-  const std::string l = line_of(doc, n);
-  const auto has = [&](const char* what) { return desc.find(what) != std::string::npos; };
-  if (has("redefine existing")) {
-    // The name toml++ quotes last; where it was first set, from the lines before this one.
-    const auto close = desc.rfind('\''), open = close == 0 ? std::string::npos : desc.rfind('\'', close - 1);
-    const std::string key = open == std::string::npos ? "" : desc.substr(open + 1, close - open - 1);
-    int first = 0;
-    try {
-      std::string before;
-      std::istringstream lines(doc);
-      std::string one;
-      for (int i = 1; i < n && std::getline(lines, one); ++i) before += one + "\n";
-      first = last_set(toml::parse(before), key, n);
-    } catch (const toml::parse_error&) {
-      first = 0;
-    }
-    const std::string what = has("table header") ? "section [" + key + "]" : "'" + key + "'";
-    bad(n, what + " is set twice" + (first ? " (first on line " + std::to_string(first) + ")" : ""));
-  }
-  if (has("table header") && has("expected ']'")) bad(n, "a section header without ']': " + trim(l));
-  if (has("key-value pair") && has("expected '='")) bad(n, "expected KEY = VALUE or [SECTION], got '" + trim(l) + "'");
-  if (has("parsing string") && (has("control characters") || has("end-of-file")))
-    bad(n, "a string that does not close: " + trim(l.substr(std::min(l.size(), l.find_first_of("\"'")))));
-  if (has("parsing array")) bad(n, "an array must close on its line, with values separated by commas");
-  if (has("could not determine value type")) {
-    const auto from = std::min(l.size(), static_cast<std::size_t>(std::max<int>(1, e.source().begin.column) - 1));
-    const auto to = l.find_first_of(" \t,]#", from + 1);
-    const std::string word = l.substr(from, to == std::string::npos ? std::string::npos : to - from);
-    bad(n, "'" + trim(word) + "' is not a string, a number, true or false (strings need quotes)");
-  }
-  bad(n, desc);
 }
 
 // One value as the text CLI11 reads into an option; `key` and the line name it in errors.
@@ -116,7 +51,6 @@ void read(const toml::table& t, const std::vector<std::string>& parents,
       read(*sub, item.parents, out, lines_);
       continue;
     }
-    if (v.source().begin.line != v.source().end.line) bad(at, "an array must close on its line");
     if (const auto* a = v.as_array()) {
       for (const auto& x : *a) item.inputs.push_back(text_of(x, key));
     } else {
@@ -136,9 +70,9 @@ std::vector<CLI::ConfigItem> strict_toml::from_config(std::istream& in) const {
   lines_.clear();
   toml::table root;
   try {
-    root = toml::parse(doc);
-  } catch (const toml::parse_error& e) {
-    syntax_error(doc, e);
+    root = parse_toml(doc);
+  } catch (const toml_error& e) {
+    bad(e.line, e.what());
   }
   std::vector<std::pair<int, CLI::ConfigItem>> items;
   read(root, {}, items, lines_);
