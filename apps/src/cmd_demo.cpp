@@ -169,7 +169,9 @@ edge::edge_config demo_edge(const demo_options& o, const demo_plan& p, int e) {
 template <class C>
 std::vector<std::string> node_args(const demo_plan& p, const char* command, const option_table<C>& table, const C& c) {
   std::vector<std::string> a{"cleave", "--log-level", p.level, command};
-  const auto rest = command_line(table, c, C{});
+  C defaults;
+  defaults.name.clear();  // the name always written: ps and pkill find a node by it
+  const auto rest = command_line(table, c, defaults);
   a.insert(a.end(), rest.begin(), rest.end());
   return a;
 }

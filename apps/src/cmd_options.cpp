@@ -23,6 +23,7 @@ std::vector<command_docs> all_docs() {
       {"edge", "an edge relay", describe(edge_options(), default_edge_config())},
       {"agent", "a device agent", describe(agent_options(), default_agent_config())},
       {"demo", "a federation on loopback", demo_option_docs()},
+      {"train", "local training", train_option_docs()},
   };
 }
 
@@ -83,9 +84,10 @@ std::string man(const std::vector<command_docs>& all) {
 
 void register_options_command(CLI::App& app) {
   static std::string format = "markdown";
-  auto* c = app.add_subcommand("options",
-                               "print the options reference of server, edge, agent and demo (the README's and the "
-                               "manual page's)");
+  auto* c =
+      app.add_subcommand("options",
+                         "print the options reference of server, edge, agent, demo and train (the README's and the "
+                         "manual page's)");
   c->add_option("--format", format, "markdown or man")
       ->capture_default_str()
       ->check(CLI::IsMember({"markdown", "man"}));

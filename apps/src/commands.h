@@ -38,6 +38,7 @@ void register_provision_command(CLI::App& app);  // provision (startup kits)
 void register_node_commands(CLI::App& app);      // server, edge, agent, demo
 void register_demo_command(CLI::App& app);       // demo (cmd_demo.cpp)
 std::vector<option_doc> demo_option_docs();      // the demo's options as the docs list them
+std::vector<option_doc> train_option_docs();     // train's (cmd_train.cpp)
 void register_options_command(CLI::App& app);    // options (the reference, cmd_options.cpp)
 
 // Shared by the node commands and the demo (cmd_nodes.cpp). "vulkan,onednn" -> backend specs,
