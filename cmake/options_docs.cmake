@@ -1,6 +1,5 @@
-# The options reference in README.md and packaging/cleave.1 against `cleave options`: run as
-#   cmake -DCLEAVE=path/to/cleave -DSOURCE=repo [-DUPDATE=ON] -P cmake/options_docs.cmake
-# Without UPDATE it fails naming the file whose text differs; with it, it rewrites that text.
+# The options reference in README.md and packaging/cleave.1 checked against `cleave options` (or,
+# with -DUPDATE=ON, rewritten): cmake -DCLEAVE=path/to/cleave -DSOURCE=repo -P options_docs.cmake
 foreach(doc "README.md|markdown|<!-- options:begin -->|<!-- options:end -->"
             "packaging/cleave.1|man|.\\\" options:begin|.\\\" options:end")
   string(REPLACE "|" ";" doc "${doc}")

@@ -1,5 +1,5 @@
-// `cleave options`: the options reference of the node commands and the demo, written from their
-// option tables as Markdown (the README's section) or roff (the manual page's).
+// `cleave options`: the options reference of the node commands, the demo and train, written from
+// their option tables as Markdown (the README's section) or roff (the manual page's).
 #include <cstdio>
 #include <string>
 #include <utility>

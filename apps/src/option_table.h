@@ -1,6 +1,5 @@
-// The option tables of `cleave`'s commands: each option is written once, with its name (also its
-// key in a configuration file), value, help and the typed field it sets; from a table come the
-// command's CLI11 flags, the child command lines the demo starts, and the options reference.
+// Option tables: each option of a command written once (name = config key, value, help, the typed
+// field it sets), from which come its CLI11 flags, child command lines and the options reference.
 #pragma once
 
 #include <fmt/format.h>
