@@ -85,7 +85,7 @@ int run(const options& o) {
     a.id = static_cast<std::uint32_t>(u);
     a.backend = o.backend;
     a.source = std::make_shared<activity::accelerometer_source>(std::vector{user}, o.windows, o.window_len, o.seed);
-    a.partition = "all";
+    a.partition = cleave::core::parse_partition("all");
     std::string mix;
     for (int k = 0; k < activity::n_activities; ++k)
       mix += fmt::format("{}{} {:.0f}%", k ? ", " : "", activity::name_of(static_cast<activity::kind>(k)),

@@ -80,7 +80,7 @@ int run(options o) {
     a.source = train;
     a.n_shards = o.devices;
     a.shard = d;
-    a.partition = o.partition;
+    a.partition = cleave::core::parse_partition(o.partition);
     a.partition_seed = o.seed;
     a.backend = o.backend;
     a.augment = core::parse_augment(o.augment);

@@ -68,7 +68,7 @@ int run(const options& o) {
     a.source = train;
     a.n_shards = o.devices;
     a.shard = d;
-    a.partition = o.partition;
+    a.partition = cleave::core::parse_partition(o.partition);
     a.partition_seed = o.seed;
     a.backend = o.backend;
     fc.devices.push_back(std::move(a));

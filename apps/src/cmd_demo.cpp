@@ -33,6 +33,7 @@
 #include "cleave/transport/listener.h"
 #include "commands.h"
 #include "demo_board.h"
+#include "node_options.h"
 
 namespace cleave::apps {
 
@@ -41,31 +42,31 @@ namespace {
 namespace fs = std::filesystem;
 using clock = std::chrono::steady_clock;
 
+// The demo's own options, and those it passes on to the server and to every device (options
+// of their tables, with the demo's defaults).
 struct demo_options {
   std::string work;
-  int devices = 4, edges = 1, rounds = 8, local_steps = 150, micro_batches = 1;
+  int devices = 4, edges = 1;
   bool virtual_devices = false;
-  std::string partition = "dirichlet:0.5", backend = "auto", mode = "splitfed", model = "lenet5";
-  std::string lr_schedule = "constant", aggregate = "mean";
-  std::string data = "fashion-mnist";
-  std::string codecs = "f32";   // the server's --codecs
-  std::string cuts, edge_cuts;  // the server's --cuts and --edge-cuts ("": its defaults)
-  bool u_shape = false, keep = false, no_adapt = false, no_emulation = false, secure = false;
+  std::string backend = "auto", data = "fashion-mnist";
+  bool no_emulation = false, secure = false;
   bool no_compare = false;  // no second run on the first plan kept
-  std::string schedule, device_backends;
-  std::string dashboard, metrics;  // the server's
+  std::string device_backends;
+  transport::emulation_schedule schedule;  // of every node
   int slow = 0;
-  int min_device_blocks = 0;  // the server's --min-device-blocks
-  int label_groups = 1;       // the server's --label-groups
-  bool equalise = false;      // the devices' --equalise-cut-gradients
   double slowdown = 1.0;
   bool emulate_board = false;  // set slowdown from this machine's speed and board_gflops
   double board_gflops = 4.0;
-  double stop_at_accuracy = 0;  // the server's --stop-at-accuracy
-  double deadline_s = 0;        // the server's --deadline (0: its default, or from the emulated boards)
-  float lr = 0.05f;
-  std::uint64_t seed = 1;
-  core::augment_config augment;
+  bool deadline_given = false;  // --deadline set: kept whatever the emulated boards need
+  server::server_config server;
+  device::agent_config agent;
+
+  demo_options() {
+    server.rounds = 8;
+    server.local_steps = 150;
+    server.opt.lr = 0.05f;
+    agent.partition = core::parse_partition("dirichlet:0.5");
+  }
 };
 
 pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
@@ -137,49 +138,41 @@ struct demo_plan {
   std::vector<std::string> device_backends;
 };
 
-std::vector<std::string> server_args(const demo_options& o, const demo_plan& p) {
-  std::vector<std::string> a{"cleave",        "--log-level",
-                             p.level,         "server",
-                             "--certs",       p.certs.string(),
-                             "--listen",      p.server_addr,
-                             "--model",       o.model,
-                             "--data",        p.data,
-                             "--backend",     p.backend,
-                             "--mode",        o.mode,
-                             "--rounds",      std::to_string(o.rounds),
-                             "--local-steps", std::to_string(o.local_steps),
-                             "--min-devices", std::to_string(o.devices),
-                             "--lr",          std::to_string(o.lr),
-                             "--lr-schedule", o.lr_schedule,
-                             "--aggregate",   o.aggregate,
-                             "--seed",        std::to_string(o.seed),
-                             "--checkpoint",  (p.work / "global.ckpt").string(),
-                             "--run-log",     (p.work / "rounds.jsonl").string(),
-                             "--fresh",       "--force"};  // every demo is a run of its own
-  if (o.u_shape) a.push_back("--u-shape");
-  if (o.no_adapt) a.push_back("--no-adapt");
-  if (o.secure) a.push_back("--secure-aggregation");
-  if (o.min_device_blocks > 0) a.insert(a.end(), {"--min-device-blocks", std::to_string(o.min_device_blocks)});
-  if (o.stop_at_accuracy > 0) a.insert(a.end(), {"--stop-at-accuracy", fmt::format("{}", o.stop_at_accuracy)});
-  if (o.deadline_s > 0) a.insert(a.end(), {"--deadline", fmt::format("{:.0f}", std::ceil(o.deadline_s))});
-  if (o.label_groups > 1) a.insert(a.end(), {"--label-groups", std::to_string(o.label_groups)});
-  if (o.codecs != "f32") a.insert(a.end(), {"--codecs", o.codecs});
-  if (o.micro_batches != 1) a.insert(a.end(), {"--micro-batches", std::to_string(o.micro_batches)});
-  if (!o.cuts.empty()) a.insert(a.end(), {"--cuts", o.cuts});
-  if (!o.edge_cuts.empty()) a.insert(a.end(), {"--edge-cuts", o.edge_cuts});
-  if (!o.dashboard.empty()) a.insert(a.end(), {"--dashboard", o.dashboard});
-  if (!o.metrics.empty()) a.insert(a.end(), {"--metrics", o.metrics});
-  if (!o.schedule.empty()) a.insert(a.end(), {"--schedule", o.schedule});
-  return a;
+// The server the demo starts: the options passed on, and where it listens, what it reads and writes.
+server::server_config demo_server(const demo_options& o, const demo_plan& p) {
+  server::server_config c = o.server;
+  c.certs = p.certs;
+  std::tie(c.listen_host, c.port) = host_port(p.server_addr, "--listen");
+  c.data = p.data;
+  c.backend = p.backend;
+  c.min_devices = o.devices;
+  c.checkpoint = p.work / "global.ckpt";
+  c.run_log = p.work / "rounds.jsonl";
+  c.fresh = c.force = true;  // every demo is a run of its own
+  c.secure_aggregation = o.secure;
+  c.schedule = o.schedule;
+  return c;
 }
 
-std::vector<std::string> edge_args(const demo_options& o, const demo_plan& p, int e) {
-  const std::string name = "edge-" + std::to_string(e);
-  std::vector<std::string> a{
-      "cleave",         "--log-level", p.level,     "edge",     "--certs",
-      p.certs.string(), "--name",      name,        "--listen", p.edge_addrs[static_cast<std::size_t>(e - 1)],
-      "--server",       p.server_addr, "--backend", p.backend};
-  if (!o.schedule.empty()) a.insert(a.end(), {"--schedule", o.schedule});
+edge::edge_config demo_edge(const demo_options& o, const demo_plan& p, int e) {
+  edge::edge_config c;
+  c.certs = p.certs;
+  c.name = "edge-" + std::to_string(e);
+  std::tie(c.listen_host, c.port) = host_port(p.edge_addrs[static_cast<std::size_t>(e - 1)], "--listen");
+  std::tie(c.upstream_host, c.upstream_port) = host_port(p.server_addr, "--server");
+  c.backend = p.backend;
+  c.schedule = o.schedule;
+  return c;
+}
+
+// A node's command line: `cleave --log-level L COMMAND` and the options that make it read c.
+template <class C>
+std::vector<std::string> node_args(const demo_plan& p, const char* command, const option_table<C>& table, const C& c) {
+  std::vector<std::string> a{"cleave", "--log-level", p.level, command};
+  C defaults;
+  defaults.name.clear();  // the name always written: ps and pkill find a node by it
+  const auto rest = command_line(table, c, defaults);
+  a.insert(a.end(), rest.begin(), rest.end());
   return a;
 }
 
@@ -202,60 +195,23 @@ std::string device_backend(const demo_options& o, const demo_plan& p, int i) {
   return i <= o.slow && o.slowdown > 1.0 ? board_backend(b) : b;
 }
 
-std::vector<std::string> agent_args(const demo_options& o, const demo_plan& p, int i) {
+// Device i, the same as a process of its own or as a virtual device (a device::agent on a thread
+// of this process, which then sets its data source and shared board).
+device::agent_config demo_agent(const demo_options& o, const demo_plan& p, int i) {
+  device::agent_config c = o.agent;
   const auto [addr, name] = upstream_of(p, i);
-  std::vector<std::string> a{"cleave",
-                             "--log-level",
-                             p.level,
-                             "agent",
-                             "--certs",
-                             p.certs.string(),
-                             "--id",
-                             std::to_string(i),
-                             "--connect",
-                             addr,
-                             "--upstream-name",
-                             name,
-                             "--data",
-                             p.data,
-                             "--shard",
-                             std::to_string(i - 1) + "/" + std::to_string(o.devices),
-                             "--partition",
-                             o.partition,
-                             "--backend",
-                             device_backend(o, p, i)};
-  if (!o.schedule.empty()) a.insert(a.end(), {"--schedule", o.schedule});
-  if (o.secure) a.push_back("--secure-aggregation");
-  if (o.equalise) a.push_back("--equalise-cut-gradients");
-  if (i <= o.slow) a.insert(a.end(), {"--slowdown", std::to_string(o.slowdown)});
-  if (o.augment.any()) a.insert(a.end(), {"--augment", core::augment_str(o.augment)});
-  return a;
-}
-
-// The same device as a virtual one: a device::agent on a thread of this process.
-device::agent_config virtual_agent(const demo_options& o, const demo_plan& p, int i,
-                                   std::shared_ptr<const core::data_source> data,
-                                   std::shared_ptr<runtime::shared_board> board) {
-  device::agent_config c;
-  const auto [addr, name] = upstream_of(p, i);
-  const auto colon = addr.rfind(':');
   c.certs = p.certs;
   c.id = static_cast<std::uint32_t>(i);
   c.name = "device-" + std::to_string(i);
-  c.upstream_host = addr.substr(0, colon);
-  c.upstream_port = static_cast<std::uint16_t>(std::stoi(addr.substr(colon + 1)));
+  std::tie(c.upstream_host, c.upstream_port) = host_port(addr, "--connect");
   c.upstream_name = name;
   c.backend = device_backend(o, p, i);
-  c.source = std::move(data);
+  c.data = p.data;
   c.n_shards = o.devices;
   c.shard = i - 1;
-  c.partition = o.partition;
-  c.augment = o.augment;
   c.schedule = o.schedule;
   c.secure_aggregation = o.secure;
-  c.equalise_cut_gradients = o.equalise;
   if (i <= o.slow) c.slowdown = o.slowdown;
-  c.shared_board = std::move(board);
   return c;
 }
 
@@ -273,7 +229,9 @@ class virtual_devices {
     // are handshaking at a time, however slowly a loaded machine completes them.
     constexpr int in_flight = 8;
     for (int i = 1; i <= o.devices; ++i) {
-      auto c = virtual_agent(o, p, i, data, board);
+      auto c = demo_agent(o, p, i);
+      c.source = data;
+      c.shared_board = board;
       c.on_send = [this, first = std::make_shared<std::once_flag>()](std::span<const std::byte>) {
         std::call_once(*first, [this] {
           std::lock_guard lock(mu_);
@@ -548,8 +506,8 @@ void emulate_deployment(demo_options& o, const CLI::App& cmd) {
   if (o.no_emulation) return;
   if (!cmd.count("--slow")) o.slow = o.devices;
   if (!cmd.count("--slowdown")) o.emulate_board = true;
-  if (!cmd.count("--codecs")) o.codecs = "f16,int8";
-  if (!cmd.count("--micro-batches")) o.micro_batches = 4;
+  if (!cmd.count("--codecs")) o.server.codecs = core::parse_codec_set("f16,int8");
+  if (!cmd.count("--micro-batches")) o.server.micro_batches = 4;
   if (cmd.count("--schedule")) return;
   std::string s;
   const auto links = [&](int round, const char* wifi) {
@@ -563,18 +521,20 @@ void emulate_deployment(demo_options& o, const CLI::App& cmd) {
   links(1, "50Mbit/s");
   links(3, "10Mbit/s");
   links(6, "50Mbit/s");
-  o.schedule = s;
+  o.schedule = transport::parse_schedule(s);
 }
 
 // Starts the nodes of p and waits for them to end; throws when the run failed. The server's log
 // (one line per round) goes to this terminal, or with quiet_server to server.log as the others'
 // go to files.
 node_usage run_nodes(const demo_options& o, const demo_plan& p, bool quiet_server) {
-  const pid_t server = spawn(server_args(o, p), quiet_server ? p.work / "server.log" : fs::path{});
+  const pid_t server = spawn(node_args(p, "server", server_options(), demo_server(o, p)),
+                             quiet_server ? p.work / "server.log" : fs::path{});
   std::vector<pid_t> edges, devices;
   bool up = wait_listening(server, p.server_addr);
   for (int e = 1; e <= o.edges; ++e)
-    edges.push_back(spawn(edge_args(o, p, e), p.work / ("edge-" + std::to_string(e) + ".log")));
+    edges.push_back(spawn(node_args(p, "edge", edge_options(), demo_edge(o, p, e)),
+                          p.work / ("edge-" + std::to_string(e) + ".log")));
   for (int e = 1; up && e <= o.edges; ++e)
     up = wait_listening(edges[static_cast<std::size_t>(e - 1)], p.edge_addrs[static_cast<std::size_t>(e - 1)]);
   std::unique_ptr<virtual_devices> virt;
@@ -598,7 +558,8 @@ node_usage run_nodes(const demo_options& o, const demo_plan& p, bool quiet_serve
     }
   } else {
     for (int i = 1; i <= o.devices; ++i)
-      devices.push_back(spawn(agent_args(o, p, i), p.work / ("device-" + std::to_string(i) + ".log")));
+      devices.push_back(spawn(node_args(p, "agent", agent_options(), demo_agent(o, p, i)),
+                              p.work / ("device-" + std::to_string(i) + ".log")));
   }
   terminal->info("demo: started server (pid {}), {} edge{} and {} devices; their logs: {}/*.log", server, o.edges,
                  o.edges == 1 ? "" : "s", o.devices, p.work.string());
@@ -617,17 +578,18 @@ node_usage run_nodes(const demo_options& o, const demo_plan& p, bool quiet_serve
 // past the adaptive run's.
 void compare_kept(const demo_options& o, const demo_plan& p, const time_to_target& adaptive) {
   demo_options k = o;
-  k.no_adapt = true;
-  k.dashboard.clear();
-  k.metrics.clear();
-  if (adaptive.round) k.rounds = std::min(o.rounds, adaptive.round + 1);
-  if (!(k.stop_at_accuracy > 0 && k.stop_at_accuracy <= target_accuracy)) k.stop_at_accuracy = target_accuracy;
+  server::server_config& ks = k.server;
+  ks.adaptive = false;
+  ks.dashboard.clear();
+  ks.metrics.clear();
+  if (adaptive.round) ks.rounds = std::min(o.server.rounds, adaptive.round + 1);
+  if (!(ks.stop_at_accuracy > 0 && ks.stop_at_accuracy <= target_accuracy)) ks.stop_at_accuracy = target_accuracy;
   demo_plan kp = p;  // its certificates and data
   kp.work = p.work / "kept";
   fs::create_directories(kp.work);
   take_ports(kp, o.edges);
-  spdlog::info("demo: now the plan it started from, kept, for comparison ({} round{}; logs in {})", k.rounds,
-               k.rounds == 1 ? "" : "s", kp.work.string());
+  spdlog::info("demo: now the plan it started from, kept, for comparison ({} round{}; logs in {})", ks.rounds,
+               ks.rounds == 1 ? "" : "s", kp.work.string());
   run_nodes(k, kp, true);
   const auto rounds = read_rounds(kp);
   std::set<std::string> routes;
@@ -648,29 +610,28 @@ void announce_emulation(demo_options& o, const demo_plan& p) {
   const auto links = fmt::format(
       "Wi-Fi links to their {} (--no-emulation: as they are); cut codecs {}, {} "
       "micro-batches per step",
-      o.edges ? "edge" : "server", o.codecs, o.micro_batches);
+      o.edges ? "edge" : "server", o.server.codecs.str(), o.server.micro_batches);
   if (!o.emulate_board) {
     spdlog::info("demo: emulating {} boards {:g}x slower than this machine on {}", o.slow, o.slowdown, links);
     return;
   }
   const std::string b = board_backend(p.device_backends.front());
-  const auto e = emulate_board(o.model, p.data, b, 64, o.board_gflops);
+  const auto e = emulate_board(o.server.model, p.data, b, 64, o.board_gflops);
   o.slowdown = e.slowdown;
   // A round on the boards with every block on them takes local_steps of their steps; split
   // plans on a degraded link take longer. The server's default deadline (120 s) would abandon
   // every round of a model the boards take minutes to train a round of.
-  const double board_round_s = e.step_ms / 1e3 * o.slowdown * o.local_steps;
-  if (o.deadline_s == 0 && 10 * board_round_s > 120) o.deadline_s = 10 * board_round_s;
+  const double board_round_s = e.step_ms / 1e3 * o.slowdown * o.server.local_steps;
+  const bool raised = !o.deadline_given && 10 * board_round_s > o.server.round_deadline_s;
+  if (raised) o.server.round_deadline_s = std::ceil(10 * board_round_s);
   spdlog::info(
       "demo: emulating {} boards that train {} at {:g} GFLOP/s (here {:.0f} GFLOP/s, a step {:.1f} ms on "
       "{}: --slowdown {:.1f}) on {}{}",
-      o.slow, o.model, o.board_gflops, e.host_gflops, e.step_ms, b, o.slowdown, links,
-      o.deadline_s > 0 ? fmt::format("; round deadline {:.0f} s", std::ceil(o.deadline_s)) : std::string());
+      o.slow, o.server.model, o.board_gflops, e.host_gflops, e.step_ms, b, o.slowdown, links,
+      raised || o.deadline_given ? fmt::format("; round deadline {:.0f} s", o.server.round_deadline_s) : std::string());
 }
 
 void run_demo(demo_options o) {
-  core::parse_schedule_kind(o.lr_schedule);  // named now, not in the server's log
-  parse_aggregate_option(o.aggregate);
   if (o.slow > o.devices) throw core::error("--slow " + std::to_string(o.slow) + ": more than --devices");
   const demo_plan p = plan_demo(o);
   if (!o.no_emulation) announce_emulation(o, p);
@@ -683,76 +644,102 @@ void run_demo(demo_options o) {
   const double started_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const time_to_target adaptive = summarise(o, p, started_at, run_nodes(o, p, false));
   // Sequential mode keeps its cuts (the splitter plans SplitFed rounds): a second run would be the same.
-  if (!o.no_emulation && !o.no_adapt && !o.no_compare && o.mode != "sequential") compare_kept(o, p, adaptive);
+  if (!o.no_emulation && o.server.adaptive && !o.no_compare && o.server.mode != server::training_mode::sequential)
+    compare_kept(o, p, adaptive);
   spdlog::info("demo: done; global model in {}, logs in {}", (p.work / "global.ckpt").string(), p.work.string());
+}
+
+const option_table<demo_options>& demo_table() {
+  using D = demo_options;
+  static const option_table<D> t = [] {
+    const auto srv = [](D& d) -> server::server_config& { return d.server; };
+    const auto dev = [](D& d) -> device::agent_config& { return d.agent; };
+    const auto& so = server_options();
+    const auto& ao = agent_options();
+    option_table<D> t;
+    t.push_back(value<D>(
+        "work", "DIR", "work directory (default: a new one under /tmp)", [](D & d) -> auto& { return d.work; }));
+    t.push_back(value<D>(
+                    "devices", "N", "devices", [](D & d) -> auto& { return d.devices; })
+                    .in(CLI::Range(1, 4096)));
+    t.push_back(value<D>(
+                    "edges", "N", "edges the devices connect through, in turn (0: straight to the server)",
+                    [](D & d) -> auto& { return d.edges; })
+                    .in(CLI::Range(0, 64)));
+    t.push_back(flag<D>(
+        "virtual",
+        "run the devices as threads of this process (one data set, one block profile, a TLS channel "
+        "each)",
+        [](D & d) -> auto& { return d.virtual_devices; }));
+    t.push_back(passed_on<D>(so, "rounds", srv));
+    t.push_back(passed_on<D>(so, "local-steps", srv));
+    t.push_back(passed_on<D>(ao, "partition", dev, "how the training set is split across devices"));
+    t.push_back(value<D>(
+        "backend", "NAME", "backend of every node", [](D & d) -> auto& { return d.backend; }));
+    t.push_back(value<D>(
+        "device-backends", "LIST",
+        "backends of the devices, comma-separated, repeated over devices 1..N (default: --backend)",
+        [](D & d) -> auto& { return d.device_backends; }));
+    t.push_back(passed_on<D>(so, "mode", srv));
+    t.push_back(passed_on<D>(so, "model", srv));
+    t.push_back(value<D>(
+        "data", "NAME|DIR", "data set", [](D & d) -> auto& { return d.data; }));
+    for (const char* name : {"lr", "lr-schedule", "aggregate", "seed", "u-shape", "no-adapt"})
+      t.push_back(passed_on<D>(so, name, srv));
+    t.push_back(passed_on<D>(so, "deadline", srv,
+                             "the server's round deadline in seconds (default: 120, or 10 rounds of the emulated "
+                             "boards)"));
+    t.push_back(passed_on<D>(so, "stop-at-accuracy", srv));
+    t.push_back(flag<D>(
+        "no-compare", "emulating, do not rerun the federation on its first plan kept to compare the time to 0.80",
+        [](D & d) -> auto& { return d.no_compare; }));
+    for (const char* name : {"min-device-blocks", "label-groups"}) t.push_back(passed_on<D>(so, name, srv));
+    t.push_back(passed_on<D>(ao, "equalise-cut-gradients", dev));
+    t.push_back(flag<D>(
+        "secure-aggregation", "devices upload only masked replicas (see cleave server --help)",
+        [](D & d) -> auto& { return d.secure; }));
+    for (const char* name : {"cuts", "edge-cuts"}) t.push_back(passed_on<D>(so, name, srv));
+    t.push_back(flag<D>(
+        "no-emulation", "run the nodes as they are (by default the demo emulates slow boards on Wi-Fi, see the README)",
+        [](D & d) -> auto& { return d.no_emulation; }));
+    for (const char* name : {"micro-batches", "codecs"}) t.push_back(passed_on<D>(so, name, srv));
+    t.push_back(parsed<D>(
+        "schedule", "TEXT|FILE", "emulated heterogeneity by round, given to every node (text or file)",
+        [](D& d, const std::string& v) { d.schedule = transport::parse_schedule(v); },
+        [](const D& d) {
+          return d.schedule.empty() ? std::vector<std::string>{} : std::vector<std::string>{d.schedule.text};
+        }));
+    t.push_back(value<D>(
+                    "slow", "N", "devices 1..N run --slowdown times slower", [](D & d) -> auto& { return d.slow; })
+                    .in(CLI::Range(0, 4096)));
+    t.push_back(value<D>(
+                    "slowdown", "X", "slowdown of the --slow devices", [](D & d) -> auto& { return d.slowdown; })
+                    .in(CLI::Range(1.0, 1000.0)));
+    t.push_back(value<D>(
+                    "board-gflops", "X",
+                    "emulating, the boards' training speed: sets --slowdown from this machine's, measured before "
+                    "the run",
+                    [](D & d) -> auto& { return d.board_gflops; })
+                    .in(CLI::Range(0.01, 1e6)));
+    for (const char* name : {"dashboard", "metrics"}) t.push_back(passed_on<D>(so, name, srv));
+    t.push_back(passed_on<D>(ao, "augment", dev));
+    return t;
+  }();
+  return t;
 }
 
 }  // namespace
 
+std::vector<option_doc> demo_option_docs() {
+  return describe(demo_table(), demo_options{});
+}
+
 void register_demo_command(CLI::App& app) {
   static demo_options dm;
   auto* d = app.add_subcommand("demo", "a federation on loopback: a server, edges and N devices");
-  d->add_option("--work", dm.work, "work directory (default: a new one under /tmp)");
-  d->add_option("--devices", dm.devices, "devices")->capture_default_str()->check(CLI::Range(1, 4096));
-  d->add_option("--edges", dm.edges, "edges the devices connect through, in turn (0: straight to the server)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 64));
-  d->add_flag("--virtual", dm.virtual_devices,
-              "run the devices as threads of this process (one data set, one block profile, a TLS channel each)");
-  d->add_option("--rounds", dm.rounds, "rounds")->capture_default_str()->check(CLI::Range(1, 1000));
-  d->add_option("--local-steps", dm.local_steps, "steps per device per round")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000000));
-  d->add_option("--partition", dm.partition, "how the training set is split across devices")->capture_default_str();
-  d->add_option("--backend", dm.backend, "backend of every node")->capture_default_str();
-  d->add_option("--device-backends", dm.device_backends,
-                "backends of the devices, comma-separated, repeated over devices 1..N (default: --backend)");
-  d->add_option("--mode", dm.mode, "splitfed or sequential")->capture_default_str();
-  d->add_option("--model", dm.model, "zoo model or .json spec")->capture_default_str();
-  d->add_option("--data", dm.data, "data set")->capture_default_str();
-  d->add_option("--lr", dm.lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  d->add_option("--lr-schedule", dm.lr_schedule, "learning rate by round: constant, step or cosine")
-      ->capture_default_str();
-  d->add_option("--aggregate", dm.aggregate, "mean, median, trimmed-mean:F or clip:C (see cleave server --help)")
-      ->capture_default_str();
-  d->add_option("--seed", dm.seed, "seed")->capture_default_str();
-  d->add_flag("--u-shape", dm.u_shape, "labels stay on the devices");
-  d->add_flag("--no-adapt", dm.no_adapt, "keep the initial cuts");
-  d->add_option("--deadline", dm.deadline_s,
-                "the server's round deadline in seconds (default: 120, or 10 rounds of the emulated boards)")
-      ->check(CLI::PositiveNumber);
-  d->add_option("--stop-at-accuracy", dm.stop_at_accuracy,
-                "end training after the first round whose test accuracy reaches this (see cleave server --help)")
-      ->check(CLI::Range(0.0, 1.0));
-  d->add_flag("--no-compare", dm.no_compare,
-              "emulating, do not rerun the federation on its first plan kept to compare the time to 0.80");
-  d->add_option("--min-device-blocks", dm.min_device_blocks,
-                "blocks every device keeps at least (see cleave server --help)");
-  d->add_option("--label-groups", dm.label_groups, "sub-classes per class (see cleave server --help)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
-  d->add_flag("--equalise-cut-gradients", dm.equalise,
-              "with --u-shape: devices send gradients of one norm per micro-batch (see cleave agent --help)");
-  d->add_flag("--secure-aggregation", dm.secure, "devices upload only masked replicas (see cleave server --help)");
-  d->add_option("--cuts", dm.cuts, "initial cuts of devices straight to the server (see cleave server --help)");
-  d->add_option("--edge-cuts", dm.edge_cuts, "initial cuts of devices behind an edge, e.g. 3,8");
-  d->add_flag("--no-emulation", dm.no_emulation,
-              "run the nodes as they are (by default the demo emulates slow boards on Wi-Fi, see the README)");
-  d->add_option("--micro-batches", dm.micro_batches, "micro-batches per step (pipelined across the tiers)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  d->add_option("--codecs", dm.codecs, "codecs the cut may use (see cleave server --help)")->capture_default_str();
-  d->add_option("--schedule", dm.schedule, "emulated heterogeneity by round, given to every node (text or file)");
-  d->add_option("--slow", dm.slow, "devices 1..N run --slowdown times slower")->check(CLI::Range(0, 4096));
-  d->add_option("--slowdown", dm.slowdown, "slowdown of the --slow devices")->check(CLI::Range(1.0, 1000.0));
-  d->add_option("--board-gflops", dm.board_gflops,
-                "emulating, the boards' training speed: sets --slowdown from this machine's, measured before the run")
-      ->capture_default_str()
-      ->check(CLI::Range(0.01, 1e6));
-  d->add_option("--dashboard", dm.dashboard, "the server's live dashboard on http://ADDR/ (PORT: loopback)");
-  d->add_option("--metrics", dm.metrics, "the server's Prometheus metrics on http://ADDR/metrics (PORT: loopback)");
-  add_augment_option(d, dm.augment);  // given to the device agents
+  add_options(*d, demo_table(), dm);
   d->callback([d] {
+    dm.deadline_given = d->count("--deadline") > 0;
     emulate_deployment(dm, *d);
     run_demo(dm);
   });

@@ -19,8 +19,8 @@ struct train_options {
   std::string model = "lenet5";
   std::string data = "fashion-mnist";
   std::string backend = "auto";
-  std::string optimizer = "sgd";
-  std::string schedule = "constant";
+  core::optimizer_kind optimizer = core::optimizer_kind::sgd;
+  core::schedule_kind schedule = core::schedule_kind::constant;
   std::string checkpoint;
   std::string resume;
   int epochs = 1;
@@ -35,13 +35,70 @@ struct train_options {
   core::augment_config augment;
 };
 
-void add_common(CLI::App* c, train_options& o) {
-  c->add_option("--model", o.model, "a zoo model (`cleave models` lists them) or a .json spec file")
-      ->capture_default_str();
-  c->add_option("--data", o.data, "'fashion-mnist' or a directory of IDX or CIFAR binary files")->capture_default_str();
-  c->add_option("--backend", o.backend, "reference, onednn, vulkan[:dev], cuda[:dev] or auto")->capture_default_str();
-  c->add_option("--batch", o.batch, "batch size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-  c->add_option("--seed", o.seed, "seed of weights, data order and dropout")->capture_default_str();
+using strings = std::vector<std::string>;
+
+// The options of `cleave train`; `cleave eval` takes the first five and its own --checkpoint.
+const option_table<train_options>& train_table() {
+  using O = train_options;
+  static const option_table<O> t = [] {
+    option_table<O> t;
+    t.push_back(value<O>(
+        "model", "NAME|FILE", "a zoo model (`cleave models` lists them) or a .json spec file",
+        [](O & o) -> auto& { return o.model; }));
+    t.push_back(value<O>(
+        "data", "NAME|DIR", "'fashion-mnist' or a directory of IDX or CIFAR binary files",
+        [](O & o) -> auto& { return o.data; }));
+    t.push_back(value<O>(
+        "backend", "NAME", "reference, onednn, vulkan[:dev], cuda[:dev] or auto",
+        [](O & o) -> auto& { return o.backend; }));
+    t.push_back(value<O>(
+                    "batch", "N", "batch size", [](O & o) -> auto& { return o.batch; })
+                    .in(CLI::Range(1, 1 << 16)));
+    t.push_back(value<O>(
+        "seed", "N", "seed of weights, data order and dropout", [](O & o) -> auto& { return o.seed; }));
+    t.push_back(value<O>(
+                    "epochs", "N", "epochs", [](O & o) -> auto& { return o.epochs; })
+                    .in(CLI::Range(1, 100000)));
+    t.push_back(parsed<O>(
+        "optimizer", "NAME", "sgd or adamw",
+        [](O& o, const std::string& v) { o.optimizer = core::parse_optimizer_kind(v); },
+        [](const O& o) { return strings{o.optimizer == core::optimizer_kind::adamw ? "adamw" : "sgd"}; }));
+    t.push_back(value<O>(
+                    "lr", "X", "learning rate", [](O & o) -> auto& { return o.lr; })
+                    .in(CLI::PositiveNumber));
+    t.push_back(value<O>(
+                    "momentum", "X", "SGD momentum", [](O & o) -> auto& { return o.momentum; })
+                    .in(CLI::Range(0.0, 1.0)));
+    t.push_back(flag<O>(
+        "nesterov", "Nesterov momentum", [](O & o) -> auto& { return o.nesterov; }));
+    t.push_back(value<O>(
+                    "weight-decay", "X", "weight decay", [](O & o) -> auto& { return o.weight_decay; })
+                    .in(CLI::NonNegativeNumber));
+    t.push_back(parsed<O>(
+        "schedule", "NAME", "learning-rate schedule: constant, step (x0.1 per epoch) or cosine",
+        [](O& o, const std::string& v) { o.schedule = core::parse_schedule_kind(v); },
+        [](const O& o) {
+          return strings{o.schedule == core::schedule_kind::step     ? "step"
+                         : o.schedule == core::schedule_kind::cosine ? "cosine"
+                                                                     : "constant"};
+        }));
+    t.push_back(value<O>(
+                    "warmup", "N", "linear warm-up steps", [](O & o) -> auto& { return o.warmup; })
+                    .in(CLI::NonNegativeNumber));
+    t.push_back(value<O>(
+        "checkpoint", "PATH", "checkpoint written after each epoch (default: MODEL.ckpt)",
+        [](O & o) -> auto& { return o.checkpoint; }));
+    t.push_back(value<O>(
+        "resume", "PATH", "continue from a checkpoint", [](O & o) -> auto& { return o.resume; }));
+    t.push_back(parsed<O, std::int64_t>(
+                    "max-steps", "N", "stop each epoch after this many steps (quick runs)",
+                    [](O& o, const std::int64_t& v) { o.max_steps = v; },
+                    [](const O& o) { return o.max_steps < 0 ? strings{} : strings{std::to_string(o.max_steps)}; })
+                    .in(CLI::NonNegativeNumber));
+    t.push_back(augment_option<O>([](O & o) -> auto& { return o.augment; }));
+    return t;
+  }();
+  return t;
 }
 
 std::string format_rate(double r) {
@@ -61,12 +118,12 @@ void run_train(const train_options& o) {
   c.seed = o.seed;
   c.max_steps = o.max_steps;
   c.augment = o.augment;
-  c.opt.kind = core::parse_optimizer_kind(o.optimizer);
+  c.opt.kind = o.optimizer;
   c.opt.lr = o.lr;
   c.opt.momentum = o.momentum;
   c.opt.nesterov = o.nesterov;
   c.opt.weight_decay = o.weight_decay;
-  c.opt.schedule = core::parse_schedule_kind(o.schedule);
+  c.opt.schedule = o.schedule;
   c.opt.warmup_steps = o.warmup;
   core::fit_schedule(c, data.train.size());
   spdlog::info("training {} ({} blocks, {} parameters) on {} ({} train / {} test, {} classes) with backend {} ({})",
@@ -123,42 +180,35 @@ void run_eval(const train_options& o) {
 
 }  // namespace
 
+const char* const augment_help =
+    "augment the training batches, seeded (evaluation never is): bare, random crop with 4 pixels of padding and "
+    "horizontal flip; or a list of crop, crop:PAD, flip";
+
 CLI::Option* add_augment_option(CLI::App* c, core::augment_config& a) {
   return c
       ->add_option_function<std::string>(
-          "--augment", [&a](const std::string& text) { a = core::parse_augment(text); },
-          "augment the training batches, seeded (evaluation never is): bare, random crop with 4 pixels of "
-          "padding and horizontal flip; or a list of crop, crop:PAD, flip")
+          "--augment", [&a](const std::string& text) { a = core::parse_augment(text); }, augment_help)
       ->expected(0, 1)
       ->default_str("crop:4,flip");
+}
+
+std::vector<option_doc> train_option_docs() {
+  return describe(train_table(), train_options{});
 }
 
 void register_train_commands(CLI::App& app) {
   static train_options o;  // lives as long as the app's callbacks
 
   auto* train = app.add_subcommand("train", "train a model locally on one backend");
-  add_common(train, o);
-  train->add_option("--epochs", o.epochs, "epochs")->capture_default_str()->check(CLI::Range(1, 100000));
-  train->add_option("--optimizer", o.optimizer, "sgd or adamw")->capture_default_str();
-  train->add_option("--lr", o.lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  train->add_flag("--nesterov", o.nesterov, "Nesterov momentum");
-  train->add_option("--weight-decay", o.weight_decay, "weight decay")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  train->add_option("--schedule", o.schedule, "learning-rate schedule: constant, step (x0.1 per epoch) or cosine")
-      ->capture_default_str();
-  train->add_option("--warmup", o.warmup, "linear warm-up steps")->capture_default_str()->check(CLI::NonNegativeNumber);
-  train->add_option("--checkpoint", o.checkpoint, "checkpoint written after each epoch (default: MODEL.ckpt)");
-  train->add_option("--resume", o.resume, "continue from a checkpoint");
-  train->add_option("--max-steps", o.max_steps, "stop each epoch after this many steps (quick runs)")
-      ->check(CLI::NonNegativeNumber);
-  add_augment_option(train, o.augment);
+  add_options(*train, train_table(), o);
   train->callback([] { run_train(o); });
 
   auto* eval = app.add_subcommand("eval", "evaluate a checkpoint on a data set's test split");
-  add_common(eval, o);
-  eval->add_option("--checkpoint", o.checkpoint, "checkpoint file")->required();
+  option_table<train_options> common(train_table().begin(), train_table().begin() + 5);
+  common.push_back(value<train_options>(
+                       "checkpoint", "PATH", "checkpoint file", [](train_options & t) -> auto& { return t.checkpoint; })
+                       .needed());
+  add_options(*eval, common, o);
   eval->callback([] { run_eval(o); });
 
   auto* list = app.add_subcommand("backends", "list the compute backends and whether they can run here");

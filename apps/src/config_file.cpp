@@ -1,114 +1,90 @@
-// Strict TOML configuration: a line-by-line check of the subset CLI11 reads, then CLI11's own
-// reader; unknown keys and sections mapped back to their lines.
+// Configuration files read with toml++: the document parsed as TOML, then handed to CLI11 as
+// [section] key = value items; errors phrased for the user and mapped back to their lines.
 #include "config_file.h"
 
-#include <cctype>
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
-#include <regex>
 #include <sstream>
+
+#include "toml_text.h"
 
 namespace cleave::apps {
 
 namespace {
 
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
-}
-
 [[noreturn]] void bad(int line, const std::string& what) {
   throw CLI::ConfigError("line " + std::to_string(line) + ": " + what);
 }
 
-// The end of the string starting at s[i] (a quote), past its closing quote; npos if unclosed.
-std::size_t string_end(const std::string& s, std::size_t i) {
-  const char q = s[i];
-  for (std::size_t j = i + 1; j < s.size(); ++j) {
-    if (q == '"' && s[j] == '\\') {
-      ++j;
+// One value as the text CLI11 reads into an option; `key` and the line name it in errors.
+std::string text_of(const toml::node& v, const std::string& key) {
+  if (const auto* s = v.as_string()) return s->get();
+  if (const auto* i = v.as_integer()) return std::to_string(i->get());
+  if (const auto* b = v.as_boolean()) return b->get() ? "true" : "false";
+  if (const auto* f = v.as_floating_point()) {
+    const double x = f->get();
+    if (std::isnan(x)) return "nan";
+    if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+    return fmt::format("{}", x);
+  }
+  bad(line_of(v), "'" + key + "' is not a string, a number, true or false, or an array of them");
+}
+
+// Every key of t (under `parents`) as CLI11's items, each with its line; lines["section.key"] too.
+void read(const toml::table& t, const std::vector<std::string>& parents,
+          std::vector<std::pair<int, CLI::ConfigItem>>& out, std::map<std::string, int>& lines_) {
+  const std::string prefix = parents.empty() ? "" : CLI::detail::join(parents, ".") + ".";
+  for (const auto& [k, v] : t) {
+    const std::string key(k.str());
+    const int at = static_cast<int>(k.source().begin.line);
+    CLI::ConfigItem item;
+    item.parents = parents;
+    item.name = key;
+    if (const auto* sub = v.as_table(); sub && !sub->is_inline()) {
+      // A [section]: its own item, so that CLI11 names a section no command has.
+      item.parents.push_back(key);
+      item.name = "++";
+      lines_.emplace(prefix + key + ".++", line_of(v));
+      out.emplace_back(line_of(v), item);
+      read(*sub, item.parents, out, lines_);
       continue;
     }
-    if (s[j] == q) return j + 1;
-  }
-  return std::string::npos;
-}
-
-// Checks one scalar value (a string, number or boolean); returns where it ends in s.
-std::size_t scalar_end(const std::string& s, std::size_t i, int line) {
-  if (s[i] == '"' || s[i] == '\'') {
-    const auto e = string_end(s, i);
-    if (e == std::string::npos) bad(line, "a string that does not close: " + s.substr(i));
-    return e;
-  }
-  std::size_t e = i;
-  while (e < s.size() && s[e] != ',' && s[e] != ']' && s[e] != '#' && s[e] != ' ' && s[e] != '\t') ++e;
-  const std::string word = s.substr(i, e - i);
-  static const std::regex number(R"([+-]?(\d[\d_]*(\.\d+)?([eE][+-]?\d+)?|inf|nan))");
-  if (word != "true" && word != "false" && !std::regex_match(word, number))
-    bad(line, "'" + word + "' is not a string, a number, true or false (strings need quotes)");
-  return e;
-}
-
-// What is left after a value must be blank or a comment.
-void expect_end(const std::string& s, std::size_t i, int line) {
-  const std::string rest = trim(s.substr(std::min(i, s.size())));
-  if (!rest.empty() && rest[0] != '#') bad(line, "unexpected '" + rest + "' after the value");
-}
-
-void check_value(const std::string& v, int line) {
-  if (v.empty()) bad(line, "a key without a value");
-  if (v[0] != '[') return expect_end(v, scalar_end(v, 0, line), line);
-  std::size_t i = 1;
-  for (bool first = true;; first = false) {
-    while (i < v.size() && (v[i] == ' ' || v[i] == '\t')) ++i;
-    if (i >= v.size()) bad(line, "an array must close on its line");
-    if (v[i] == ']' && first) break;
-    i = scalar_end(v, i, line);
-    while (i < v.size() && (v[i] == ' ' || v[i] == '\t')) ++i;
-    if (i < v.size() && v[i] == ',') {
-      ++i;
-      continue;
+    if (const auto* a = v.as_array()) {
+      for (const auto& x : *a) item.inputs.push_back(text_of(x, key));
+    } else {
+      item.inputs.push_back(text_of(v, key));
     }
-    if (i < v.size() && v[i] == ']') break;
-    bad(line, "an array must close on its line, with values separated by commas");
+    lines_[prefix + key] = at;
+    out.emplace_back(at, std::move(item));
   }
-  expect_end(v, i + 1, line);
 }
 
 }  // namespace
 
 std::vector<CLI::ConfigItem> strict_toml::from_config(std::istream& in) const {
-  static const std::regex name(R"([A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*)");
   std::stringstream text;
   text << in.rdbuf();
+  const std::string doc = text.str();
   lines_.clear();
-  std::string section, raw;
-  std::istringstream lines(text.str());
-  for (int n = 1; std::getline(lines, raw); ++n) {
-    const std::string l = trim(raw);
-    if (l.empty() || l[0] == '#') continue;
-    if (l[0] == '[') {
-      const auto close = l.find(']');
-      if (close == std::string::npos) bad(n, "a section header without ']': " + l);
-      section = trim(l.substr(1, close - 1));
-      if (!std::regex_match(section, name)) bad(n, "bad section name '" + section + "'");
-      expect_end(l, close + 1, n);
-      lines_.emplace(section + ".++", n);  // CLI11's item for a section it cannot place
-      continue;
-    }
-    const auto eq = l.find('=');
-    if (eq == std::string::npos) bad(n, "expected KEY = VALUE or [SECTION], got '" + l + "'");
-    const std::string key = trim(l.substr(0, eq));
-    if (!std::regex_match(key, name)) bad(n, "bad key '" + key + "'");
-    check_value(trim(l.substr(eq + 1)), n);
-    const std::string full = section.empty() ? key : section + "." + key;
-    if (const auto it = lines_.find(full); it != lines_.end())
-      bad(n, "'" + key + "' is set twice (first on line " + std::to_string(it->second) + ")");
-    lines_[full] = n;
+  toml::table root;
+  try {
+    root = parse_toml(doc);
+  } catch (const toml_error& e) {
+    bad(e.line, e.what());
   }
-  std::istringstream again(text.str());
-  return CLI::ConfigTOML::from_config(again);
+  std::vector<std::pair<int, CLI::ConfigItem>> items;
+  read(root, {}, items, lines_);
+  // In the file's order: the first unknown key CLI11 meets is the first in the file.
+  std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<CLI::ConfigItem> out;
+  for (auto& [line, item] : items) out.push_back(std::move(item));
+  return out;
+}
+
+std::string strict_toml::to_config(const CLI::App* app, bool defaults, bool comments, std::string prefix) const {
+  return CLI::ConfigTOML().to_config(app, defaults, comments, std::move(prefix));
 }
 
 std::string strict_toml::explain(const std::string& message, const CLI::App& app) const {

@@ -1,20 +1,22 @@
-// The configuration files of every command (--config FILE): TOML as CLI11 reads it, checked line
-// by line first, so that a syntax error, a key set twice, an unknown key or an unknown section is
-// an error naming the file, the line and the key instead of being skipped.
+// The configuration files of every command (--config FILE): TOML read with toml++ and handed to
+// CLI11 key by key, so that a syntax error, a key set twice, an unknown key or an unknown section
+// is an error naming the file, the line and the key instead of being skipped.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cleave::apps {
 
-class strict_toml : public CLI::ConfigTOML {
+class strict_toml : public CLI::Config {
  public:
-  // Throws CLI::ConfigError("line N: ...") on the first line that is not a comment, a [section]
-  // or KEY = VALUE (a string, number, boolean or one-line array).
+  // Throws CLI::ConfigError("line N: ...") on the first line that is not TOML, or whose value is
+  // not a string, number, boolean or one-line array of them.
   std::vector<CLI::ConfigItem> from_config(std::istream& in) const override;
+  std::string to_config(const CLI::App* app, bool defaults, bool comments, std::string prefix) const override;
   // CLI11's error about an item no option took ("INI was not able to parse server.rouns"), as
   // "line 2: unknown key 'rouns' in [server]" (or an unknown section); other messages unchanged.
   std::string explain(const std::string& message, const CLI::App& app) const;

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   cleave::apps::register_node_commands(app);
   cleave::apps::register_certs_command(app);
   cleave::apps::register_provision_command(app);
+  cleave::apps::register_options_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ConfigError& e) {

@@ -1,5 +1,5 @@
-// Project files: a line-by-line TOML reader for the subset they use ([table], [[node]], KEY =
-// string / integer / boolean / float / one-line array), then the checks of the project as a whole.
+// Project files: TOML read with toml++ into [table]s and [[node]]s (KEY = string / integer /
+// boolean / float / one-line array), then the checks of the project as a whole.
 #include "project_file.h"
 
 #include <arpa/inet.h>
@@ -11,6 +11,7 @@
 
 #include "cleave/core/error.h"
 #include "cleave/transport/certs.h"
+#include "toml_text.h"
 
 namespace cleave::apps {
 
@@ -32,6 +33,7 @@ struct table {
   std::vector<std::pair<std::string, std::pair<value, int>>> keys;  // key -> value, line
 };
 
+// A project file's tables in the order they come, each key with its value and line.
 class reader {
  public:
   explicit reader(fs::path file) : file_(std::move(file)) {}
@@ -40,164 +42,71 @@ class reader {
     throw core::error(file_.string() + ": line " + std::to_string(line) + ": " + what);
   }
 
-  std::vector<table> read() {
+  std::vector<table> read() const {
     std::ifstream in(file_);
     if (!in) throw core::error("cannot read project file " + file_.string());
+    std::stringstream text;
+    text << in.rdbuf();
+    toml::table root;
+    try {
+      root = parse_toml(text.str());
+    } catch (const toml_error& e) {
+      fail(e.line, e.what());
+    }
     std::vector<table> out(1);
-    std::string raw;
-    for (int n = 1; std::getline(in, raw); ++n) {
-      line_ = n;
-      text_ = raw;
-      at_ = 0;
-      skip_space();
-      if (done()) continue;
-      if (text_[at_] == '[') {
-        const bool array = text_.compare(at_, 2, "[[") == 0;
-        const auto close = text_.find(array ? "]]" : "]", at_);
-        if (close == std::string::npos) fail(n, "a table header without its closing bracket");
-        std::string name = trim(text_.substr(at_ + (array ? 2 : 1), close - at_ - (array ? 2 : 1)));
-        at_ = close + (array ? 2 : 1);
-        expect_end();
-        if (array != (name == "node"))
-          fail(n, array ? "[[" + name + "]]: only nodes come as [[node]]"
-                        : "[" + name + "]" + (name == "node" ? ": write each node as [[node]]" : ""));
-        if (!array && name != "project" && name != "server" && name != "edge" && name != "agent")
-          fail(n, "unknown table [" + name + "] (expected [project], [server], [edge], [agent] or [[node]])");
-        if (!array)
-          for (const auto& t : out)
-            if (t.name == name) fail(n, "[" + name + "] comes twice (first on line " + std::to_string(t.line) + ")");
-        out.push_back(table{name, n, {}});
+    for (const auto& [k, v] : in_file_order(root)) {
+      const std::string name(k->str());
+      const int line = line_of(*k);
+      if (const auto* nodes = v->as_array(); nodes && nodes->is_array_of_tables() && !nodes->empty()) {
+        if (name != "node") fail(line, "[[" + name + "]]: only nodes come as [[node]]");
+        for (const auto& n : *nodes) out.push_back(table_of(name, line_of(n), *n.as_table()));
         continue;
       }
-      const auto eq = text_.find('=', at_);
-      if (eq == std::string::npos) fail(n, "expected KEY = VALUE or a [table], got '" + trim(raw) + "'");
-      const std::string key = trim(text_.substr(at_, eq - at_));
-      static const std::regex key_re("[A-Za-z0-9_-]+");
-      if (!std::regex_match(key, key_re)) fail(n, "bad key '" + key + "'");
-      at_ = eq + 1;
-      skip_space();
-      const std::size_t from = at_;
-      value v = parse_value(true);
-      v.raw = trim(text_.substr(from, at_ - from));
-      expect_end();
-      auto& t = out.back();
-      for (const auto& [k, kv] : t.keys)
-        if (k == key) fail(n, "'" + key + "' is set twice (first on line " + std::to_string(kv.second) + ")");
-      t.keys.emplace_back(key, std::pair{std::move(v), n});
+      if (const auto* t = v->as_table(); t && !t->is_inline()) {
+        if (name == "node") fail(line, "[node]: write each node as [[node]]");
+        if (name != "project" && name != "server" && name != "edge" && name != "agent")
+          fail(line, "unknown table [" + name + "] (expected [project], [server], [edge], [agent] or [[node]])");
+        out.push_back(table_of(name, line, *t));
+        continue;
+      }
+      out.front().keys.emplace_back(name, std::pair{value_of(*v, name, line, true), line});
     }
     return out;
   }
 
  private:
-  static std::string trim(const std::string& s) {
-    const auto b = s.find_first_not_of(" \t\r");
-    if (b == std::string::npos) return "";
-    return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
-  }
-  bool done() const { return at_ >= text_.size() || text_[at_] == '#' || text_[at_] == '\r'; }
-  void skip_space() {
-    while (at_ < text_.size() && (text_[at_] == ' ' || text_[at_] == '\t')) ++at_;
-  }
-  void expect_end() {
-    skip_space();
-    if (!done()) fail(line_, "unexpected '" + trim(text_.substr(at_)) + "' after the value");
+  table table_of(const std::string& name, int line, const toml::table& t) const {
+    table out{name, line, {}};
+    for (const auto& [k, v] : in_file_order(t))
+      out.keys.emplace_back(std::string(k->str()),
+                            std::pair{value_of(*v, std::string(k->str()), line_of(*k), true), line_of(*k)});
+    return out;
   }
 
-  value parse_value(bool top) {
-    if (at_ >= text_.size()) fail(line_, "a key without a value");
-    const char c = text_[at_];
+  value value_of(const toml::node& n, const std::string& key, int line, bool top) const {
     value v;
-    if (c == '"' || c == '\'') {
-      v.what = value::kind::string;
-      v.text = parse_string();
-      return v;
-    }
-    if (c == '[') {
-      if (!top) fail(line_, "arrays inside arrays are not supported");
-      v.what = value::kind::array;
-      ++at_;
-      for (;;) {
-        skip_space();
-        if (at_ >= text_.size()) fail(line_, "an array must close on its line");
-        if (text_[at_] == ']' && v.items.empty()) break;
-        v.items.push_back(parse_value(false));
-        skip_space();
-        if (at_ < text_.size() && text_[at_] == ',') {
-          ++at_;
-          skip_space();
-          if (at_ < text_.size() && text_[at_] == ']') break;  // a trailing comma
-          continue;
-        }
-        if (at_ < text_.size() && text_[at_] == ']') break;
-        fail(line_, "an array must close on its line, with values separated by commas");
-      }
-      ++at_;
-      return v;
-    }
-    std::size_t e = at_;
-    while (e < text_.size() && text_[e] != ',' && text_[e] != ']' && text_[e] != '#' && text_[e] != ' ' &&
-           text_[e] != '\t' && text_[e] != '\r')
-      ++e;
-    const std::string word = text_.substr(at_, e - at_);
-    at_ = e;
-    static const std::regex integer_re(R"([+-]?[0-9]+)");
-    static const std::regex float_re(R"([+-]?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?)");
-    if (word == "true" || word == "false") {
-      v.what = value::kind::boolean;
-    } else if (std::regex_match(word, integer_re)) {
+    v.raw = toml_value_text(n);
+    if (const auto* s = n.as_string()) {
+      v.text = s->get();
+    } else if (const auto* i = n.as_integer()) {
       v.what = value::kind::integer;
-      try {
-        v.integer = std::stoll(word);
-      } catch (...) {
-        fail(line_, "integer '" + word + "' is out of range");
-      }
-    } else if (std::regex_match(word, float_re)) {
+      v.integer = i->get();
+    } else if (n.is_floating_point()) {
       v.what = value::kind::floating;
+    } else if (n.is_boolean()) {
+      v.what = value::kind::boolean;
+    } else if (const auto* a = n.as_array(); a && top) {
+      v.what = value::kind::array;
+      for (const auto& x : *a) v.items.push_back(value_of(x, key, line, false));
+    } else if (n.is_array()) {
+      fail(line, "arrays inside arrays are not supported");
     } else {
-      fail(line_, "'" + word + "' is not a string, a number, true or false (strings need quotes)");
+      fail(line, "'" + key + "' is not a string, a number, true or false, or an array of them");
     }
     return v;
   }
 
-  std::string parse_string() {
-    const char q = text_[at_++];
-    std::string out;
-    for (; at_ < text_.size(); ++at_) {
-      const char c = text_[at_];
-      if (c == q) {
-        ++at_;
-        return out;
-      }
-      if (q == '"' && c == '\\') {
-        if (++at_ >= text_.size()) break;
-        switch (text_[at_]) {
-          case '"':
-            out += '"';
-            break;
-          case '\\':
-            out += '\\';
-            break;
-          case 'n':
-            out += '\n';
-            break;
-          case 't':
-            out += '\t';
-            break;
-          default:
-            fail(line_, std::string("unsupported escape '\\") + text_[at_] + "' in a string");
-        }
-        continue;
-      }
-      if (static_cast<unsigned char>(c) < 0x20 && c != '\t') fail(line_, "a control character in a string");
-      out += c;
-    }
-    fail(line_, "a string that does not close on its line");
-  }
-
   fs::path file_;
-  std::string text_;
-  std::size_t at_ = 0;
-  int line_ = 0;
 };
 
 // "HOST:PORT" -> host, port (-1 when malformed).

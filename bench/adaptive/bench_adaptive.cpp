@@ -89,7 +89,7 @@ federation_result run(const scenario& sc, server::server_config c, const std::st
   c.backend = sc.backend;
   c.data = sc.data;
   c.min_devices = n_devices;
-  c.schedule = schedule;
+  c.schedule = cleave::transport::parse_schedule(schedule);
   c.round_deadline_s = 3600;
   c.on_round = [&](const server::round_report& r) {
     out.reports.push_back(r);
@@ -107,7 +107,7 @@ federation_result run(const scenario& sc, server::server_config c, const std::st
   ec.port = 0;
   ec.upstream_port = sp;
   ec.backend = sc.backend;
-  ec.schedule = schedule;
+  ec.schedule = cleave::transport::parse_schedule(schedule);
   ec.profile_every = 5 * n_devices;
   edge::edge_node en(ec);
   std::thread te([&] { en.run(); });
@@ -126,7 +126,7 @@ federation_result run(const scenario& sc, server::server_config c, const std::st
     ac.n_shards = n_devices;
     ac.shard = d - 1;
     ac.slowdown = d > 2 ? 4.0 * sc.board : sc.board;
-    ac.schedule = schedule;
+    ac.schedule = cleave::transport::parse_schedule(schedule);
     ac.profile_every = 5;
     agents.push_back(std::make_unique<device::agent>(ac));
   }

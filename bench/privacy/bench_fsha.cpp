@@ -221,8 +221,8 @@ outcome run(const fs::path& work, const std::string& data, const std::string& be
   a.id = 1;
   a.data = data;
   a.backend = be;
-  a.partition = "all";
-  a.gradient_check = "warn";
+  a.partition = cleave::core::parse_partition("all");
+  a.gradient_check = cleave::device::gradient_check_mode::warn;
   a.on_gradient = [&](std::vector<float>& g, const std::vector<float>& z, std::int64_t n) { atk.on_gradient(g, z, n); };
   c.devices.push_back(a);
   // The device's log, as its operator would read it (with the round's label alignment, a debug

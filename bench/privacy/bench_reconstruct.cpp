@@ -147,7 +147,7 @@ outcome run(const fs::path& work, const setting& st) {
                                          a.activation_clip = st.clip;
                                          a.activation_noise = st.noise;
                                          a.nopeek = st.nopeek;
-                                         a.gradient_check = "off";
+                                         a.gradient_check = cleave::device::gradient_check_mode::off;
                                        });
   c.server.cuts = std::to_string(st.cut);
   const auto& s = c.server;

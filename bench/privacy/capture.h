@@ -47,7 +47,7 @@ inline federation::local_config capturing_federation(const std::filesystem::path
     a.id = id;
     a.data = data;
     a.backend = backend;
-    a.partition = "all";
+    a.partition = cleave::core::parse_partition("all");
     if (customise) customise(a);
     if (id == 1)
       a.on_send = [&cap](std::span<const std::byte> f) {

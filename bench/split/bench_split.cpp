@@ -85,7 +85,7 @@ double split_ms_per_step(const std::string& be, const std::string& data, const f
   ac.upstream_name = edge ? "edge-1" : "server";
   ac.backend = be;
   ac.data = data;
-  ac.partition = "all";
+  ac.partition = cleave::core::parse_partition("all");
   device::agent a(ac);
   std::thread ta([&] { a.run(); });
   ts.join();

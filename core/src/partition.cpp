@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "cleave/core/error.h"
 #include "cleave/core/random.h"
 
@@ -112,35 +114,68 @@ std::vector<shard> partition_classes(const std::vector<std::int32_t>& labels, in
   return out;
 }
 
-shard pick_shard(const std::string& partition, const std::vector<std::int32_t>& labels, int n_classes, int n_shards,
+partition_spec parse_partition(const std::string& p) {
+  auto number = [&](std::size_t at, const char* form) {
+    try {
+      std::size_t used = 0;
+      const double v = std::stod(p.substr(at), &used);
+      if (at + used == p.size()) return v;
+    } catch (...) {
+    }
+    throw error("partition '" + p + "': expected " + form);
+  };
+  partition_spec s;
+  if (p == "all")
+    s.how = partition_spec::kind::all;
+  else if (p == "iid")
+    s.how = partition_spec::kind::iid;
+  else if (p.rfind("dirichlet:", 0) == 0)
+    s = {partition_spec::kind::dirichlet, number(10, "dirichlet:ALPHA, e.g. dirichlet:0.5"), 2};
+  else if (p.rfind("classes:", 0) == 0)
+    s = {partition_spec::kind::classes, 0.5, static_cast<int>(number(8, "classes:K, e.g. classes:2"))};
+  else
+    throw error("partition '" + p + "': expected iid, dirichlet:ALPHA, classes:K or all");
+  return s;
+}
+
+std::string partition_name(const partition_spec& p) {
+  switch (p.how) {
+    case partition_spec::kind::all:
+      return "all";
+    case partition_spec::kind::dirichlet:
+      return fmt::format("dirichlet:{}", p.alpha);
+    case partition_spec::kind::classes:
+      return fmt::format("classes:{}", p.k);
+    default:
+      return "iid";
+  }
+}
+
+shard pick_shard(const partition_spec& p, const std::vector<std::int32_t>& labels, int n_classes, int n_shards,
                  int index, std::uint64_t seed) {
   if (n_shards < 1 || index < 0 || index >= n_shards)
     throw error("shard " + std::to_string(index) + " of " + std::to_string(n_shards) + " does not exist");
-  const std::string& p = partition;
-  auto number = [&](std::size_t at, const char* form) {
-    try {
-      return std::stod(p.substr(at));
-    } catch (...) {
-      throw error("partition '" + p + "': expected " + form);
-    }
-  };
   const auto n = static_cast<std::int64_t>(labels.size());
-  if (p == "all") {
+  if (p.how == partition_spec::kind::all) {
     shard s(labels.size());
     for (std::int64_t i = 0; i < n; ++i) s[static_cast<std::size_t>(i)] = i;
     return s;
   }
   std::vector<shard> all;
-  if (p == "iid")
+  if (p.how == partition_spec::kind::iid)
     all = partition_iid(n, n_shards, seed);
-  else if (p.rfind("dirichlet:", 0) == 0)
-    all = partition_dirichlet(labels, n_classes, n_shards, number(10, "dirichlet:ALPHA, e.g. dirichlet:0.5"), seed);
-  else if (p.rfind("classes:", 0) == 0)
-    all =
-        partition_classes(labels, n_classes, n_shards, static_cast<int>(number(8, "classes:K, e.g. classes:2")), seed);
+  else if (p.how == partition_spec::kind::dirichlet)
+    all = partition_dirichlet(labels, n_classes, n_shards, p.alpha, seed);
   else
-    throw error("partition '" + p + "': expected iid, dirichlet:ALPHA, classes:K or all");
+    all = partition_classes(labels, n_classes, n_shards, p.k, seed);
   return all[static_cast<std::size_t>(index)];
+}
+
+shard pick_shard(const std::string& partition, const std::vector<std::int32_t>& labels, int n_classes, int n_shards,
+                 int index, std::uint64_t seed) {
+  if (n_shards < 1 || index < 0 || index >= n_shards)
+    throw error("shard " + std::to_string(index) + " of " + std::to_string(n_shards) + " does not exist");
+  return pick_shard(parse_partition(partition), labels, n_classes, n_shards, index, seed);
 }
 
 }  // namespace cleave::core

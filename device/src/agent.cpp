@@ -29,6 +29,12 @@ std::vector<core::tier> upstream_roles(const agent_config& c) {
   return {core::tier::server, core::tier::edge};
 }
 
+// A micro-batch's loss, into the round's figures, and its statistics where it was computed here.
+void count_loss(runtime::round_tally& seen, runtime::round_tally& own, const runtime::step_result& res) {
+  seen.add_loss(res.loss, res.n_samples, res.n_correct);
+  if (res.loss_here) own.add_loss(res.loss, res.n_samples, res.n_correct);
+}
+
 }  // namespace
 
 agent::impl::impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_string(c_.id)), wake_(ex_.work()) {
@@ -44,8 +50,6 @@ agent::impl::impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_st
                     "clipping bound",
                     c_.activation_noise));
   if (!(c_.dp_delta > 0 && c_.dp_delta < 1)) throw core::error("--dp-delta must be in (0, 1)");
-  if (c_.gradient_check != "off" && c_.gradient_check != "warn" && c_.gradient_check != "refuse")
-    throw core::error("--gradient-check '" + c_.gradient_check + "': expected off, warn or refuse");
   if (c_.gradient_check_window < 1) throw core::error("--gradient-check-window must be >= 1");
 }
 
@@ -262,7 +266,7 @@ void agent::impl::on_step(const std::shared_ptr<transport::message>& m) {
     if (a) labels_.erase(lab);
     const bool back = !res.out;  // a gradient through the bottom: the micro-batch is done
     if (res.out) post(std::move(*res.out));
-    if (res.loss_here || (back && !r.u_shape())) count_loss(res);
+    if (res.loss_here || (back && !r.u_shape())) count_loss(seen_, own_, res);
     if (back) check_gradients();
     if (back && ++back_ >= n_micro_batches_) wake_.notify();
   };
@@ -270,8 +274,7 @@ void agent::impl::on_step(const std::shared_ptr<transport::message>& m) {
 }
 
 asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t steps, float lr, std::uint64_t gen) {
-  loss_sum_ = own_loss_sum_ = 0;
-  n_loss_ = n_correct_ = own_n_loss_ = own_n_correct_ = 0;
+  seen_ = own_ = {};
   const auto t0 = clock::now();
   if (lr > 0) runner_->host().set_learning_rate(c_.id, lr);  // 0: the plan's rate
   runner_->take_compute_seconds();
@@ -299,13 +302,11 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
   if (over(gen)) co_return;
   in_round_ = false;
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
-  protocol::round_stats stats;
   // The loss is reported by whoever computed it: here in U-shape, or with every block here.
-  stats = {0, 0, 0, own_loss_sum_, own_n_loss_, own_n_correct_};
-  stats.compute_us = static_cast<std::uint64_t>(runner_->take_compute_seconds() * 1e6);
+  const protocol::round_stats stats = own_.as_stats(runner_->take_compute_seconds(), 0);
   upload_replicas(round, n_samples, stats);
   send_profile(round * steps + steps);
-  const double loss = n_loss_ ? loss_sum_ / static_cast<double>(n_loss_) : std::nan("");
+  const double loss = seen_.n_loss ? seen_.mean_loss() : std::nan("");
   spdlog::info("device {}: round {}: {} steps in {:.1f} s (compute {:.1f} s), loss {:.4f}", c_.id, round, steps, secs,
                static_cast<double>(stats.compute_us) * 1e-6, loss);
   auto& m = ex_.metrics();
@@ -360,21 +361,10 @@ void agent::impl::forward_step(std::uint64_t step) {
     if (res.out) {
       post(std::move(*res.out));
     } else {  // every block here: the micro-batch went into the loss and back
-      count_loss(res);
+      count_loss(seen_, own_, res);
       ++back_;
     }
   }
-}
-
-void agent::impl::count_loss(const runtime::step_result& res) {
-  const double n = static_cast<double>(res.n_samples);
-  loss_sum_ += res.loss * n;
-  n_loss_ += static_cast<std::uint64_t>(res.n_samples);
-  n_correct_ += res.n_correct;
-  if (!res.loss_here) return;
-  own_loss_sum_ += res.loss * n;
-  own_n_loss_ += static_cast<std::uint64_t>(res.n_samples);
-  own_n_correct_ += res.n_correct;
 }
 
 void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
@@ -434,10 +424,10 @@ int agent::impl::run() {
   n_classes_ = shard_->class_count();
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   runner_.emplace(*be_, core::tier::device, c_.id, schedule_->start_slowdown(c_.slowdown));
-  runner_->set_filters(
-      privacy::device_filters({c_.activation_clip, c_.activation_noise, c_.nopeek, c_.cut_gradient_noise,
-                               c_.equalise_cut_gradients, c_.gradient_check != "off" ? c_.gradient_check_window : 0,
-                               c_.gradient_check_threshold, c_.order_seed, c_.on_gradient}));
+  runner_->set_filters(privacy::device_filters(
+      {c_.activation_clip, c_.activation_noise, c_.nopeek, c_.cut_gradient_noise, c_.equalise_cut_gradients,
+       c_.gradient_check != gradient_check_mode::off ? c_.gradient_check_window : 0, c_.gradient_check_threshold,
+       c_.order_seed, c_.on_gradient}));
   if (c_.activation_clip > 0)
     spdlog::info("device {}: activations leave clipped to L2 norm {:g}{}", c_.id, c_.activation_clip,
                  c_.activation_noise > 0
@@ -445,7 +435,8 @@ int agent::impl::run() {
                      : std::string());
   if (c_.shared_board) runner_->share_board(c_.shared_board);
   spdlog::info("device {} ({}): {} samples of {} (shard {}/{}, {}), backend {} ({})", c_.id, c_.name, shard_->size(),
-               shard_->describe(), c_.shard, c_.n_shards, c_.partition, be_->name(), be_->device_name());
+               shard_->describe(), c_.shard, c_.n_shards, core::partition_name(c_.partition), be_->name(),
+               be_->device_name());
   if (c_.augment.any()) spdlog::info("device {}: augmenting its batches ({})", c_.id, core::augment_str(c_.augment));
   auto lost = [this](const std::string& why) {
     spdlog::warn("device {}: link lost: {}", c_.id, why);

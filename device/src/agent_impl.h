@@ -18,6 +18,7 @@
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/segment_runner.h"
 #include "cleave/runtime/sessions.h"
+#include "cleave/runtime/upload_collector.h"
 
 namespace cleave::device {
 
@@ -48,8 +49,6 @@ class agent::impl {
   bool over(std::uint64_t gen) const { return gen != round_gen_; }
   void abandon(const std::string& why);
   void forward_step(std::uint64_t step);
-  // A micro-batch's loss, into the round's figures (and its statistics where computed here).
-  void count_loss(const runtime::step_result& res);
   void report_privacy(std::uint64_t round);
   void check_gradients();
   void next_batch(std::int64_t n, float* x, std::int32_t* y);
@@ -88,11 +87,9 @@ class agent::impl {
   bool in_round_ = false;
   std::uint32_t back_ = 0;  // micro-batches of the current step back through the bottom
   int missing_ = 0;         // blocks of a re-split still to arrive
-  double loss_sum_ = 0;
-  std::uint64_t n_loss_ = 0, n_correct_ = 0;
-  // Of the losses computed here (a U-shaped top, or every block here): the round's statistics.
-  double own_loss_sum_ = 0;
-  std::uint64_t own_n_loss_ = 0, own_n_correct_ = 0;
+  // The losses this device saw this round, and those computed here (a U-shaped top, or every
+  // block here): the round's statistics.
+  runtime::round_tally seen_, own_;
   int steps_since_profile_ = 0;
   float reported_bps_ = 0;     // the uplink's bandwidth in the last profile sent (compute executor)
   std::int64_t position_ = 0;  // samples drawn from this device's data stream

@@ -49,7 +49,7 @@ void agent::impl::check_gradients() {
       "micro-batches, below {:g}): the server may be steering this device's features instead of training on its "
       "labels (feature-space hijacking)",
       g->mean(), g->window(), g->threshold());
-  if (c_.gradient_check != "refuse") {
+  if (c_.gradient_check != gradient_check_mode::refuse) {
     spdlog::warn("device {}: round {}: {}", c_.id, round_, what);
     return;
   }

@@ -73,7 +73,7 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
     d.n_samples = p.n_samples;
     d.final_part = p.final_part;
     // The statistics go with the last part only.
-    if (i + 1 == parts.size()) d.stats = uploads_.tally().relayed(compute, bytes - std::min(bytes, bytes_mark_));
+    if (i + 1 == parts.size()) d.stats = uploads_.tally().as_stats(compute, bytes - std::min(bytes, bytes_mark_));
     up_->post(protocol::make_replica_upload(d, p.params, p.buffers));
   }
   collecting_ = false;

@@ -67,8 +67,8 @@ bool certificate_refused(const std::string& why) {
 
 }  // namespace
 
-link_schedule::link_schedule(const executors& ex, const std::string& text_or_path, std::string node_name)
-    : ex_(ex), schedule_(transport::parse_schedule(text_or_path)), name_(std::move(node_name)) {}
+link_schedule::link_schedule(const executors& ex, transport::emulation_schedule schedule, std::string node_name)
+    : ex_(ex), schedule_(std::move(schedule)), name_(std::move(node_name)) {}
 
 std::vector<transport::emulation_event> link_schedule::advance(std::uint64_t round,
                                                                const std::vector<session_ptr>& open) {

@@ -22,7 +22,7 @@ void round_tally::add(const protocol::round_stats& s, core::tier sender) {
   n_correct += s.n_correct;
 }
 
-protocol::round_stats round_tally::relayed(double own_compute_s, std::uint64_t bytes) const {
+protocol::round_stats round_tally::as_stats(double own_compute_s, std::uint64_t bytes) const {
   protocol::round_stats s;
   s.compute_us = static_cast<std::uint64_t>(own_compute_s * 1e6);
   s.device_compute_us = static_cast<std::uint64_t>(device_compute_s * 1e6 + 0.5);

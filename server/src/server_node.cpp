@@ -18,12 +18,6 @@ std::string_view mode_name(training_mode m) {
   return m == training_mode::splitfed ? "splitfed" : "sequential";
 }
 
-training_mode parse_mode(const std::string& s) {
-  if (s == "splitfed") return training_mode::splitfed;
-  if (s == "sequential") return training_mode::sequential;
-  throw core::error("unknown mode '" + s + "' (known: splitfed, sequential)");
-}
-
 server_node::impl::impl(server_config c)
     : c_(std::move(c)),
       ex_("server"),

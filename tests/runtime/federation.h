@@ -214,7 +214,7 @@ inline device::agent_config agent_cfg(const workspace& w, std::uint32_t id, std:
   a.upstream_name = upstream;
   a.backend = backend;
   a.data = w.data.string();
-  a.partition = "all";
+  a.partition = cleave::core::parse_partition("all");
   return a;
 }
 

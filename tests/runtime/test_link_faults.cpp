@@ -494,7 +494,7 @@ TEST_CASE(
       // A slow edge: device 1's turn ends (the server hears it left) while the edge still computes
       // a step of it, and device 2's turn starts before the edge has sent up what it had of the
       // first.
-      if (turns) ec.schedule = "at 1 slowdown edge-1 40";
+      if (turns) ec.schedule = cleave::transport::parse_schedule("at 1 slowdown edge-1 40");
     });
     fault_proxy proxy(edge.port);
     auto behind = [&](std::uint32_t id, std::uint16_t port) {

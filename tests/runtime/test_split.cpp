@@ -431,7 +431,7 @@ TEST_CASE(
     sc.rounds = 3;
     sc.local_steps = 12;
     sc.edge_cuts = "3,8";
-    sc.schedule = schedule;
+    sc.schedule = cleave::transport::parse_schedule(schedule);
     std::vector<server::round_report> reports;
     sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
     run_federation(
@@ -439,9 +439,9 @@ TEST_CASE(
         [&](device::agent_config& a) {
           a.profile_every = 4;
           a.slowdown = 40;  // a board: its blocks go up
-          a.schedule = schedule;
+          a.schedule = cleave::transport::parse_schedule(schedule);
         },
-        [&](edge::edge_config& ec) { ec.schedule = schedule; });
+        [&](edge::edge_config& ec) { ec.schedule = cleave::transport::parse_schedule(schedule); });
     REQUIRE(reports.size() == 3);
     REQUIRE(reports.back().routes.size() == 1);
     const std::string route = reports.back().routes[0].second;
@@ -460,10 +460,11 @@ TEST_CASE(
     sc.local_steps = 12;
     sc.edge_cuts = "3,8";
     const std::string schedule = edge ? "at 2 slowdown edge-1 20" : "at 2 slowdown server 20";
-    sc.schedule = schedule;
+    sc.schedule = cleave::transport::parse_schedule(schedule);
     std::vector<server::round_report> reports;
     sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
-    run_federation(w, be, sc, 1, edge, {}, [&](edge::edge_config& ec) { ec.schedule = schedule; });
+    run_federation(w, be, sc, 1, edge, {},
+                   [&](edge::edge_config& ec) { ec.schedule = cleave::transport::parse_schedule(schedule); });
     REQUIRE(reports.size() == 2);
     const auto compute = [edge](const server::round_report& r) { return edge ? r.edge_compute_s : r.server_compute_s; };
     INFO("compute " << compute(reports[0]) << " s, then " << compute(reports[1]) << " s");
@@ -527,7 +528,7 @@ TEST_CASE("a device moving between plans does not hold back the re-split of anot
   // From round 2 device 2 is far slower than the server: its blocks belong there. Device 1's
   // link is paced, so its measured figure holds still (a moved one would be reported at once).
   const std::string schedule = "at 1 link device-1 * 100Mbit/s; at 2 slowdown device-2 40";
-  sc.schedule = schedule;
+  sc.schedule = cleave::transport::parse_schedule(schedule);
   // Device 1 is re-split at every step: it always has a re-split announced or not yet measured.
   std::mutex mu;
   int n_forced = 0;
@@ -541,7 +542,7 @@ TEST_CASE("a device moving between plans does not hold back the re-split of anot
   sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
   run_federation(w, be, sc, 2, false, [&](device::agent_config& a) {
     a.profile_every = a.id == 1 ? 1000 : 4;
-    a.schedule = schedule;
+    a.schedule = cleave::transport::parse_schedule(schedule);
   });
   REQUIRE(reports.size() == 3);
   REQUIRE(reports.back().routes.size() == 2);
@@ -562,7 +563,7 @@ TEST_CASE("a device whose link slows mid-round reports it at once, and the split
   // From round 2 the link carries 1 MB/s: every cut's activations then cost the slowed board more
   // than running the blocks itself.
   const std::string schedule = "at 2 link * * 8Mbit/s";
-  sc.schedule = schedule;
+  sc.schedule = cleave::transport::parse_schedule(schedule);
   std::vector<server::round_report> reports;
   sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
   // A board 40x slower: on loopback a split is then clearly faster than the board alone. At 10x
@@ -570,7 +571,7 @@ TEST_CASE("a device whose link slows mid-round reports it at once, and the split
   // announced, not yet taken, when the round's routes were reported.
   run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
     a.slowdown = 40;
-    a.schedule = schedule;
+    a.schedule = cleave::transport::parse_schedule(schedule);
     a.profile_every = 1000;  // no periodic profile within a round: only the link's change sends one
   });
   REQUIRE(reports.size() == 2);
@@ -690,7 +691,7 @@ TEST_CASE("devices and a server fed by an app's data sources and a built model t
   auto shards = [](device::agent_config& a) {
     a.n_shards = 2;
     a.shard = static_cast<int>(a.id) - 1;
-    a.partition = "dirichlet:0.5";
+    a.partition = cleave::core::parse_partition("dirichlet:0.5");
   };
   const auto from_files = run_federation(w, be, sc, 2, true, shards);
   auto data = core::load_dataset(w.data.string());
@@ -1031,7 +1032,7 @@ TEST_CASE("label groups with equalised cut gradients: one norm per micro-batch u
   // honest server must not look like one steering its features.
   run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
     a.equalise_cut_gradients = true;
-    a.gradient_check = "refuse";
+    a.gradient_check = cleave::device::gradient_check_mode::refuse;
     a.gradient_check_window = 8;
     a.on_send = [&](std::span<const std::byte> f) {
       const auto g = sent_gradient(std::vector<std::byte>(f.begin(), f.end()));
@@ -1144,14 +1145,14 @@ TEST_CASE("the gradient check stays quiet under an honest server and refuses one
   sc.local_steps = 20;
   // Honest: two rounds with --gradient-check refuse finish.
   run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
-    a.gradient_check = "refuse";
+    a.gradient_check = cleave::device::gradient_check_mode::refuse;
     a.gradient_check_window = 8;
   });
   // A server steering the device's features towards targets of its own (FSHA-style): it sends
   // back the gradient of |z - t|^2 / 2 for fixed random targets t, whatever the labels.
   sc.rounds = 1;
   const std::string error = run_one_device(w, be, sc, [](device::agent_config& ac) {
-    ac.gradient_check = "refuse";
+    ac.gradient_check = cleave::device::gradient_check_mode::refuse;
     ac.gradient_check_window = 8;
     ac.on_gradient = [](std::vector<float>& g, const std::vector<float>& sent, std::int64_t n) {
       REQUIRE(sent.size() == g.size());

@@ -264,6 +264,7 @@ emulation_schedule parse_schedule(const std::string& text_or_path) {
   }
   std::stable_sort(s.events.begin(), s.events.end(),
                    [](const emulation_event& x, const emulation_event& y) { return x.round < y.round; });
+  if (!s.events.empty()) s.text = text;
   return s;
 }
 

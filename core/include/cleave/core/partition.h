@@ -19,9 +19,22 @@ std::vector<shard> partition_dirichlet(const std::vector<std::int32_t>& labels, 
 std::vector<shard> partition_classes(const std::vector<std::int32_t>& labels, int n_classes, int n_clients, int k,
                                      std::uint64_t seed);
 
-// Shard `index` of `n_shards` of a data set with these labels, split as `partition` says: "iid",
-// "dirichlet:ALPHA", "classes:K" or "all" (every sample), drawn with `seed`. Throws core::error
-// naming a bad partition or shard.
+// How a data set is split across its clients: IID, Dirichlet(alpha), k classes each, or every
+// sample to every client.
+struct partition_spec {
+  enum class kind : std::uint8_t { iid, dirichlet, classes, all } how = kind::iid;
+  double alpha = 0.5;  // dirichlet
+  int k = 2;           // classes
+};
+// "iid", "dirichlet:ALPHA", "classes:K" or "all"; throws core::error naming a bad one.
+partition_spec parse_partition(const std::string& text);
+// The text parse_partition reads back.
+std::string partition_name(const partition_spec& p);
+
+// Shard `index` of `n_shards` of a data set with these labels, split as `partition` says, drawn
+// with `seed`. Throws core::error naming a bad partition or shard.
+shard pick_shard(const partition_spec& partition, const std::vector<std::int32_t>& labels, int n_classes, int n_shards,
+                 int index, std::uint64_t seed);
 shard pick_shard(const std::string& partition, const std::vector<std::int32_t>& labels, int n_classes, int n_shards,
                  int index, std::uint64_t seed);
 

@@ -6,7 +6,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <span>
@@ -15,32 +14,33 @@
 
 #include "cleave/core/dataset.h"
 #include "cleave/privacy/cut_filters.h"
+#include "cleave/core/partition.h"
+#include "cleave/runtime/node_config.h"
 #include "cleave/runtime/segment_runner.h"
-#include "cleave/runtime/sessions.h"
 
 namespace cleave::device {
 
-struct agent_config {
-  std::filesystem::path certs;  // directory written by `cleave certs`
-  std::string name;             // this node's certificate name, e.g. "device-1"
-  std::uint32_t id = 1;         // device id, unique in the federation (> 0)
+// The check of the gradients that come back through the bottom cut (agent_config).
+enum class gradient_check_mode : std::uint8_t { off, warn, refuse };
+
+struct agent_config : runtime::node_config {  // name: e.g. "device-1"
+  std::uint32_t id = 1;                       // device id, unique in the federation (> 0)
   std::string upstream_host = "127.0.0.1";
   std::uint16_t upstream_port = 7000;
   std::string upstream_name;  // required certificate name of the upstream node ("" = any the CA signed)
   // The role the upstream's certificate must hold. Unset: a server when no name is pinned, a
   // server or an edge when upstream_name pins one. Never a device.
   std::optional<core::tier> upstream_role;
-  std::string backend = "auto";
   // The training data: a data set by name or directory (core::load_dataset), unless `source` is
   // set, an app's own samples (a sensor, a camera); the shard below is picked from its labels
   // the same way either way.
   std::string data = "fashion-mnist";
   std::shared_ptr<const core::data_source> source;
   // Which part of the training set this device holds: shard `shard` of `n_shards` under
-  // `partition` ("iid", "dirichlet:ALPHA", "classes:K" or "all"), drawn with `partition_seed`.
+  // `partition`, drawn with `partition_seed`.
   int n_shards = 1;
   int shard = 0;
-  std::string partition = "iid";
+  core::partition_spec partition;
   std::uint64_t partition_seed = 1;
   // Seed of this device's data order (default: derived from the partition seed and the id).
   std::uint64_t order_seed = 0;
@@ -72,20 +72,14 @@ struct agent_config {
   double activation_noise = 0;
   double dp_delta = 1e-5;
   double nopeek = 0;
-  // The check of the gradients that come back through the bottom cut: "off", "warn" (a warning
+  // The check of the gradients that come back through the bottom cut: off, warn (a warning
   // when their label alignment over the last `gradient_check_window` micro-batches falls below
   // `gradient_check_threshold`: the server may be steering the device's features rather than
-  // training on its labels), or "refuse" (the device stops training with that server).
-  std::string gradient_check = "warn";
+  // training on its labels), or refuse (the device stops training with that server).
+  gradient_check_mode gradient_check = gradient_check_mode::warn;
   int gradient_check_window = 64;
   double gradient_check_threshold = 0.1;
-  runtime::link_settings links;  // idle timeout of the link, reconnection backoff cap
-  // Emulated heterogeneity by round (see transport/emulation.h): this device's slowdown and its
-  // link to the upstream node. Text or a file.
-  std::string schedule;
-  std::string metrics;              // "PORT" or "HOST:PORT" serving /metrics (Prometheus); "" = none
-  std::uint64_t memory_budget = 0;  // bytes its blocks may use (0: from the machine)
-  int profile_every = 20;           // steps between the profiles sent upstream
+  int profile_every = 20;  // steps between the profiles sent upstream
   // Devices of one process standing for one kind of board (virtual devices) share their block
   // profiles and the cores (see runtime::shared_board). Unset: a board of its own.
   std::shared_ptr<runtime::shared_board> shared_board;

@@ -4,18 +4,16 @@
 #pragma once
 
 #include <cstdint>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "cleave/runtime/sessions.h"
+#include "cleave/runtime/node_config.h"
 
 namespace cleave::edge {
 
-struct edge_config {
-  std::filesystem::path certs;
-  std::string name = "edge-1";
+struct edge_config : runtime::node_config {
+  edge_config() { name = "edge-1"; }
   std::uint32_t id = 1000;  // node id (distinct from device ids)
   std::string listen_host = "127.0.0.1";
   std::uint16_t port = 7100;
@@ -23,12 +21,7 @@ struct edge_config {
   std::string upstream_host = "127.0.0.1";
   std::uint16_t upstream_port = 7000;
   std::string upstream_name = "server";
-  std::string backend = "auto";
-  runtime::link_settings links;     // idle timeout of its channels, reconnection backoff cap
-  std::string schedule;             // emulated heterogeneity of its links (transport/emulation.h)
-  std::string metrics;              // "PORT" or "HOST:PORT" serving /metrics (Prometheus); "" = none
-  std::uint64_t memory_budget = 0;  // bytes its blocks may use (0: from the machine)
-  int profile_every = 20;           // device steps between the profiles it sends upstream
+  int profile_every = 20;  // device steps between the profiles it sends upstream
   // Relays only masked device replicas (secure aggregation): a server whose plan does not
   // aggregate securely is refused, and so is a device uploading weights in the clear.
   bool secure_aggregation = false;

@@ -58,8 +58,7 @@ inline bool bandwidth_moved(float reported, float now) {
 // connect. Round 1's events are in force from the start, before round 1 opens.
 class link_schedule {
  public:
-  // Throws core::error naming a bad event (configuration errors first).
-  link_schedule(const executors& ex, const std::string& text_or_path, std::string node_name);
+  link_schedule(const executors& ex, transport::emulation_schedule schedule, std::string node_name);
   // The events of the rounds after the last one seen up to `round`, for this node: link caps are
   // set on the open sessions they name and kept for later ones; the other events (slowdowns) are
   // returned, in order.

@@ -28,8 +28,9 @@ struct round_tally {
   void add(const protocol::round_stats& s, core::tier sender);
   double mean_loss() const { return n_loss ? loss_sum / static_cast<double>(n_loss) : 0.0; }
   double accuracy() const { return n_loss ? static_cast<double>(n_correct) / static_cast<double>(n_loss) : 0.0; }
-  // As an edge passes it up: its devices' compute and loss, its own compute and bytes.
-  protocol::round_stats relayed(double own_compute_s, std::uint64_t bytes) const;
+  // As an upload carries it up: with the sender's own compute and, from an edge, the bytes moved
+  // on its device channels.
+  protocol::round_stats as_stats(double own_compute_s, std::uint64_t bytes) const;
 };
 
 // A part of an upload that passed the checks: blocks [first, end) of `devices`, weighted by the

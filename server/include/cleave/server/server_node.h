@@ -17,7 +17,7 @@
 #include "cleave/core/data_source.h"
 #include "cleave/core/model.h"
 #include "cleave/core/optimizer.h"
-#include "cleave/runtime/sessions.h"
+#include "cleave/runtime/node_config.h"
 #include "cleave/split/aggregator.h"
 #include "cleave/split/plan.h"
 
@@ -50,13 +50,11 @@ struct round_report {
   std::vector<std::pair<std::uint32_t, std::string>> routes;  // device -> its route at the round's end
 };
 
-struct server_config {
-  std::filesystem::path certs;
-  std::string name = "server";
+struct server_config : runtime::node_config {
+  server_config() { name = "server"; }
   std::string listen_host = "127.0.0.1";
   std::uint16_t port = 7000;         // 0: any free port (see server_node::port())
   std::vector<std::string> allowed;  // certificate names allowed to connect ("" = any the CA signed)
-  std::string backend = "auto";
   std::string model = "lenet5";
   // A model built in code (core::model_builder) instead of `model` (a zoo name or a spec file).
   std::optional<core::model_spec> model_spec;
@@ -78,7 +76,6 @@ struct server_config {
   double round_deadline_s = 120;
   double join_timeout_s = 120;        // waiting for min_devices: then log and keep waiting...
   bool exit_on_join_timeout = false;  // ...or end run() with an error
-  runtime::link_settings links;       // idle timeout of every channel
   std::uint64_t seed = 1;
   // How each block's replicas become the global block every round (split/aggregator.h): the
   // weighted mean, or a rule robust to a few hostile replicas. Every rule but the mean has the
@@ -124,12 +121,9 @@ struct server_config {
   double stop_at_accuracy = 0;
   // Adaptive splitting (splitfed mode): profiles -> cost model -> plan -> live re-split.
   bool adaptive = true;
-  double min_gain = 0.10;           // relative step-time gain below which the plan is kept
-  double repay_rounds = 2;          // a re-split must repay its migration within this many rounds
-  std::uint64_t memory_budget = 0;  // bytes the server's blocks may use (0: from the machine)
-  std::string schedule;             // emulated heterogeneity (see transport/emulation.h): text or file
-  std::string metrics;              // "PORT" or "HOST:PORT" serving /metrics (Prometheus); "" = none
-  std::filesystem::path run_log;    // one JSON object per round appended here; "" = none
+  double min_gain = 0.10;         // relative step-time gain below which the plan is kept
+  double repay_rounds = 2;        // a re-split must repay its migration within this many rounds
+  std::filesystem::path run_log;  // one JSON object per round appended here; "" = none
   // "PORT" or "HOST:PORT" serving the live dashboard (a page, and its state as JSON at
   // /api/state); "" = none. Beyond loopback only with a token, which every request must then
   // carry (?token=TOKEN or Authorization: Bearer TOKEN); on loopback a token given is required too.
@@ -170,6 +164,5 @@ class server_node {
 };
 
 std::string_view mode_name(training_mode m);
-training_mode parse_mode(const std::string& s);
 
 }  // namespace cleave::server

@@ -30,6 +30,7 @@ struct emulation_event {
 
 struct emulation_schedule {
   std::vector<emulation_event> events;  // sorted by round (stable: same-round events keep their order)
+  std::string text;                     // what it was parsed from (a file's contents): parse_schedule reads it back
 
   // Events of `round` that concern node `name`: links with `name` at one end, turned so that `a`
   // is that end and `b` the peer pattern (the caps then describe name's sending direction to b),
