@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "cleave/core/dataset.h"
-#include "cleave/privacy/cut_filters.h"
 #include "cleave/core/partition.h"
+#include "cleave/privacy/cut_filters.h"
 #include "cleave/runtime/node_config.h"
 #include "cleave/runtime/segment_runner.h"
 
