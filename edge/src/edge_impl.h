@@ -70,7 +70,6 @@ class edge_node::impl {
     int first = 0, end = 0;
     std::uint64_t n_samples = 0;
     std::vector<float> params = {}, buffers = {};
-    bool final_part = false;
   };
   using replica_sets = std::vector<std::vector<runtime::segment_runner::replica>>;
   std::vector<upload_part> device_parts(const std::vector<std::uint32_t>& done, replica_sets& mine);

@@ -57,42 +57,39 @@ asio::awaitable<void> edge_node::impl::flush(std::vector<std::uint32_t> done, st
   auto [mine, compute] = co_await ex_.compute(std::move(take));
   if (turn != turn_ || !collecting_) co_return;  // a newer round or turn started meanwhile
   const std::uint64_t bytes = below_->bytes_moved();
-  auto parts = per_device_ ? device_parts(done, mine) : pre_average(done, mine);
-  // An empty final part carries the statistics when nothing was averaged.
-  if (parts.empty()) parts.push_back({done});
-  parts.back().final_part = true;
+  const auto parts = per_device_ ? device_parts(done, mine) : pre_average(done, mine);
+  // The blocks first; then the statistics, which close the upload and name the devices it completes.
   protocol::replica_desc d;
   d.round = round_;
   d.attempt = attempt_;
   d.node_id = c_.id;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    const upload_part& p = parts[i];
+  d.final_part = false;
+  for (const upload_part& p : parts) {
     d.devices = p.devices;
     d.first_block = static_cast<std::uint32_t>(p.first);
     d.end_block = static_cast<std::uint32_t>(p.end);
     d.n_samples = p.n_samples;
-    d.final_part = p.final_part;
-    // The statistics go with the last part only.
-    if (i + 1 == parts.size()) d.stats = uploads_.tally().as_stats(compute, bytes - std::min(bytes, bytes_mark_));
     up_->post(protocol::make_replica_upload(d, p.params, p.buffers));
   }
+  d.devices = done;
+  d.first_block = d.end_block = 0;
+  d.n_samples = 0;
+  d.final_part = true;
+  d.stats = uploads_.tally().as_stats(compute, bytes - std::min(bytes, bytes_mark_));
+  up_->post(protocol::make_replica_upload(d, std::span<const float>{}, std::span<const float>{}));
   collecting_ = false;
 }
 
 std::vector<edge_node::impl::upload_part> edge_node::impl::device_parts(const std::vector<std::uint32_t>& done,
                                                                         replica_sets& mine) {
-  // Each device's own replicas, its upload and this edge's, each part naming that device only;
-  // a device's last part is final, so the server counts it in as it comes.
+  // Each device's own replicas, its upload and this edge's, each part naming that device only.
   std::vector<upload_part> parts;
   for (std::size_t i = 0; i < done.size(); ++i) {
     auto& d = devices_.at(done[i]);
-    const std::size_t from = parts.size();
     for (auto& h : d.parts)
       parts.push_back({{done[i]}, h.first, h.end, d.n_samples, std::move(h.params), std::move(h.buffers)});
     for (auto& rep : mine[i])
       parts.push_back({{done[i]}, rep.first, rep.end, d.n_samples, std::move(rep.params), std::move(rep.buffers)});
-    if (parts.size() == from) parts.push_back({{done[i]}});
-    parts.back().final_part = true;
   }
   return parts;
 }

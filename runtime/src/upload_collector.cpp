@@ -59,7 +59,7 @@ void upload_collector::add(const void* sender, core::tier from, const std::vecto
   try {
     if (rules_.secure) check_secure(from, devices, routes, r);
     if (!rules_.secure || from != core::tier::device) {
-      if (from == core::tier::edge && devices.size() > 1 && rules_.per_device)
+      if (from == core::tier::edge && devices.size() > 1 && rules_.per_device && r.first_block() < r.end_block())
         throw core::error("a pre-average of " + std::to_string(devices.size()) +
                           " devices, but the aggregation rule needs each device's own replicas");
       split::replica_rights rights;
