@@ -33,7 +33,7 @@ class edge_node::impl {
     runtime::session_ptr s;        // its current session (null: not connected here)
     std::vector<std::byte> hello;  // passed on to the server again after a reconnect
     runtime::route_state rs;
-    bool planned = false, expected = false, done = false;
+    bool planned = false, expected = false;
     std::uint64_t n_samples = 0;              // its upload's, this round
     std::vector<runtime::upload_part> parts;  // its upload, this round
     float reported_bps = 0;                   // its link's bandwidth in the last profile sent

@@ -167,7 +167,7 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
     arrived_.clear();
     bytes_mark_ = below_->bytes_moved();
     for (auto& [id, d] : devices_) {
-      d.expected = d.done = false;
+      d.expected = false;
       d.parts.clear();
     }
     if (r.devices())
@@ -218,7 +218,7 @@ void edge_node::impl::on_hello(const runtime::session_ptr& s, const transport::m
   }
   d.s = s;
   const bool was_expected = d.expected;
-  d.planned = d.expected = d.done = false;
+  d.planned = d.expected = false;
   d.parts.clear();
   uploads_.forget(s->id);
   d.hello.assign(hello.frame().begin(), hello.frame().end());

@@ -18,13 +18,12 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
   } catch (const core::error& e) {
     // Counted out of the round here: nothing of it goes up.
     d.parts.clear();
-    d.done = false;
+    uploads_.forget(id);
     throw core::error("device " + std::to_string(id) + ": replica of round " + std::to_string(round_) +
                       " refused: " + e.what());
   }
   if (!r.final_part()) return;
   d.parts = uploads_.complete(d.s.get(), core::tier::device, protocol::stats_of(r), devs);
-  d.done = true;
   d.n_samples = r.n_samples();
   arrived_.push_back(id);
   maybe_flush(false);
@@ -35,7 +34,7 @@ void edge_node::impl::maybe_flush(bool deadline) {
   std::vector<std::uint32_t> done;
   for (auto& [id, d] : devices_) {
     if (!d.expected) continue;
-    if (d.done)
+    if (uploads_.is_done(id))
       done.push_back(id);
     else if (d.s && !deadline)
       return;  // still training

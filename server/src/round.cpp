@@ -155,8 +155,7 @@ void round::abandon() {
 asio::awaitable<void> round::close(global_model& g) {
   const std::set<std::uint32_t> in = uploads_.done();
   auto routes = routes_;
-  for (auto& [id, r] : routes)
-    if (host_.attached(id, nullptr)) r = host_.route_of(id);  // re-splits during the round
+  for (auto& [id, r] : routes) r = host_.route_of(id);  // re-splits during the round (left since, too)
   const bool last = number_ == static_cast<std::uint64_t>(c_.rounds);
   const bool evaluate = last || number_ % static_cast<std::uint64_t>(c_.eval_every) == 0;
   // Close and average (server replicas of the finished devices + uploads), then evaluate.
