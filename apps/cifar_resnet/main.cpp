@@ -57,7 +57,7 @@ int run(options o) {
   server::server_config& sc = fc.server;
   sc.data = o.data;  // the server evaluates on the test split
   sc.model = o.model;
-  sc.edge_cuts = o.cuts;
+  if (!o.cuts.empty()) sc.edge_cuts = split::parse_cuts(o.cuts);
   sc.rounds = o.rounds;
   sc.local_steps = o.local_steps;
   sc.batch = o.batch;

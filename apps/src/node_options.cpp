@@ -3,6 +3,7 @@
 #include "node_options.h"
 
 #include "cleave/core/error.h"
+#include "cleave/split/plan.h"
 #include "commands.h"
 
 namespace cleave::apps {
@@ -80,6 +81,14 @@ option<C> memory_budget_option(const char* help) {
       "memory-budget", "BYTES", help,
       [](C& c, const std::string& v) { c.memory_budget = parse_bytes(v, "--memory-budget"); },
       [](const C& c) { return c.memory_budget ? strings{std::to_string(c.memory_budget)} : strings{}; });
+}
+
+// Block cuts ("3" or "3,6"), parsed where they are read.
+template <class C>
+option<C> cuts_option(const char* name, const char* help, std::vector<int> C::*field) {
+  return parsed<C>(
+      name, "LIST", help, [field](C& c, const std::string& v) { c.*field = split::parse_cuts(v); },
+      [field](const C& c) { return (c.*field).empty() ? strings{} : strings{split::cuts_text(c.*field)}; });
 }
 
 template <class C>
@@ -160,11 +169,8 @@ option_table<server::server_config> make_server_options() {
   t.push_back(flag<C>(
       "u-shape", "U-shaped plans: the top blocks and the loss stay on the devices",
       [](C & c) -> auto& { return c.u_shape; }));
-  t.push_back(value<C>(
-      "cuts", "LIST", "cuts for devices connected directly, e.g. 6 (U-shape: 6,11)",
-      [](C & c) -> auto& { return c.cuts; }));
-  t.push_back(value<C>(
-      "edge-cuts", "LIST", "cuts for devices behind an edge, e.g. 3,6", [](C & c) -> auto& { return c.edge_cuts; }));
+  t.push_back(cuts_option<C>("cuts", "cuts for devices connected directly, e.g. 6 (U-shape: 6,11)", &C::cuts));
+  t.push_back(cuts_option<C>("edge-cuts", "cuts for devices behind an edge, e.g. 3,6", &C::edge_cuts));
   t.push_back(value<C>(
                   "rounds", "N", "rounds", [](C & c) -> auto& { return c.rounds; })
                   .in(CLI::Range(1, 1000000)));

@@ -213,7 +213,7 @@ outcome run(const fs::path& work, const std::string& data, const std::string& be
   s.local_steps = steps;
   s.min_devices = 1;
   s.adaptive = false;
-  s.cuts = std::to_string(cut);
+  s.cuts = {cut};
   s.opt.lr = 0.05f;
   const auto spec = core::zoo_model("lenet5", d.train.item, d.train.n_classes);
   attacker atk(be, d.test, spec, cut, hijack, scale);

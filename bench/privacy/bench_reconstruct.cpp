@@ -149,7 +149,7 @@ outcome run(const fs::path& work, const setting& st) {
                                          a.nopeek = st.nopeek;
                                          a.gradient_check = cleave::device::gradient_check_mode::off;
                                        });
-  c.server.cuts = std::to_string(st.cut);
+  c.server.cuts = {st.cut};
   const auto& s = c.server;
   const auto result = federation::run_local(c);
   outcome out;

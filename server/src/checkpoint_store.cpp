@@ -20,6 +20,7 @@
 
 #include "cleave/core/optimizer.h"
 #include "cleave/split/aggregator.h"
+#include "cleave/split/plan.h"
 
 namespace cleave::server {
 
@@ -36,8 +37,8 @@ std::string opt_name(std::uint32_t device, int first, int end) {
 std::vector<std::pair<std::string, std::string>> checkpoint_store::fingerprint() const {
   std::vector<std::pair<std::string, std::string>> f{{"mode", std::string(mode_name(c_.mode))},
                                                      {"u_shape", c_.u_shape ? "true" : "false"},
-                                                     {"cuts", c_.cuts},
-                                                     {"edge_cuts", c_.edge_cuts},
+                                                     {"cuts", split::cuts_text(c_.cuts)},
+                                                     {"edge_cuts", split::cuts_text(c_.edge_cuts)},
                                                      {"local_steps", std::to_string(c_.local_steps)},
                                                      {"batch", std::to_string(c_.batch)},
                                                      {"micro_batches", std::to_string(c_.micro_batches)},

@@ -256,13 +256,18 @@ void splitter::start(split::node_profile server) {
 }
 
 split::route splitter::route_for_device(bool behind_edge) const {
-  const std::string& cuts = behind_edge ? c_.edge_cuts : c_.cuts;
-  split::route r = split::configured_route(model_, c_.u_shape, behind_edge, cuts);
+  const std::vector<int>& cuts = behind_edge ? c_.edge_cuts : c_.cuts;
+  const std::string what = std::string(behind_edge ? "--edge-cuts" : "--cuts") + " '" + split::cuts_text(cuts) + "'";
+  split::route r;
+  try {
+    r = split::configured_route(model_, c_.u_shape, behind_edge, cuts);
+  } catch (const core::error& e) {
+    throw core::error(what + " for model '" + model_.name + "': " + e.what());
+  }
   if (r.end(0) >= c_.min_device_blocks) return r;
   if (!cuts.empty())
-    throw core::error(std::string(behind_edge ? "--edge-cuts" : "--cuts") + " '" + cuts + "' keep " +
-                      std::to_string(r.end(0)) + " blocks on the device, fewer than --min-device-blocks " +
-                      std::to_string(c_.min_device_blocks));
+    throw core::error(what + " keep " + std::to_string(r.end(0)) +
+                      " blocks on the device, fewer than --min-device-blocks " + std::to_string(c_.min_device_blocks));
   for (auto& c : r.cuts) c = std::max(c, c_.min_device_blocks);  // the default cuts, deepened
   return split::make_route(c_.u_shape, behind_edge, r.cuts, model_.n_blocks());
 }

@@ -124,6 +124,12 @@ std::vector<int> parse_cuts(const std::string& text) {
   return cuts;
 }
 
+std::string cuts_text(const std::vector<int>& cuts) {
+  std::string s;
+  for (const int c : cuts) s += (s.empty() ? "" : ",") + std::to_string(c);
+  return s;
+}
+
 namespace {
 
 int smallest_output_cut(const core::model_spec& m, int lo, int hi) {
@@ -155,9 +161,8 @@ std::vector<int> default_cuts(const core::model_spec& m, bool u_shape, bool with
   return cuts;
 }
 
-route configured_route(const core::model_spec& m, bool u_shape, bool with_edge, const std::string& cuts) {
-  return make_route(u_shape, with_edge, cuts.empty() ? default_cuts(m, u_shape, with_edge) : parse_cuts(cuts),
-                    m.n_blocks());
+route configured_route(const core::model_spec& m, bool u_shape, bool with_edge, const std::vector<int>& cuts) {
+  return make_route(u_shape, with_edge, cuts.empty() ? default_cuts(m, u_shape, with_edge) : cuts, m.n_blocks());
 }
 
 }  // namespace cleave::split

@@ -86,8 +86,8 @@ TEST_CASE("the dashboard in headless Chromium shows every device, the round and 
   sc.local_steps = 8;
   sc.batch = 16;
   sc.min_devices = 3;
-  sc.cuts = "4";
-  sc.edge_cuts = "3,7";
+  sc.cuts = {4};
+  sc.edge_cuts = {3, 7};
   sc.eval_samples = 64;
   sc.dashboard = "127.0.0.1:" + std::to_string(dash);
   sc.dashboard_token = token;

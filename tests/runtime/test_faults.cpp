@@ -143,7 +143,7 @@ TEST_CASE("after a re-split, step messages of the old plan epoch are refused and
   sc.rounds = 1;
   sc.local_steps = 2;
   sc.round_deadline_s = 5;
-  sc.cuts = "3";
+  sc.cuts = {3};
   const auto moved = split::make_route(false, false, {5}, 12);
   sc.force_route = [&](std::uint32_t, std::uint64_t, const split::route& current) -> std::optional<split::route> {
     return current == moved ? std::nullopt : std::optional<split::route>(moved);
@@ -215,7 +215,7 @@ TEST_CASE("a device holding every block that sends its logits up anyway is refus
   sc.rounds = 1;
   sc.local_steps = 2;
   sc.round_deadline_s = 5;
-  sc.cuts = "12";  // every block on the device: its loss is computed there
+  sc.cuts = {12};  // every block on the device: its loss is computed there
   log_capture log;
   std::promise<std::uint16_t> port;
   sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
@@ -411,7 +411,7 @@ TEST_CASE("what an edge still sends for a device that left through it is dropped
   auto sc = server_cfg(w, be);
   sc.rounds = 1;
   sc.min_devices = 3;  // no round starts: only the joins and the late message matter
-  sc.cuts = "3";
+  sc.cuts = {3};
   std::promise<std::uint16_t> port;
   sc.on_listening = [&](std::uint16_t p) { port.set_value(p); };
   server::server_node srv(sc);

@@ -157,7 +157,7 @@ TEST_CASE(
   workspace w("outside", 3);
   auto sc = server_cfg(w, be);
   sc.local_steps = 10;
-  sc.cuts = "4";
+  sc.cuts = {4};
   log_capture logs;
   // Two rogue devices upload zeros of the right size as soon as their round starts: device 2 the
   // whole model, device 3 its own blocks [0,4) claiming a billion samples.

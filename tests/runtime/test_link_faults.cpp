@@ -176,7 +176,7 @@ TEST_CASE("an edge killed and restarted: no round runs without devices and devic
     sc.rounds = 5;
     sc.local_steps = 20;
     sc.min_devices = 2;
-    sc.edge_cuts = "3,6";
+    sc.edge_cuts = {3, 6};
   });
   const auto sp = s.port;
   fault_proxy up(sp);  // counts the edge's connections to the server
@@ -325,7 +325,7 @@ TEST_CASE(
     sc.rounds = 4;
     sc.local_steps = 40;
     sc.min_devices = 3;
-    sc.edge_cuts = "3,6";
+    sc.edge_cuts = {3, 6};
     sc.round_deadline_s = 60;
   });
   const auto sp = s.port;
@@ -362,7 +362,7 @@ TEST_CASE(
     sc.local_steps = 120;
     sc.opt.lr = 0.01f;  // steady at that length: a round that goes wrong shows
     sc.min_devices = 3;
-    sc.edge_cuts = "3,6";
+    sc.edge_cuts = {3, 6};
     sc.links.idle_timeout = std::chrono::milliseconds(3000);
   });
   const auto sp = s.port;
@@ -429,7 +429,7 @@ TEST_CASE(
     sc.rounds = 4;
     sc.local_steps = ls;
     sc.min_devices = 2;
-    sc.cuts = "3";
+    sc.cuts = {3};
     sc.force_route = [ls, moved](std::uint32_t dev, std::uint64_t step,
                                  const split::route& current) -> std::optional<split::route> {
       if (dev == 1 && step == static_cast<std::uint64_t>(2 * ls + 5) && !(current == moved)) return moved;
@@ -481,7 +481,7 @@ TEST_CASE(
       sc.rounds = turns ? 4 : 6;
       sc.local_steps = turns ? 40 : 100;  // turns at a slow edge: each lasts over a second
       sc.min_devices = 2;
-      sc.edge_cuts = "3,6";
+      sc.edge_cuts = {3, 6};
       // Device 1 has the first turn: the reset lands in it, and device 2's starts at once.
       if (turns) {
         sc.mode = server::training_mode::sequential;
@@ -532,7 +532,7 @@ TEST_CASE(
   served s(w, 0, [](server::server_config& sc) {
     sc.rounds = 3;
     sc.local_steps = 20;
-    sc.edge_cuts = "3,6";
+    sc.edge_cuts = {3, 6};
     sc.round_deadline_s = 3;
   });
   fault_proxy up(s.port);  // between the edge and the server

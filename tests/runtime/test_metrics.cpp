@@ -135,7 +135,7 @@ TEST_CASE(
   sc.local_steps = 30;
   sc.batch = 16;
   sc.min_devices = 2;
-  sc.edge_cuts = "3,7";
+  sc.edge_cuts = {3, 7};
   sc.metrics = std::to_string(server_metrics);
   sc.run_log = w.dir / "run.jsonl";
   std::vector<server::round_report> reports;

@@ -189,8 +189,8 @@ TEST_CASE("a device holding every block computes its loss itself, and the round 
       auto sc = server_cfg(w, be);
       sc.rounds = 2;
       sc.local_steps = 25;
-      sc.cuts = "12";
-      sc.edge_cuts = "12,12";
+      sc.cuts = {12};
+      sc.edge_cuts = {12, 12};
       std::vector<server::round_report> reports;
       sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
       const auto got = run_federation(w, be, sc, 1, edge, {});
@@ -384,7 +384,7 @@ TEST_CASE("the adaptive splitter moves a slowed device's blocks to the server") 
   sc.rounds = 3;
   sc.local_steps = 12;
   sc.min_devices = 2;
-  sc.cuts = "6";
+  sc.cuts = {6};
   sc.run_log = w.dir / "rounds.jsonl";
   std::vector<server::round_report> reports;
   sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
@@ -430,7 +430,7 @@ TEST_CASE(
     sc.adaptive = true;
     sc.rounds = 3;
     sc.local_steps = 12;
-    sc.edge_cuts = "3,8";
+    sc.edge_cuts = {3, 8};
     sc.schedule = cleave::transport::parse_schedule(schedule);
     std::vector<server::round_report> reports;
     sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
@@ -458,7 +458,7 @@ TEST_CASE(
     auto sc = server_cfg(w, be);
     sc.rounds = 2;
     sc.local_steps = 12;
-    sc.edge_cuts = "3,8";
+    sc.edge_cuts = {3, 8};
     const std::string schedule = edge ? "at 2 slowdown edge-1 20" : "at 2 slowdown server 20";
     sc.schedule = cleave::transport::parse_schedule(schedule);
     std::vector<server::round_report> reports;
@@ -480,7 +480,7 @@ TEST_CASE("a round with a re-split is predicted under the plan each of its steps
   sc.min_gain = 1.0;  // the splitter keeps every plan: only the forced re-split moves blocks
   sc.rounds = 3;
   sc.local_steps = 12;
-  sc.cuts = "11";  // every block but the last on the board
+  sc.cuts = {11};  // every block but the last on the board
   std::vector<server::round_report> reports;
   sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
   // Halfway through round 2 the board keeps conv1 only, the server the rest.
@@ -524,7 +524,7 @@ TEST_CASE("a device moving between plans does not hold back the re-split of anot
   sc.min_devices = 2;
   // U-shaped, so that every route sends steps to the server (device 1's are where it is forced).
   sc.u_shape = true;
-  sc.cuts = "11,11";  // every block but the head on the boards, the server relays
+  sc.cuts = {11, 11};  // every block but the head on the boards, the server relays
   // From round 2 device 2 is far slower than the server: its blocks belong there. Device 1's
   // link is paced, so its measured figure holds still (a moved one would be reported at once).
   const std::string schedule = "at 1 link device-1 * 100Mbit/s; at 2 slowdown device-2 40";
@@ -605,11 +605,11 @@ TEST_CASE(
   struct shape {
     const char* name;
     bool edge, u_shape;
-    const char* cuts;
+    std::vector<int> cuts;
     int first, end;  // the server's blocks
   };
-  for (const shape& ps : {shape{"2-tier", false, false, "5", 5, 12}, shape{"3-tier", true, false, "3,8", 8, 12},
-                          shape{"U-shaped 2-tier", false, true, "4,10", 4, 10}}) {
+  for (const shape& ps : {shape{"2-tier", false, false, {5}, 5, 12}, shape{"3-tier", true, false, {3, 8}, 8, 12},
+                          shape{"U-shaped 2-tier", false, true, {4, 10}, 4, 10}}) {
     SUBCASE(ps.name) {
       workspace w(std::string("seq-") + (ps.edge ? "e" : "") + (ps.u_shape ? "u" : ""), 3);
       auto sc = server_cfg(w, be);
@@ -837,7 +837,7 @@ TEST_CASE("a device that drops after masking leaves the secure aggregate of the 
   sc.rounds = 1;
   sc.local_steps = 6;
   sc.min_devices = 4;
-  sc.cuts = "4";
+  sc.cuts = {4};
   sc.secure_aggregation = true;
   std::vector<server::round_report> reports;
   std::promise<std::uint16_t> port;
@@ -947,7 +947,7 @@ TEST_CASE("the adaptive splitter keeps --min-device-blocks on a slowed device") 
     bad.min_device_blocks = 13;
     CHECK_THROWS_WITH_AS(server::server_node(bad).run(), doctest::Contains("--min-device-blocks 13"), core::error);
     bad.min_device_blocks = 5;
-    bad.cuts = "3";
+    bad.cuts = {3};
     CHECK_THROWS_WITH_AS(server::server_node(bad).run(), doctest::Contains("fewer than --min-device-blocks 5"),
                          core::error);
   }

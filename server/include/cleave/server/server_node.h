@@ -63,8 +63,8 @@ struct server_config : runtime::node_config {
   std::shared_ptr<const core::data_source> test_source;
   training_mode mode = training_mode::splitfed;
   bool u_shape = false;
-  std::string cuts;       // "" = default cuts; else e.g. "3" (2-tier), "3,6" (3-tier)
-  std::string edge_cuts;  // cuts for devices behind an edge ("" = default)
+  std::vector<int> cuts;       // none: the default cuts; else e.g. {3} (2-tier), {3, 6} (3-tier)
+  std::vector<int> edge_cuts;  // cuts for devices behind an edge (none: the default ones)
   int rounds = 5;
   int local_steps = 50;
   int batch = 64;

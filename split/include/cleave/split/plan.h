@@ -54,12 +54,14 @@ core::tier tier_of_block(const route& r, int block);
 
 // "3" / "3,7" / "2,6,9" -> cuts; throws naming the text.
 std::vector<int> parse_cuts(const std::string& text);
+// The text parse_cuts reads: "3,7" ("" for no cuts).
+std::string cuts_text(const std::vector<int>& cuts);
 
 // Cuts used when none are configured: each boundary at the smallest activation within its share
 // of the chain (small activations are cheap to send), the U-shape top on the device.
 std::vector<int> default_cuts(const core::model_spec& m, bool u_shape, bool with_edge);
-// A device's route with the configured cuts ("": default_cuts); throws core::error naming them.
-route configured_route(const core::model_spec& m, bool u_shape, bool with_edge, const std::string& cuts);
+// A device's route with the configured cuts (none: default_cuts); throws core::error naming them.
+route configured_route(const core::model_spec& m, bool u_shape, bool with_edge, const std::vector<int>& cuts);
 
 struct plan {
   std::uint32_t epoch = 0;
