@@ -226,4 +226,63 @@ void restore(stage& s, optimizer& opt, const checkpoint& c) {
   opt.set_steps_taken(c.step);
 }
 
+std::vector<std::string> checkpoint_series::files() const {
+  std::vector<std::string> out{path_, path_ + ".next"};
+  for (int k = 1; k <= keep_; ++k) out.push_back(path_ + "." + std::to_string(k));
+  return out;
+}
+
+void checkpoint_series::check_writable(const std::string& what) const {
+  namespace fs = std::filesystem;
+  const fs::path p = path_;
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  const std::string where = what + " '" + path_ + "': ";
+  if (fs::is_directory(p, ec)) throw error(where + "is a directory");
+  if (!fs::exists(dir, ec)) throw error(where + "directory '" + dir.string() + "' does not exist");
+  if (!fs::is_directory(dir, ec)) throw error(where + "'" + dir.string() + "' is not a directory");
+  // Writable as the checkpoint will be written: a temporary file beside it.
+  const std::string probe = path_ + ".probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw error(where + "cannot write in '" + dir.string() + "': " + sys_error());
+  ::close(fd);
+  fs::remove(probe, ec);
+}
+
+std::string checkpoint_series::save(const checkpoint& c) const {
+  namespace fs = std::filesystem;
+  const auto f = files();
+  try {
+    save_checkpoint(f[1], c);
+  } catch (const error& e) {
+    return e.what();
+  }
+  std::error_code ec;
+  for (int k = keep_; k >= 1; --k) {
+    const std::string& from = k == 1 ? f[0] : f[static_cast<std::size_t>(k)];
+    if (fs::exists(from, ec)) fs::rename(from, f[static_cast<std::size_t>(k + 1)], ec);
+    if (ec) return "cannot keep '" + from + "': " + ec.message();
+  }
+  fs::rename(f[1], f[0], ec);
+  return ec ? "cannot rename '" + f[1] + "' into place: " + ec.message() : std::string();
+}
+
+checkpoint_series::found checkpoint_series::newest() const {
+  found r;
+  for (const auto& f : files()) {
+    std::error_code ec;
+    if (!std::filesystem::exists(f, ec)) continue;
+    try {
+      auto c = load_checkpoint(f);
+      if (!r.newest || c.epoch > r.newest->epoch) {
+        r.newest = std::move(c);
+        r.from = f;
+      }
+    } catch (const error& e) {
+      r.unreadable.emplace_back(f, e.what());
+    }
+  }
+  return r;
+}
+
 }  // namespace cleave::core

@@ -14,17 +14,13 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 
 #include "cleave/core/optimizer.h"
 #include "cleave/split/aggregator.h"
 #include "cleave/split/plan.h"
 
 namespace cleave::server {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -55,11 +51,8 @@ std::vector<std::pair<std::string, std::string>> checkpoint_store::fingerprint()
   return f;
 }
 
-std::vector<fs::path> checkpoint_store::files() const {
-  const std::string p = c_.checkpoint.string();
-  std::vector<fs::path> out{p, p + ".next"};
-  for (int k = 1; k <= c_.keep_checkpoints; ++k) out.emplace_back(p + "." + std::to_string(k));
-  return out;
+core::checkpoint_series checkpoint_store::series() const {
+  return {c_.checkpoint.string(), c_.keep_checkpoints};
 }
 
 std::string checkpoint_store::save(core::checkpoint ck, std::uint64_t round, const optimizer_states& opt,
@@ -80,60 +73,21 @@ std::string checkpoint_store::save(core::checkpoint ck, std::uint64_t round, con
     }
   for (const auto& [k, v] : fingerprint()) ck.meta["config:" + k] = v;
   ck.meta.insert(meta.begin(), meta.end());
-  // The new one beside the old ones first; then the old ones move down and it takes its place.
-  // A crash at any point leaves every round written so far readable.
-  const auto files = this->files();
-  try {
-    core::save_checkpoint(files[1].string(), ck);
-  } catch (const core::error& e) {
-    return e.what();
-  }
-  std::error_code ec;
-  for (int k = c_.keep_checkpoints; k >= 1; --k) {
-    const fs::path& from = k == 1 ? files[0] : files[static_cast<std::size_t>(k)];
-    if (fs::exists(from, ec)) fs::rename(from, files[static_cast<std::size_t>(k + 1)], ec);
-    if (ec) return "cannot keep '" + from.string() + "': " + ec.message();
-  }
-  fs::rename(files[1], files[0], ec);
-  return ec ? "cannot rename '" + files[1].string() + "' into place: " + ec.message() : std::string();
+  return series().save(ck);
 }
 
 void checkpoint_store::check_path() const {
-  const fs::path& p = c_.checkpoint;
-  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  std::error_code ec;
-  const std::string where = "--checkpoint '" + p.string() + "': ";
-  if (fs::is_directory(p, ec)) throw core::error(where + "is a directory");
-  if (!fs::exists(dir, ec)) throw core::error(where + "directory '" + dir.string() + "' does not exist");
-  if (!fs::is_directory(dir, ec)) throw core::error(where + "'" + dir.string() + "' is not a directory");
-  // Writable as the checkpoint will be written: a temporary file beside it.
-  const fs::path probe = p.string() + ".probe";
-  if (std::FILE* f = std::fopen(probe.c_str(), "wb")) {
-    std::fclose(f);
-    fs::remove(probe, ec);
-    return;
-  }
-  throw core::error(where + "cannot write in '" + dir.string() + "': " + std::strerror(errno));
+  series().check_writable("--checkpoint");
 }
 
 std::optional<resumed_run> checkpoint_store::load() const {
-  std::optional<core::checkpoint> newest;
-  std::string from, unreadable;
-  if (!c_.checkpoint.empty())
-    for (const auto& f : files()) {
-      std::error_code ec;
-      if (!fs::exists(f, ec)) continue;
-      try {
-        auto ck = core::load_checkpoint(f.string());
-        if (!newest || ck.epoch > newest->epoch) {
-          newest = std::move(ck);
-          from = f.string();
-        }
-      } catch (const core::error& e) {
-        spdlog::warn("server: {} is not a checkpoint to resume from: {}", f.string(), e.what());
-        unreadable += (unreadable.empty() ? "" : "; ") + f.string() + ": " + e.what();
-      }
-    }
+  if (c_.checkpoint.empty()) return std::nullopt;
+  auto [newest, from, bad] = series().newest();
+  std::string unreadable;
+  for (const auto& [f, why] : bad) {
+    spdlog::warn("server: {} is not a checkpoint to resume from: {}", f, why);
+    unreadable += (unreadable.empty() ? "" : "; ") + f + ": " + why;
+  }
   // Checkpoints there, none readable: starting over would rotate them away unasked.
   if (!newest && !unreadable.empty() && !c_.fresh)
     throw core::error("cannot resume: no checkpoint there can be read (" + unreadable +

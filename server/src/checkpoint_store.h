@@ -47,8 +47,7 @@ class checkpoint_store {
  private:
   // The settings a checkpoint must have been written under to be resumed: name -> value.
   std::vector<std::pair<std::string, std::string>> fingerprint() const;
-  // --checkpoint, the one being written, and the kept ones (.1 the newest).
-  std::vector<std::filesystem::path> files() const;
+  core::checkpoint_series series() const;  // --checkpoint and the kept ones
 
   const server_config& c_;
   const core::model_spec& model_;

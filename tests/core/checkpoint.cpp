@@ -101,3 +101,42 @@ TEST_CASE("a failed save leaves the previous checkpoint in place") {
         }).find("cannot create") != std::string::npos);
   CHECK(fs::file_size(f.path) == before);
 }
+
+TEST_CASE("a checkpoint series keeps the previous ones, finds the newest readable one and checks its path") {
+  const fs::path dir = fs::temp_directory_path() / ("cleave-series-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = (dir / "run.ckpt").string();
+  const core::checkpoint_series series(path, 2);
+  CHECK_NOTHROW(series.check_writable("--checkpoint"));
+  CHECK_FALSE(series.newest().newest);
+  core::checkpoint c;
+  c.model_json = "{}";
+  for (std::int64_t epoch = 1; epoch <= 4; ++epoch) {
+    c.epoch = epoch;
+    REQUIRE(series.save(c) == "");
+  }
+  // The newest under the path, the two before it kept, nothing older, nothing half-written.
+  CHECK(core::load_checkpoint(path).epoch == 4);
+  CHECK(core::load_checkpoint(path + ".1").epoch == 3);
+  CHECK(core::load_checkpoint(path + ".2").epoch == 2);
+  CHECK_FALSE(fs::exists(path + ".3"));
+  CHECK_FALSE(fs::exists(path + ".next"));
+  CHECK(series.newest().newest->epoch == 4);
+  // A torn newest file: the one before it is found, and the torn one is named with why.
+  fs::resize_file(path, fs::file_size(path) / 2);
+  const auto found = series.newest();
+  REQUIRE(found.newest);
+  CHECK(found.newest->epoch == 3);
+  CHECK(found.from == path + ".1");
+  REQUIRE(found.unreadable.size() == 1);
+  CHECK(found.unreadable[0].first == path);
+  // Paths that cannot be written are refused naming the option.
+  CHECK(error_of([&] {
+          core::checkpoint_series(dir.string(), 1).check_writable("--out");
+        }).find("--out '" + dir.string() + "': is a directory") == 0);
+  CHECK(error_of([&] {
+          core::checkpoint_series((dir / "no" / "x").string(), 1).check_writable("--out");
+        }).find("does not exist") != std::string::npos);
+  fs::remove_all(dir);
+}

@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cleave/core/optimizer.h"
@@ -37,6 +39,32 @@ struct checkpoint {
 
 void save_checkpoint(const std::string& path, const checkpoint& c);
 checkpoint load_checkpoint(const std::string& path);
+
+// A checkpoint written again and again under one path with the previous ones kept beside it
+// (PATH.1 the newest of them, up to PATH.<keep>). A new one is written beside the others first,
+// then they move down and it takes its place: a crash at any point leaves every one written so
+// far readable.
+class checkpoint_series {
+ public:
+  checkpoint_series(std::string path, int keep) : path_(std::move(path)), keep_(keep) {}
+  // Throws error naming `what` (the option) when the path cannot be written: a directory, a
+  // directory that does not exist, or one this process cannot write in.
+  void check_writable(const std::string& what) const;
+  // Writes c; "" or why it failed (the files already there are kept then).
+  std::string save(const checkpoint& c) const;
+  // The readable one of the highest epoch among the path and the kept ones.
+  struct found {
+    std::optional<checkpoint> newest;
+    std::string from;                                             // its file
+    std::vector<std::pair<std::string, std::string>> unreadable;  // files there not read, and why
+  };
+  found newest() const;
+
+ private:
+  std::vector<std::string> files() const;  // the path, the one being written, the kept ones
+  std::string path_;
+  int keep_;
+};
 
 // Copies a stage's parameters, state and optimizer state to / from a checkpoint.
 checkpoint capture(const stage& s, const optimizer& opt, std::uint64_t seed, std::int64_t epoch);
