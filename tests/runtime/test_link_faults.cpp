@@ -479,8 +479,11 @@ TEST_CASE(
     workspace w(std::string(half ? "dev-edge-half" : "dev-edge-reset") + (turns ? "-seq" : ""), 2);
     served s(w, 2, [turns = turns](server::server_config& sc) {
       sc.rounds = turns ? 4 : 6;
-      sc.local_steps = turns ? 40 : 100;  // turns at a slow edge: each lasts over a second
+      sc.local_steps = turns ? 24 : 100;  // turns at a slow edge: each lasts over a second
       sc.min_devices = 2;
+      // Far above a round's time on a slow or loaded machine (4-10 s without AVX-512), so that a
+      // device counted out only at the deadline shows.
+      sc.round_deadline_s = 120;
       sc.edge_cuts = {3, 6};
       // Device 1 has the first turn: the reset lands in it, and device 2's starts at once.
       if (turns) {
