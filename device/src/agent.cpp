@@ -38,7 +38,7 @@ void count_loss(runtime::round_tally& seen, runtime::round_tally& own, const run
 }  // namespace
 
 agent::impl::impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_string(c_.id)), wake_(ex_.work()) {
-  if (c_.id == 0) throw core::error("device id must be > 0");
+  if (c_.id == 0) throw core::error("device id not set: agent_config::id (--id) must be > 0, unique in the federation");
   if (c_.upstream_role == core::tier::device) throw core::error("a device's upstream is a server or an edge");
   if (!(c_.slowdown >= 1.0)) throw core::error("slowdown must be >= 1");
   if (c_.order_seed == 0) c_.order_seed = default_order_seed(c_.partition_seed, c_.id);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <exception>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -76,6 +77,15 @@ bool wait_until(ready r, double seconds, const node_thread& t) {
 }  // namespace
 
 local_result run_local(local_config c) {
+  // Ids left unset are numbered by position; two devices with one id would evict each other.
+  std::map<std::uint32_t, std::size_t> by_id;
+  for (std::size_t i = 0; i < c.devices.size(); ++i) {
+    auto& id = c.devices[i].id;
+    if (id == 0) id = static_cast<std::uint32_t>(i + 1);
+    if (const auto [at, fresh] = by_id.emplace(id, i); !fresh)
+      throw core::error("local federation: devices " + std::to_string(at->second) + " and " + std::to_string(i) +
+                        " (by position) both have id " + std::to_string(id) + "; ids must be unique");
+  }
   if (c.devices.empty()) throw core::error("a local federation needs at least 1 device");
   local_result out;
   server::server_config& sc = c.server;
@@ -139,7 +149,6 @@ local_result run_local(local_config c) {
   std::vector<std::unique_ptr<node_thread>> agent_threads;
   for (std::size_t i = 0; i < c.devices.size(); ++i) {
     device::agent_config a = c.devices[i];
-    if (a.id == 0) a.id = static_cast<std::uint32_t>(i + 1);
     a.certs = c.certs;
     a.name = "device-" + std::to_string(a.id);
     a.upstream_host = "127.0.0.1";

@@ -24,7 +24,7 @@ namespace cleave::device {
 enum class gradient_check_mode : std::uint8_t { off, warn, refuse };
 
 struct agent_config : runtime::node_config {  // name: e.g. "device-1"
-  std::uint32_t id = 1;                       // device id, unique in the federation (> 0)
+  std::uint32_t id = 0;                       // device id, unique in the federation (> 0; must be set)
   std::string upstream_host = "127.0.0.1";
   std::uint16_t upstream_port = 7000;
   std::string upstream_name;  // required certificate name of the upstream node ("" = any the CA signed)
