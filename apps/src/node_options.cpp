@@ -2,6 +2,8 @@
 // demo's child command lines and the options reference all come from these tables.
 #include "node_options.h"
 
+#include <cctype>
+
 #include "cleave/core/error.h"
 #include "cleave/split/plan.h"
 #include "commands.h"
@@ -396,6 +398,22 @@ option_table<device::agent_config> make_agent_options() {
   t.push_back(value<C>(
       "partition-seed", "N", "seed of the partition (same on every device)",
       [](C & c) -> auto& { return c.partition_seed; }));
+  // 0 (unset) is the default derived from the partition seed and the id: the docs show none.
+  t.push_back(parsed<C>(
+      "order-seed", "N",
+      "seed of this device's data order (default: derived from --partition-seed and --id); local training with "
+      "the same seed draws the same batches",
+      [](C& c, const std::string& v) {
+        std::size_t used = 0;
+        try {
+          c.order_seed = std::stoull(v, &used);
+        } catch (...) {
+          used = 0;
+        }
+        if (used != v.size() || used == 0 || !std::isdigit(static_cast<unsigned char>(v[0])) || c.order_seed == 0)
+          throw core::error("--order-seed '" + v + "': expected a whole number > 0");
+      },
+      [](const C& c) { return c.order_seed ? strings{std::to_string(c.order_seed)} : strings{}; }));
   t.push_back(value<C>(
                   "slowdown", "X", "make compute this many times slower (emulated weak board)",
                   [](C & c) -> auto& { return c.slowdown; })
