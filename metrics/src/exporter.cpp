@@ -1,9 +1,15 @@
 #include "cleave/metrics/exporter.h"
 
+#include <fmt/format.h>
 #include <httplib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -32,6 +38,49 @@ bool is_loopback_host(const std::string& host) {
 }
 
 namespace {
+
+// The process_* families Prometheus client libraries export for every process, in the text
+// format: CPU seconds, resident and virtual memory, start time, open and allowed file
+// descriptors; read from /proc/self ("" where it is not there).
+std::string process_metrics() {
+  std::ifstream stat("/proc/self/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return "";
+  // The fields after the command name in parentheses (which may hold spaces), from field 3 on.
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return "";
+  std::istringstream in(line.substr(close + 2));
+  std::vector<std::string> f;
+  for (std::string w; in >> w;) f.push_back(w);
+  if (f.size() < 22) return "";
+  const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  const auto field = [&](int n) { return std::stod(f[static_cast<std::size_t>(n - 3)]); };  // 1-based, as proc(5)
+  double boot = 0;
+  std::ifstream machine("/proc/stat");
+  for (std::string l; std::getline(machine, l);)
+    if (l.rfind("btime ", 0) == 0) boot = std::stod(l.substr(6));
+  std::error_code ec;
+  std::size_t fds = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec); !ec && it != decltype(it)();
+       it.increment(ec))
+    ++fds;
+  rlimit lim{};
+  const double max_fds = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? static_cast<double>(lim.rlim_cur) : 0;
+  std::string out;
+  const auto put = [&](const char* name, const char* type, const char* help, double v) {
+    out += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n{0} {3}\n", name, help, type, fmt::format("{}", v));
+  };
+  put("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.",
+      (field(14) + field(15)) / tick);
+  put("process_max_fds", "gauge", "Maximum number of open file descriptors.", max_fds);
+  put("process_open_fds", "gauge", "Number of open file descriptors.", static_cast<double>(fds));
+  put("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", field(24) * page);
+  put("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.",
+      boot + field(22) / tick);
+  put("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", field(23));
+  return out;
+}
 
 // Compared in time independent of where they differ.
 bool same_token(const std::string& given, const std::string& token) {
@@ -111,7 +160,9 @@ std::uint16_t http_server::port() const {
 }
 
 exporter::exporter(const registry& r, const std::string& address, const std::string& what)
-    : http_(address, {page{"/metrics", "text/plain; version=0.0.4; charset=utf-8", [&r] { return r.render(); }}},
+    : http_(address,
+            {page{"/metrics", "text/plain; version=0.0.4; charset=utf-8",
+                  [&r] { return r.render() + process_metrics(); }}},
             http_options{what, {}, false}) {}
 
 }  // namespace cleave::metrics

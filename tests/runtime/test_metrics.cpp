@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 #include <httplib.h>
 
+#include <chrono>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -122,6 +124,35 @@ TEST_CASE("--metrics takes PORT (loopback), HOST:PORT or [IPV6]:PORT and names i
   CHECK(res->status == 404);
 }
 
+TEST_CASE("/metrics carries the process_* families every Prometheus client exports, in the text format") {
+  metrics::registry r;
+  r.describe("cleave_things_total", metrics::kind::counter, "Things.");
+  r.add("cleave_things_total", {});
+  metrics::exporter e(r, "0");
+  // Some CPU time first, more than one clock tick: the counter shows it.
+  for (volatile double x = 0; std::clock() < CLOCKS_PER_SEC / 20;) x = x + 1;
+  const auto s = parse_exposition(get_metrics(e.port()));
+  CHECK(s.samples.at("cleave_things_total") == 1);
+  for (const char* name :
+       {"process_cpu_seconds_total", "process_max_fds", "process_open_fds", "process_resident_memory_bytes",
+        "process_start_time_seconds", "process_virtual_memory_bytes"}) {
+    CAPTURE(name);
+    REQUIRE(s.samples.count(name) == 1);
+    CHECK(s.types.at(name) == (std::string(name).ends_with("_total") ? "counter" : "gauge"));
+  }
+  CHECK(s.samples.at("process_cpu_seconds_total") > 0);
+  CHECK(s.samples.at("process_open_fds") >= 3);
+  CHECK(s.samples.at("process_open_fds") <= s.samples.at("process_max_fds"));
+  // Within a factor of two of what /proc/self/status says, and started within the last day.
+  const double rss = static_cast<double>(metrics::resident_bytes());
+  CHECK(s.samples.at("process_resident_memory_bytes") > 0.5 * rss);
+  CHECK(s.samples.at("process_resident_memory_bytes") < 2 * rss);
+  CHECK(s.samples.at("process_virtual_memory_bytes") >= s.samples.at("process_resident_memory_bytes"));
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  CHECK(s.samples.at("process_start_time_seconds") <= now + 2);
+  CHECK(s.samples.at("process_start_time_seconds") > now - 86400);
+}
+
 TEST_CASE(
     "a federation's nodes export metrics that parse, only grow where counted, and match its rounds, and the run "
     "log has one line per round") {
@@ -182,7 +213,8 @@ TEST_CASE(
   for (const auto* scrapes : {&server_scrapes, &agent_scrapes})
     for (std::size_t i = 0; i < scrapes->size(); ++i)
       for (const auto& [family, type] : (*scrapes)[i].types) {
-        CHECK_MESSAGE(family.rfind("cleave_", 0) == 0, family);
+        // cleave's own, and the process_* families of every Prometheus client.
+        CHECK_MESSAGE((family.rfind("cleave_", 0) == 0 || family.rfind("process_", 0) == 0), family);
         CHECK_MESSAGE((type == "counter") == (family.size() > 6 && family.substr(family.size() - 6) == "_total"),
                       family << " is a " << type);
         if (type != "counter" || i == 0) continue;
