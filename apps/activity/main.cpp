@@ -28,16 +28,7 @@ struct options {
   int test_users = 4;
   std::int64_t test_windows = 100;
   double mix_alpha = 0.5;
-  int rounds = 5;
-  int local_steps = 20;
-  int batch = 32;
-  float lr = 0.02f;
-  std::uint64_t seed = 1;
-  std::string backend = "auto";
-  bool no_edge = false;
-  std::string work;
-  double min_accuracy = 0;
-  std::string log_level = "warn";
+  apps::run_options run{.rounds = 5, .local_steps = 20, .lr = 0.02f};
 };
 
 // conv -> pool twice, a third conv, a global average over time, and the classifier.
@@ -50,28 +41,15 @@ core::model_spec har_model(int window_len) {
 }
 
 int run(const options& o) {
-  const apps::work_dir wd(o.work, "cleave-activity-");
-  const fs::path& work = wd.path();
-  const fs::path certs = work / "certs";
-  federation::provision_local(certs, o.users);
-
-  federation::local_config fc;
-  fc.certs = certs;
-  fc.use_edge = !o.no_edge;
+  const apps::work_dir wd(o.run.work, "cleave-activity-");
+  federation::local_config fc = apps::local_federation(o.run, wd.path(), o.users);
   server::server_config& sc = fc.server;
   sc.model_spec = har_model(o.window_len);
   // The test population: other users, every activity equally often.
   std::vector<activity::user_profile> held_out;
   for (int i = 0; i < o.test_users; ++i)
-    held_out.push_back(activity::make_user(static_cast<std::uint32_t>(10000 + i), o.seed, o.mix_alpha, true));
-  sc.test_source = std::make_shared<activity::accelerometer_source>(held_out, o.test_windows, o.window_len, o.seed);
-  sc.rounds = o.rounds;
-  sc.local_steps = o.local_steps;
-  sc.batch = o.batch;
-  sc.min_devices = o.users;
-  sc.seed = o.seed;
-  sc.backend = o.backend;
-  sc.opt.lr = o.lr;
+    held_out.push_back(activity::make_user(static_cast<std::uint32_t>(10000 + i), o.run.seed, o.mix_alpha, true));
+  sc.test_source = std::make_shared<activity::accelerometer_source>(held_out, o.test_windows, o.window_len, o.run.seed);
   sc.adaptive = false;
   sc.on_round = [](const server::round_report& r) {
     std::printf("round %llu: train loss %.4f acc %.4f, test loss %.4f acc %.4f\n",
@@ -80,11 +58,11 @@ int run(const options& o) {
   };
   for (int u = 1; u <= o.users; ++u) {
     // Device u is user u: its own gait, orientation and activity mix; it keeps all its windows.
-    const auto user = activity::make_user(static_cast<std::uint32_t>(u), o.seed, o.mix_alpha);
+    const auto user = activity::make_user(static_cast<std::uint32_t>(u), o.run.seed, o.mix_alpha);
     device::agent_config a;
     a.id = static_cast<std::uint32_t>(u);
-    a.backend = o.backend;
-    a.source = std::make_shared<activity::accelerometer_source>(std::vector{user}, o.windows, o.window_len, o.seed);
+    a.backend = o.run.backend;
+    a.source = std::make_shared<activity::accelerometer_source>(std::vector{user}, o.windows, o.window_len, o.run.seed);
     a.partition = cleave::core::parse_partition("all");
     std::string mix;
     for (int k = 0; k < activity::n_activities; ++k)
@@ -93,13 +71,9 @@ int run(const options& o) {
     std::printf("user %d: gait x%.2f, amplitude x%.2f; %s\n", u, user.freq_scale, user.amp_scale, mix.c_str());
     fc.devices.push_back(std::move(a));
   }
-  const auto result = federation::run_local(std::move(fc));
-  const server::round_report* lr = apps::last_round(result);
-  if (!lr) return 1;
-  const server::round_report& last = *lr;
-  std::printf("final test accuracy %.4f over %lld windows of %d held-out users (chance %.4f)\n", last.test_accuracy,
-              static_cast<long long>(last.test_samples), o.test_users, 1.0 / activity::n_activities);
-  return apps::check_accuracy(last.test_accuracy, o.min_accuracy);
+  const std::string over = "windows of " + std::to_string(o.test_users) + " held-out users (chance " +
+                           fmt::format("{:.4f}", 1.0 / activity::n_activities) + ")";
+  return apps::run_and_report(std::move(fc), o.run.min_accuracy, over);
 }
 
 }  // namespace
@@ -114,16 +88,7 @@ int main(int argc, char** argv) {
   app.add_option("--test-windows", o.test_windows, "windows per held-out user")->capture_default_str();
   app.add_option("--mix-alpha", o.mix_alpha, "Dirichlet concentration of each user's activity mix")
       ->capture_default_str();
-  app.add_option("--rounds", o.rounds)->capture_default_str();
-  app.add_option("--local-steps", o.local_steps, "steps per device per round")->capture_default_str();
-  app.add_option("--batch", o.batch)->capture_default_str();
-  app.add_option("--lr", o.lr)->capture_default_str();
-  app.add_option("--seed", o.seed)->capture_default_str();
-  app.add_option("--backend", o.backend)->capture_default_str();
-  app.add_flag("--no-edge", o.no_edge, "devices connect straight to the server");
-  app.add_option("--work", o.work, "directory for the certificates (default: a temporary one, removed)");
-  app.add_option("--min-accuracy", o.min_accuracy, "exit 1 when the final test accuracy is below this");
-  app.add_option("--log-level", o.log_level)->capture_default_str();
+  apps::add_run_options(app, o.run);
   CLI11_PARSE(app, argc, argv);
-  return apps::run_guarded(o.log_level, [&] { return run(o); });
+  return apps::run_guarded(o.run.log_level, [&] { return run(o); });
 }

@@ -26,17 +26,8 @@ struct options {
   std::string cuts;  // "" = the planner's default cuts for a device behind an edge
   int devices = 3;
   std::string partition = "iid";
-  int rounds = 3;
-  int local_steps = 50;
-  int batch = 32;
-  float lr = 0.05f;
   std::int64_t eval_samples = 0;
-  std::uint64_t seed = 1;
-  std::string backend = "auto";
-  bool no_edge = false;
-  std::string work;
-  double min_accuracy = 0;
-  std::string log_level = "warn";
+  apps::run_options run;
 };
 
 // The deepest ResNet the zoo has of the two this app knows.
@@ -48,25 +39,13 @@ std::string default_model() {
 
 int run(options o) {
   if (o.model.empty()) o.model = default_model();
-  const apps::work_dir wd(o.work, "cleave-cifar-");
-  const fs::path& work = wd.path();
-  federation::provision_local(work / "certs", o.devices);
-  federation::local_config fc;
-  fc.certs = work / "certs";
-  fc.use_edge = !o.no_edge;
+  const apps::work_dir wd(o.run.work, "cleave-cifar-");
+  federation::local_config fc = apps::local_federation(o.run, wd.path(), o.devices);
   server::server_config& sc = fc.server;
   sc.data = o.data;  // the server evaluates on the test split
   sc.model = o.model;
   if (!o.cuts.empty()) sc.edge_cuts = split::parse_cuts(o.cuts);
-  sc.rounds = o.rounds;
-  sc.local_steps = o.local_steps;
-  sc.batch = o.batch;
-  sc.min_devices = o.devices;
   sc.eval_samples = o.eval_samples;
-  sc.seed = o.seed;
-  sc.backend = o.backend;
-  sc.opt.lr = o.lr;
-  sc.on_round = apps::print_round;
   // The training split loaded once and shared: each agent picks its shard from its labels.
   core::load_options lo;
   lo.test = false;
@@ -81,18 +60,12 @@ int run(options o) {
     a.n_shards = o.devices;
     a.shard = d;
     a.partition = cleave::core::parse_partition(o.partition);
-    a.partition_seed = o.seed;
-    a.backend = o.backend;
+    a.partition_seed = o.run.seed;
+    a.backend = o.run.backend;
     a.augment = core::parse_augment(o.augment);
     fc.devices.push_back(std::move(a));
   }
-  const auto result = federation::run_local(std::move(fc));
-  const server::round_report* lr = apps::last_round(result);
-  if (!lr) return 1;
-  const server::round_report& last = *lr;
-  std::printf("final test accuracy %.4f over %lld test images\n", last.test_accuracy,
-              static_cast<long long>(last.test_samples));
-  return apps::check_accuracy(last.test_accuracy, o.min_accuracy);
+  return apps::run_and_report(std::move(fc), o.run.min_accuracy, "test images");
 }
 
 }  // namespace
@@ -108,17 +81,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--devices", o.devices)->capture_default_str();
   app.add_option("--partition", o.partition, "iid, dirichlet:ALPHA or classes:K")->capture_default_str();
-  app.add_option("--rounds", o.rounds)->capture_default_str();
-  app.add_option("--local-steps", o.local_steps, "steps per device per round")->capture_default_str();
-  app.add_option("--batch", o.batch)->capture_default_str();
-  app.add_option("--lr", o.lr)->capture_default_str();
   app.add_option("--eval-samples", o.eval_samples, "test images per evaluation (0: all)")->capture_default_str();
-  app.add_option("--seed", o.seed)->capture_default_str();
-  app.add_option("--backend", o.backend)->capture_default_str();
-  app.add_flag("--no-edge", o.no_edge, "devices connect straight to the server");
-  app.add_option("--work", o.work, "directory for the certificates (default: a temporary one, removed)");
-  app.add_option("--min-accuracy", o.min_accuracy, "exit 1 when the final test accuracy is below this");
-  app.add_option("--log-level", o.log_level)->capture_default_str();
+  apps::add_run_options(app, o.run);
   CLI11_PARSE(app, argc, argv);
-  return apps::run_guarded(o.log_level, [&] { return run(o); });
+  return apps::run_guarded(o.run.log_level, [&] { return run(o); });
 }
