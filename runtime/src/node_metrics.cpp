@@ -1,5 +1,7 @@
 #include "cleave/runtime/node_metrics.h"
 
+#include <string_view>
+
 namespace cleave::runtime {
 
 void declare_node_metrics(metrics::registry& r) {
@@ -65,6 +67,21 @@ void declare_node_metrics(metrics::registry& r) {
       // namespace cleave::runtime
   };
   for (const auto& f : catalogue) r.describe(f.name, f.k, f.help);
+  // Counters are there at 0 from the start, so that a rate over them sees their first increments:
+  // those without labels, and the labelled ones over the values they take (a link's by peer come
+  // with its peer).
+  const std::string_view by_tier = "cleave_compute_seconds_total", by_reason = "cleave_refusals_total";
+  for (const auto& f : catalogue) {
+    const std::string_view name = f.name;
+    if (f.k != kind::counter || name.starts_with("cleave_link_")) continue;
+    if (name == by_tier)
+      for (const char* tier : {"device", "edge", "server"}) r.add(f.name, {{"tier", tier}}, 0);
+    else if (name == by_reason)
+      for (const char* why : {"revoked", "hello", "admission", "message", "upload", "upstream", "secagg"})
+        r.add(f.name, {{"reason", why}}, 0);
+    else
+      r.add(f.name, {}, 0);
+  }
 }
 
 void count_migration(metrics::registry& r,

@@ -15,6 +15,7 @@
 #include "../support/error_of.h"
 #include "cleave/metrics/exporter.h"
 #include "cleave/metrics/registry.h"
+#include "cleave/runtime/node_metrics.h"
 #include "cleave/transport/listener.h"
 #include "federation.h"
 
@@ -122,6 +123,24 @@ TEST_CASE("--metrics takes PORT (loopback), HOST:PORT or [IPV6]:PORT and names i
   auto res = c.Get("/");
   REQUIRE(res);
   CHECK(res->status == 404);
+}
+
+TEST_CASE("a node's counters are there at 0 from the start, the labelled ones over the values they take") {
+  metrics::registry r;
+  runtime::declare_node_metrics(r);
+  const auto s = parse_exposition(r.render());
+  for (const char* name : {"cleave_rounds_completed_total", "cleave_steps_total", "cleave_resplits_total",
+                           "cleave_checkpoint_failures_total", "cleave_frames_dropped_total"}) {
+    CAPTURE(name);
+    REQUIRE(s.samples.count(name) == 1);
+    CHECK(s.samples.at(name) == 0);
+  }
+  for (const char* why : {"revoked", "hello", "admission", "message", "upload", "upstream", "secagg"})
+    CHECK(s.samples.at(std::string("cleave_refusals_total{reason=\"") + why + "\"}") == 0);
+  CHECK(s.samples.at("cleave_compute_seconds_total{tier=\"server\"}") == 0);
+  // Gauges are facts: none before they are measured.
+  CHECK(s.samples.count("cleave_round") == 0);
+  CHECK(s.types.count("cleave_round") == 0);
 }
 
 TEST_CASE("/metrics carries the process_* families every Prometheus client exports, in the text format") {
