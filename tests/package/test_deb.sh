@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The Debian package on this machine, end to end: built with CPack from BUILD_DIR, installed with
-# dpkg -i, its units checked by systemd-analyze verify, the installed binary run as user cleave
-# with the installed example configurations for one round (a server and a device on loopback),
-# then removed (only the configuration left, as Debian policy has it) and purged (nothing left).
+# The Debian package on this machine, end to end: built with CPack from BUILD_DIR, checked by
+# lintian (no error or warning), installed with dpkg -i, its units checked by systemd-analyze
+# verify, the installed binary run as user cleave with the installed example configurations for
+# one round (a server and a device on loopback), then removed (only the configuration left, as
+# Debian policy has it) and purged (nothing left).
 # Usage: test_deb.sh BUILD_DIR. Needs root; exits 77 (skipped) without it or when a cleave
 # package is already installed here (the test would replace it).
 set -euo pipefail
@@ -10,7 +11,7 @@ build=$(cd "$1" && pwd)
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || skip "installing a package needs root"
-for tool in dpkg dpkg-deb cpack systemd-analyze runuser; do
+for tool in dpkg dpkg-deb cpack systemd-analyze runuser lintian; do
   command -v "$tool" >/dev/null || skip "$tool is not installed"
 done
 state=$(dpkg-query -W -f='${db:Status-Status}' cleave 2>/dev/null || true)
@@ -38,6 +39,10 @@ deb=$(ls "$work"/pkg/cleave_*.deb)
 echo "$deb"
 dpkg-deb -I "$deb"
 [ "$(dpkg-deb -f "$deb" Package)" = cleave ] || fail "package name"
+echo "== lintian"
+lintian --tag-display-limit 0 "$deb" >"$work/lintian.log" 2>&1 || true
+cat "$work/lintian.log"
+! grep -E '^[EW]: ' "$work/lintian.log" >/dev/null || fail "lintian reports errors or warnings"
 [ "$(dpkg-deb -f "$deb" Architecture)" = "$(dpkg --print-architecture)" ] || fail "architecture"
 dpkg-deb -f "$deb" Depends | grep -q 'libssl3' || fail "Depends does not name libssl3: $(dpkg-deb -f "$deb" Depends)"
 # A build with the CUDA backend also ships its plugin, loaded only where a CUDA backend is used.
