@@ -1,6 +1,6 @@
-# The options reference in README.md and packaging/cleave.1 checked against `cleave options` (or,
+# The options reference in docs/options.md and packaging/cleave.1 checked against `cleave options` (or,
 # with -DUPDATE=ON, rewritten): cmake -DCLEAVE=path/to/cleave -DSOURCE=repo -P options_docs.cmake
-foreach(doc "README.md|markdown|<!-- options:begin -->|<!-- options:end -->"
+foreach(doc "docs/options.md|markdown|<!-- options:begin -->|<!-- options:end -->"
             "packaging/cleave.1|man|.\\\" options:begin|.\\\" options:end")
   string(REPLACE "|" ";" doc "${doc}")
   list(GET doc 0 file)

@@ -1,5 +1,5 @@
 // `cleave options`: the options reference of the node commands, the demo and train, written from
-// their option tables as Markdown (the README's section) or roff (the manual page's).
+// their option tables as Markdown (docs/options.md) or roff (the manual page's).
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -86,8 +86,8 @@ void register_options_command(CLI::App& app) {
   static std::string format = "markdown";
   auto* c =
       app.add_subcommand("options",
-                         "print the options reference of server, edge, agent, demo and train (the README's and the "
-                         "manual page's)");
+                         "print the options reference of server, edge, agent, demo and train (docs/options.md and "
+                         "the manual page's)");
   c->add_option("--format", format, "markdown or man")
       ->capture_default_str()
       ->check(CLI::IsMember({"markdown", "man"}));

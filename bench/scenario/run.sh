@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The emulated deployment of `cleave demo` (boards training at 4 GFLOP/s on Wi-Fi to
-# their edge, see the README), time to a target test accuracy side by side in one run:
+# their edge, see docs/getting-started.md), time to a target test accuracy side by side in one run:
 #   (a) every block on the devices (federated averaging),
 #   (b) the best fixed split among the candidate plans (each run to the target),
 #   (c) adaptive, f32, one micro-batch,

@@ -61,7 +61,7 @@ TEST_CASE("a configuration file with an unknown key, an unknown section or broke
   }
 }
 
-TEST_CASE("the README's configuration file is accepted") {
+TEST_CASE("the docs' configuration file is accepted") {
   scratch s;
   const auto path = s.file("federation.toml",
                            "# federation.toml\n[server]\ncerts = \"certs\"  # here\nlisten = \"0.0.0.0:7000\"\n"

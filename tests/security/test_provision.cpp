@@ -310,9 +310,9 @@ TEST_CASE("kits unpacked into clean directories are enough to train a round: ser
   CHECK_MESSAGE(WEXITSTATUS(device_status) == 0, read_file(s.dir / "device.log"));
 }
 
-TEST_CASE("the README's project file provisions, and its edge's kit configuration is accepted by cleave edge") {
+TEST_CASE("the docs' project file provisions, and its edge's kit configuration is accepted by cleave edge") {
   scratch s("readme");
-  const std::string readme = read_file(fs::path(CLEAVE_SOURCE_DIR) / "README.md");
+  const std::string readme = read_file(fs::path(CLEAVE_SOURCE_DIR) / "docs" / "deploying.md");
   const auto from = readme.find("```toml\n# project.toml");
   REQUIRE(from != std::string::npos);
   const auto body = from + std::string("```toml\n").size();
