@@ -700,7 +700,8 @@ const option_table<demo_options>& demo_table() {
         [](D & d) -> auto& { return d.secure; }));
     for (const char* name : {"cuts", "edge-cuts"}) t.push_back(passed_on<D>(so, name, srv));
     t.push_back(flag<D>(
-        "no-emulation", "run the nodes as they are (by default the demo emulates slow boards on Wi-Fi, see docs/getting-started.md)",
+        "no-emulation",
+        "run the nodes as they are (by default the demo emulates slow boards on Wi-Fi, see docs/getting-started.md)",
         [](D & d) -> auto& { return d.no_emulation; }));
     for (const char* name : {"micro-batches", "codecs"}) t.push_back(passed_on<D>(so, name, srv));
     t.push_back(parsed<D>(
