@@ -56,10 +56,13 @@ std::string process_metrics() {
   const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
   const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
   const auto field = [&](int n) { return std::stod(f[static_cast<std::size_t>(n - 3)]); };  // 1-based, as proc(5)
-  double boot = 0;
-  std::ifstream machine("/proc/stat");
-  for (std::string l; std::getline(machine, l);)
-    if (l.rfind("btime ", 0) == 0) boot = std::stod(l.substr(6));
+  // The machine's boot time (seconds since the epoch) does not change: read once.
+  static const double boot = [] {
+    std::ifstream machine("/proc/stat");
+    for (std::string l; std::getline(machine, l);)
+      if (l.rfind("btime ", 0) == 0) return std::stod(l.substr(6));
+    return 0.0;
+  }();
   std::error_code ec;
   std::size_t fds = 0;
   for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec); !ec && it != decltype(it)();
@@ -69,7 +72,7 @@ std::string process_metrics() {
   const double max_fds = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? static_cast<double>(lim.rlim_cur) : 0;
   std::string out;
   const auto put = [&](const char* name, const char* type, const char* help, double v) {
-    out += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n{0} {3}\n", name, help, type, fmt::format("{}", v));
+    out += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n{0} {3}\n", name, help, type, v);
   };
   put("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.",
       (field(14) + field(15)) / tick);
