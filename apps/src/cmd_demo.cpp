@@ -57,6 +57,7 @@ struct demo_options {
   double slowdown = 1.0;
   bool emulate_board = false;  // set slowdown from this machine's speed and board_gflops
   double board_gflops = 4.0;
+  bool board_given = false;  // --board-gflops set: emulated as given, not bounded by this machine
   bool deadline_given = false;  // --deadline set: kept whatever the emulated boards need
   server::server_config server;
   device::agent_config agent;
@@ -605,6 +606,12 @@ void compare_kept(const demo_options& o, const demo_plan& p, const time_to_targe
                  kept.seconds / adaptive.seconds, adaptive.seconds, kept.seconds);
 }
 
+// x to two significant digits, for {:g}.
+double two_digits(double x) {
+  const double unit = std::pow(10.0, std::floor(std::log10(x)) - 1);
+  return std::round(x / unit) * unit;
+}
+
 // The emulation's line; with emulate_board first measures this machine and sets o.slowdown.
 void announce_emulation(demo_options& o, const demo_plan& p) {
   const auto links = fmt::format(
@@ -616,7 +623,12 @@ void announce_emulation(demo_options& o, const demo_plan& p) {
     return;
   }
   const std::string b = board_backend(p.device_backends.front());
-  const auto e = emulate_board(o.server.model, p.data, b, 64, o.board_gflops);
+  // The server is this machine, one core of it, and serves every device: the boards train at
+  // most an eighth of its speed for 4 devices (1 / (2 x devices)) unless --board-gflops says
+  // otherwise. Without that bound a slow machine's server is no faster than the boards it serves,
+  // and keeping every block on them is the right plan: the demo would show no split.
+  const double at_most = o.board_given ? 0.0 : 1.0 / (2.0 * o.devices);
+  const auto e = emulate_board(o.server.model, p.data, b, 64, o.board_gflops, at_most);
   o.slowdown = e.slowdown;
   // A round on the boards with every block on them takes local_steps of their steps; split
   // plans on a degraded link take longer. The server's default deadline (120 s) would abandon
@@ -626,8 +638,14 @@ void announce_emulation(demo_options& o, const demo_plan& p) {
   if (raised) o.server.round_deadline_s = std::ceil(10 * board_round_s);
   spdlog::info(
       "demo: emulating {} boards that train {} at {:g} GFLOP/s (here {:.0f} GFLOP/s, a step {:.1f} ms on "
-      "{}: --slowdown {:.1f}) on {}{}",
-      o.slow, o.server.model, o.board_gflops, e.host_gflops, e.step_ms, b, o.slowdown, links,
+      "{}: --slowdown {:.1f}{}) on {}{}",
+      o.slow, o.server.model, e.board_gflops < o.board_gflops ? two_digits(e.board_gflops) : o.board_gflops,
+      e.host_gflops, e.step_ms, b, o.slowdown,
+      e.board_gflops < o.board_gflops
+          ? fmt::format("; not {:g} GFLOP/s, so that this machine's server is twice as fast as its {} boards",
+                        o.board_gflops, o.devices)
+          : std::string(),
+      links,
       raised || o.deadline_given ? fmt::format("; round deadline {:.0f} s", o.server.round_deadline_s) : std::string());
 }
 
@@ -741,6 +759,7 @@ void register_demo_command(CLI::App& app) {
   add_options(*d, demo_table(), dm);
   d->callback([d] {
     dm.deadline_given = d->count("--deadline") > 0;
+    dm.board_given = d->count("--board-gflops") > 0;
     emulate_deployment(dm, *d);
     run_demo(dm);
   });
