@@ -3,6 +3,8 @@
 
 #include <cstdio>
 
+#include "cleave/backend/registry.h"
+#include "cleave/core/build_info.h"
 #include "cleave/core/error.h"
 #include "commands.h"
 #include "config_file.h"
@@ -10,6 +12,16 @@
 int main(int argc, char** argv) {
   CLI::App app{"cleave: split learning across edge devices, edge servers and GPU servers"};
   app.require_subcommand(1);
+  app.set_version_flag(
+      "--version",
+      [] {
+        const auto& b = cleave::core::this_build();
+        std::string backends;
+        for (const auto& name : cleave::backend::compiled_backends()) backends += (backends.empty() ? "" : ", ") + name;
+        return "cleave " + std::string(b.version) + " (commit " + std::string(b.commit) + ", " +
+               std::string(b.build_type) + " build; backends: " + backends + ")";
+      },
+      "print the version, the commit, the build type and the backends compiled in, and exit");
   app.footer(
       "`cleave COMMAND --help` lists a command's options; `man cleave` describes the files, signals and exit "
       "status.\nExit status: 0 done, 1 error (the message says which input or peer), 2 bad configuration file, "

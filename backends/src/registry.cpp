@@ -129,8 +129,8 @@ const std::vector<entry>& table() {
 
 std::string known_names() {
   std::string s;
-  for (const auto& e : table()) s += (s.empty() ? "" : ", ") + std::string(e.name);
-  return s + ", auto";
+  for (const auto& name : compiled_backends()) s += name + ", ";
+  return s + "auto";
 }
 
 }  // namespace
@@ -142,6 +142,12 @@ std::vector<backend_info> list_backends() {
     info.name = e.name;
     out.push_back(std::move(info));
   }
+  return out;
+}
+
+std::vector<std::string> compiled_backends() {
+  std::vector<std::string> out;
+  for (const auto& e : table()) out.emplace_back(e.name);
   return out;
 }
 

@@ -447,7 +447,8 @@ int agent::impl::run() {
               runtime::upstream::handlers{[this](const runtime::session_ptr& s) { on_connected(s); },
                                           [this](transport::message m) { on_message(std::move(m)); }, lost});
   ex_.collect_on_io([this] { up_->publish_links(); });
-  if (!c_.metrics.empty()) ex_.serve_metrics(c_.metrics);
+  if (!c_.metrics.empty())
+    ex_.serve_metrics(c_.metrics, [this] { return up_->current() ? std::string() : "not connected to its upstream"; });
   ex_.on_reload([this] { runtime::reload_credentials(ex_, *tls_, nullptr, &*up_); });
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("device {}: {}", c_.id, why);

@@ -394,7 +394,8 @@ int edge_node::impl::run() {
     up_->publish_links();
     ex_.metrics().set("cleave_devices_connected", {}, static_cast<double>(below_->sessions().size()));
   });
-  if (!c_.metrics.empty()) ex_.serve_metrics(c_.metrics);
+  if (!c_.metrics.empty())
+    ex_.serve_metrics(c_.metrics, [this] { return up_->current() ? std::string() : "not connected to the server"; });
   ex_.on_reload([this] { runtime::reload_credentials(ex_, *tls_, &*below_, &*up_); });
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("edge {}: {}", c_.id, why.empty() ? "done" : why);

@@ -124,7 +124,10 @@ http_server::http_server(const std::string& address, std::vector<page> pages, ht
   for (auto& pg : pages)
     p_->server.Get(pg.path, [pg](const httplib::Request&, httplib::Response& res) {
       res.set_header("Cache-Control", "no-store");
-      res.set_content(pg.body(), pg.content_type.c_str());
+      if (!pg.answer) return res.set_content(pg.body(), pg.content_type.c_str());
+      auto [status, body] = pg.answer();
+      res.status = status;
+      res.set_content(body, pg.content_type.c_str());
     });
   // SO_REUSEADDR only: the library's default adds SO_REUSEPORT, with which a second node on
   // the same port would bind too and share the requests instead of being refused.
@@ -162,10 +165,20 @@ std::uint16_t http_server::port() const {
   return static_cast<std::uint16_t>(p_->port);
 }
 
-exporter::exporter(const registry& r, const std::string& address, const std::string& what)
+exporter::exporter(const registry& r, const std::string& address, const std::string& what,
+                   std::function<std::string()> not_ready)
     : http_(address,
             {page{"/metrics", "text/plain; version=0.0.4; charset=utf-8",
-                  [&r] { return r.render() + process_metrics(); }}},
+                  [&r] { return r.render() + process_metrics(); }},
+             page{"/healthz", "text/plain; charset=utf-8", [] { return std::string("ok\n"); }},
+             page{"/readyz",
+                  "text/plain; charset=utf-8",
+                  {},
+                  [not_ready = std::move(not_ready)] {
+                    const std::string why = not_ready ? not_ready() : std::string();
+                    return why.empty() ? std::pair<int, std::string>{200, "ready\n"}
+                                       : std::pair<int, std::string>{503, why + "\n"};
+                  }}},
             http_options{what, {}, false}) {}
 
 }  // namespace cleave::metrics

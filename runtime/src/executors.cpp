@@ -32,6 +32,7 @@ void prepare_process() {
 executors::executors(std::string who) : who_(std::move(who)), work_guard_(asio::make_work_guard(work_)), signals_(io_) {
   prepare_process();
   declare_node_metrics(metrics_);
+  set_build_info(metrics_);
   metrics_.on_collect([this] {
     metrics_.set("cleave_process_resident_memory_bytes", {}, static_cast<double>(metrics::resident_bytes()));
     metrics_.set("cleave_process_peak_resident_memory_bytes", {}, static_cast<double>(metrics::peak_resident_bytes()));
@@ -96,9 +97,20 @@ void executors::fail(std::exception_ptr e, const std::string& what) {
   begin_stop(what + " failed: " + text);
 }
 
-void executors::serve_metrics(const std::string& address) {
+void executors::serve_metrics(const std::string& address, std::function<std::string()> not_ready) {
+  // Asked on the exporter's thread, answered on the I/O thread (what the node's state is read
+  // on); a node whose I/O thread does not answer within a second is not ready either.
+  auto ask = [this, check = std::make_shared<std::function<std::string()>>(std::move(not_ready))] {
+    auto why = std::make_shared<std::string>();
+    const bool answered = run_on_io(
+        [this, check, why] { *why = stopping_ ? "draining: " + stop_reason_
+                                    : *check  ? (*check)()
+                                              : std::string(); },
+        std::chrono::seconds(1));
+    return answered ? *why : std::string("its I/O thread did not answer within a second");
+  };
   try {
-    exporter_ = std::make_unique<metrics::exporter>(metrics_, address);
+    exporter_ = std::make_unique<metrics::exporter>(metrics_, address, "--metrics", std::move(ask));
   } catch (const std::exception& e) {
     throw core::error(e.what());
   }

@@ -2,7 +2,22 @@
 
 #include <string_view>
 
+#include "cleave/backend/registry.h"
+#include "cleave/core/build_info.h"
+
 namespace cleave::runtime {
+
+void set_build_info(metrics::registry& r) {
+  const auto& b = core::this_build();
+  std::string backends;
+  for (const auto& name : backend::compiled_backends()) backends += (backends.empty() ? "" : ",") + name;
+  r.set("cleave_build_info",
+        {{"version", std::string(b.version)},
+         {"commit", std::string(b.commit)},
+         {"build_type", std::string(b.build_type)},
+         {"backends", backends}},
+        1);
+}
 
 void declare_node_metrics(metrics::registry& r) {
   using metrics::kind;
@@ -12,6 +27,7 @@ void declare_node_metrics(metrics::registry& r) {
     const char* help;
   };
   static constexpr family catalogue[] = {
+      {"cleave_build_info", kind::gauge, "This build (value 1): version, commit, build type, backends compiled in."},
       // Rounds and training.
       {"cleave_rounds_completed_total", kind::counter, "Rounds this node finished (the server: closed and averaged)."},
       {"cleave_round", kind::gauge, "The last round this node took part in."},

@@ -1,6 +1,6 @@
 // A node's HTTP endpoints, each on its own thread (cpp-httplib), so that a request never waits on
-// a node's I/O or compute: the Prometheus exporter (GET /metrics) and the pages a node serves
-// beside it (the server's dashboard). Everything not served is 404.
+// a node's I/O or compute: the Prometheus exporter (GET /metrics, /healthz, /readyz) and the
+// pages a node serves beside it (the server's dashboard). Everything not served is 404.
 #pragma once
 
 #include <cstdint>
@@ -20,11 +20,13 @@ std::pair<std::string, std::uint16_t> parse_listen_address(const std::string& te
 // 127.0.0.0/8, ::1 and "localhost".
 bool is_loopback_host(const std::string& host);
 
-// One GET path and what it answers with (made when asked, on the server's thread).
+// One GET path and what it answers with (made when asked, on the server's thread): `body` with
+// status 200, or where `answer` is set, its status and body.
 struct page {
   std::string path;
   std::string content_type;
   std::function<std::string()> body;
+  std::function<std::pair<int, std::string>()> answer = {};
 };
 
 struct http_options {
@@ -53,10 +55,13 @@ class http_server {
   std::unique_ptr<impl> p_;
 };
 
-// GET /metrics: the registry in the Prometheus text format.
+// GET /metrics: the registry in the Prometheus text format; GET /healthz: 200 while the process
+// serves; GET /readyz: 200 "ready", or 503 and the reason `not_ready` gives (empty: ready; not
+// set: always ready), for a load balancer or a unit's watchdog.
 class exporter {
  public:
-  exporter(const registry& r, const std::string& address, const std::string& what = "--metrics");
+  exporter(const registry& r, const std::string& address, const std::string& what = "--metrics",
+           std::function<std::string()> not_ready = {});
   std::string host() const { return http_.host(); }
   std::uint16_t port() const { return http_.port(); }
 

@@ -65,9 +65,10 @@ class executors {
 
   // The node's metrics (node_metrics.h declares them), and their HTTP endpoint: serve_metrics()
   // binds ADDR (see metrics::parse_listen_address; core::error when it cannot) and serves
-  // /metrics until run() returns.
+  // /metrics, /healthz and /readyz until run() returns. Ready: not stopping, and `not_ready`
+  // (run on the I/O thread) says nothing.
   metrics::registry& metrics() { return metrics_; }
-  void serve_metrics(const std::string& address);
+  void serve_metrics(const std::string& address, std::function<std::string()> not_ready = {});
   // Before every scrape: f on the I/O thread (what only that thread may read: sessions, links),
   // waited for up to a second (a scrape of a busy or stopped node shows what it had).
   void collect_on_io(std::function<void()> f);

@@ -15,6 +15,8 @@
 namespace cleave::runtime {
 
 void declare_node_metrics(metrics::registry& r);
+// cleave_build_info = 1, its labels this build (what `cleave --version` prints).
+void set_build_info(metrics::registry& r);
 
 // The block ranges a re-split moves off this node (segment_runner::rehost), counted and their
 // bytes added before they are sent.
