@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <asio/io_context.hpp>
+#include <asio/signal_set.hpp>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -58,9 +60,21 @@ split::aggregate_rule parse_aggregate_option(const std::string& s) {
 
 namespace {
 
+// A stop signal that arrives while a node is already ending (its signal set gone, the process not
+// yet exited) must not kill it with status 143, as it would once Asio gives SIGINT and SIGTERM
+// back to their default action. Called once the node's own set holds them, this keeps Asio's
+// handler for the rest of the process's life: a second set, on an io_context that never runs,
+// takes what arrives after the node's set is gone.
+void keep_stop_signals_handled() {
+  static auto* const io = new asio::io_context;
+  static auto* const held = new asio::signal_set(*io, SIGINT, SIGTERM);
+  static_cast<void>(held);
+}
+
 void run_server(server::server_config c) {
   server::server_node node(c);
   node.stop_on_signals();
+  keep_stop_signals_handled();
   node.run();
   if (!node.checkpoint_failure().empty())
     throw core::error("training finished, but a checkpoint write failed (" + node.checkpoint_failure() + "); '" +
@@ -70,6 +84,7 @@ void run_server(server::server_config c) {
 void run_edge(edge::edge_config c) {
   edge::edge_node node(std::move(c));
   node.stop_on_signals();
+  keep_stop_signals_handled();
   node.run();
 }
 
@@ -77,6 +92,7 @@ void run_agent(device::agent_config c) {
   if (c.name.empty()) c.name = "device-" + std::to_string(c.id);
   device::agent node(std::move(c));
   node.stop_on_signals();
+  keep_stop_signals_handled();
   node.run();
 }
 

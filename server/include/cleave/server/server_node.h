@@ -144,8 +144,8 @@ class server_node {
   server_node(const server_node&) = delete;
   server_node& operator=(const server_node&) = delete;
 
-  // Runs all rounds; returns the last round's report. Throws core::error on fatal problems
-  // (certificates, data, no devices joined in time).
+  // Runs all rounds; returns the last round's report (round 0 when stopped before any). Throws
+  // core::error on fatal problems (certificates, data, no devices joined in time).
   round_report run();
   void stop();  // thread-safe
   // SIGINT and SIGTERM end run() cleanly; SIGHUP reloads the certificate, key, CA and revocation
