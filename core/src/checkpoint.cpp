@@ -134,7 +134,15 @@ checkpoint load_checkpoint(const std::string& path) {
   checkpoint c;
   json h;
   try {
-    h = json::parse(bytes.begin() + sizeof k_magic + 8, bytes.begin() + static_cast<std::ptrdiff_t>(payload_at));
+    // Nesting is bounded while parsing (the model spec's limit, and the header's own levels
+    // around it): a deeper header would overflow the stack of the recursive dump below.
+    constexpr int max_depth = spec_limits::max_depth + 2;
+    h = json::parse(bytes.begin() + sizeof k_magic + 8, bytes.begin() + static_cast<std::ptrdiff_t>(payload_at),
+                    [](int depth, json::parse_event_t, json&) {
+                      if (depth > max_depth)
+                        throw error("header nested deeper than " + std::to_string(max_depth) + " levels");
+                      return true;
+                    });
     c.model_json = h.at("model").dump();
     c.seed = h.at("seed").get<std::uint64_t>();
     c.epoch = h.at("epoch").get<std::int64_t>();

@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <unistd.h>
+#include <zlib.h>
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -79,6 +81,22 @@ TEST_CASE("a truncated or corrupted checkpoint says why it cannot be loaded") {
   CHECK(error_of([] {
           core::load_checkpoint("/nonexistent.ckpt");
         }).find("checkpoint '/nonexistent.ckpt': cannot open") == 0);
+}
+
+TEST_CASE("a checkpoint whose header nests a million levels is refused naming it, not a stack overflow") {
+  fixture f;
+  const std::string header = "{\"model\":" + std::string(1000000, '[') + std::string(1000000, ']') + "}";
+  std::string file("CLVCKPT1", 8);
+  const std::uint64_t n = header.size();
+  file.append(reinterpret_cast<const char*>(&n), 8);
+  file += header;
+  const auto crc = static_cast<std::uint32_t>(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(file.data()),
+                                                    static_cast<uInt>(file.size())));
+  file.append(reinterpret_cast<const char*>(&crc), 4);
+  { std::ofstream(f.path, std::ios::binary) << file; }
+  const std::string e = error_of([&] { core::load_checkpoint(f.path.string()); });
+  CHECK(e.find("checkpoint '" + f.path.string() + "'") == 0);
+  CHECK(e.find("header nested deeper than 66 levels") != std::string::npos);
 }
 
 TEST_CASE("restoring into another model is refused") {
