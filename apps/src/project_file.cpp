@@ -3,6 +3,7 @@
 #include "project_file.h"
 
 #include <arpa/inet.h>
+#include <algorithm>
 
 #include <fstream>
 #include <regex>
@@ -187,6 +188,11 @@ project read_project(const fs::path& file, const option_check& has_option) {
         if (key == "name") {
           want(v, value::kind::string, "a string", line, key);
           if (v.text.empty() || v.text.size() > 60) r.fail(line, "'name' must have 1 to 60 characters");
+          // It is written into every kit's configuration (a comment line) and README: a line break
+          // or another control character would start lines of its own there.
+          if (std::any_of(v.text.begin(), v.text.end(),
+                          [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+            r.fail(line, "'name' must not hold line breaks or other control characters");
           p.name = v.text;
         } else if (key == "certs" || key == "kits") {
           want(v, value::kind::string, "a path", line, key);

@@ -241,6 +241,8 @@ TEST_CASE(
       {server + "rounds = 5\nrounds = 6\n", "line 6: 'rounds' is set twice (first on line 5)"},
       {server + "rounds = five\n", "line 5: 'five' is not a string, a number, true or false"},
       {"[project]\nnmae = \"x\"\n" + server, "line 2: unknown key 'nmae' in [project]"},
+      {"[project]\nname = \"x\\n[server]\\nrounds = 1\"\n" + server,
+       "line 2: 'name' must not hold line breaks or other control characters"},
       {"[node]\nname = \"server\"\n", "line 1: [node]: write each node as [[node]]"},
       {"[agent]\ndata = \"fashion-mnist\"\n", "no [[node]] in the project"},
   };
