@@ -162,6 +162,34 @@ TEST_CASE("a certificate binds a node id: issued into it, or the N of a name end
   CHECK(error_of([&] { issue_certificate(d.path, "bad-id", o); }) == "node id 0 out of range (1 to 999999)");
 }
 
+TEST_CASE("an id already bound to another node of the role is refused until that certificate is revoked") {
+  temp_dir d;
+  init_ca(d.path);
+  issue_certificate(d.path, "device-3", issue_options{});
+  issue_options o;
+  o.node_id = 3;
+  CHECK(error_of([&] { issue_certificate(d.path, "sensor", o); }) ==
+        "device id 3 is already bound to 'device-3' (" + (d.path / "device-3.crt").string() +
+            "): revoke that certificate first (cleave certs revoke) or choose another id");
+  CHECK_FALSE(fs::exists(d.path / "sensor.crt"));
+  // Into another directory too, and by a name ending in -3.
+  temp_dir kits;
+  CHECK(error_of([&] {
+          issue_certificate(d.path, "rack-1.device-3", issue_options{}, kits.path);
+        }).find("device id 3 is already bound to 'device-3'") == 0);
+  // Another role's id 3 is its own; the same name again (a renewal) is not another holder.
+  issue_options edge;
+  edge.role = core::tier::edge;
+  CHECK_NOTHROW(issue_certificate(d.path, "edge-3", edge));
+  o.overwrite = true;
+  CHECK_NOTHROW(issue_certificate(d.path, "device-3", o));
+  // Once revoked, the id is free again.
+  revoke_certificate(d.path, d.path / "device-3.crt", revocation_reason::key_compromise);
+  o.overwrite = false;
+  CHECK_NOTHROW(issue_certificate(d.path, "sensor", o));
+  CHECK(read_certificate_info(d.path / "sensor.crt").node_id == 3u);
+}
+
 TEST_CASE("a certificate can be issued into another directory with an explicit validity window") {
   temp_dir d;
   init_ca(d.path / "ca");

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <set>
 
 #include "cleave/core/error.h"
 #include "openssl_util.h"
@@ -185,6 +186,34 @@ pem_paths init_ca(const fs::path& dir, const ca_options& opts) {
   return out;
 }
 
+namespace {
+
+// Another node's certificate of `role` in `dirs` that binds `id` and is not on the CA's
+// revocation list ("" when there is none): two certificates for one id would let either holder
+// act as the other.
+std::string holder_of_id(const std::vector<fs::path>& dirs, const fs::path& ca_dir, core::tier role, std::uint32_t id,
+                         std::string_view name) {
+  std::set<std::string> revoked;
+  for (const auto& r : read_revocations(ca_dir)) revoked.insert(r.serial);
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    for (const auto& f : fs::directory_iterator(dir, ec)) {
+      if (f.path().extension() != ".crt" || f.path().filename() == ca_cert_file) continue;
+      certificate_info info;
+      try {
+        info = read_certificate_info(f.path());
+      } catch (const core::error&) {
+        continue;  // not a certificate this check can read: not a holder either
+      }
+      if (info.name != name && info.role == role && info.node_id == id && !info.is_ca && !revoked.count(info.serial))
+        return info.name + "' (" + f.path().string() + ")";
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 pem_paths issue_certificate(const fs::path& ca_dir, std::string_view name, const issue_options& opts,
                             const fs::path& out_dir) {
   if (!valid_node_name(name))
@@ -201,6 +230,14 @@ pem_paths issue_certificate(const fs::path& ca_dir, std::string_view name, const
   const pem_paths out{dir / (base + ".crt"), dir / (base + ".key")};
   refuse_existing(out.cert, opts.overwrite, "certificate");
   refuse_existing(out.key, opts.overwrite, "key");
+  if (const auto id = opts.node_id ? opts.node_id : node_id_of(name, "")) {
+    std::vector<fs::path> dirs{ca_dir};
+    if (dir != ca_dir) dirs.push_back(dir);
+    if (const auto holder = holder_of_id(dirs, ca_dir, opts.role, *id, name); !holder.empty())
+      throw core::error(std::string(core::tier_name(opts.role)) + " id " + std::to_string(*id) +
+                        " is already bound to '" + holder +
+                        ": revoke that certificate first (cleave certs revoke) or choose another id");
+  }
 
   auto key = new_ec_key();
   x509_ptr cert(X509_new());
