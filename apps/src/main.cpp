@@ -16,10 +16,8 @@ int main(int argc, char** argv) {
       "--version",
       [] {
         const auto& b = cleave::core::this_build();
-        std::string backends;
-        for (const auto& name : cleave::backend::compiled_backends()) backends += (backends.empty() ? "" : ", ") + name;
         return "cleave " + std::string(b.version) + " (commit " + std::string(b.commit) + ", " +
-               std::string(b.build_type) + " build; backends: " + backends + ")";
+               std::string(b.build_type) + " build; backends: " + cleave::backend::compiled_backends(", ") + ")";
       },
       "print the version, the commit, the build type and the backends compiled in, and exit");
   app.footer(

@@ -128,9 +128,7 @@ const std::vector<entry>& table() {
 }
 
 std::string known_names() {
-  std::string s;
-  for (const auto& name : compiled_backends()) s += name + ", ";
-  return s + "auto";
+  return compiled_backends(", ") + ", auto";
 }
 
 }  // namespace
@@ -145,9 +143,9 @@ std::vector<backend_info> list_backends() {
   return out;
 }
 
-std::vector<std::string> compiled_backends() {
-  std::vector<std::string> out;
-  for (const auto& e : table()) out.emplace_back(e.name);
+std::string compiled_backends(std::string_view separator) {
+  std::string out;
+  for (const auto& e : table()) out += (out.empty() ? "" : std::string(separator)) + std::string(e.name);
   return out;
 }
 

@@ -9,13 +9,11 @@ namespace cleave::runtime {
 
 void set_build_info(metrics::registry& r) {
   const auto& b = core::this_build();
-  std::string backends;
-  for (const auto& name : backend::compiled_backends()) backends += (backends.empty() ? "" : ",") + name;
   r.set("cleave_build_info",
         {{"version", std::string(b.version)},
          {"commit", std::string(b.commit)},
          {"build_type", std::string(b.build_type)},
-         {"backends", backends}},
+         {"backends", backend::compiled_backends(",")}},
         1);
 }
 

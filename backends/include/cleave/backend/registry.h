@@ -20,8 +20,8 @@ struct backend_info {
 
 // Every backend compiled into this build, in order of preference for "auto".
 std::vector<backend_info> list_backends();
-// Their names only, without probing the machine.
-std::vector<std::string> compiled_backends();
+// Their names only, without probing the machine, joined by `separator`.
+std::string compiled_backends(std::string_view separator);
 
 // Constructs a backend. `spec` is a name with an optional ":device" suffix, or "auto" (a real
 // GPU backend if any is available, else onednn, else reference). Throws core::error naming the
