@@ -77,7 +77,7 @@ void agent::impl::on_connected(const runtime::session_ptr& s) {
   h.name = c_.name;
   h.n_samples = static_cast<std::uint64_t>(shard_->size());
   post(protocol::make_hello(h));
-  schedule_->apply(*s);
+  schedule_->apply(s->ch, s->identity);
   std::lock_guard lock(profile_mu_);
   if (!latest_profile_.empty()) post(transport::message_builder::from_frame(latest_profile_));
 }
@@ -87,7 +87,7 @@ void agent::impl::on_message(transport::message m) {
     case wire::Body::RoundStart: {
       const auto& r = *m.as<wire::RoundStart>();
       if (r.device_id() != 0 && r.device_id() != c_.id) return;
-      schedule_->advance(r.round(), {up_->current()}, ex_, runner_);
+      runtime::advance_schedule(*schedule_, r.round(), {up_->current()}, ex_, runner_);
       break;
     }
     case wire::Body::Migrate: {
@@ -400,7 +400,7 @@ void agent::impl::send_profile(std::uint64_t step) {
 }
 
 int agent::impl::run() {
-  schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
+  schedule_.emplace(c_.schedule, c_.name, ex_.who());  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   if (const auto bound = tls_->node_id(); !bound || *bound != c_.id)
     throw core::error("device id " + std::to_string(c_.id) + " does not match certificate '" + c_.name + "' (" +

@@ -65,7 +65,7 @@ class agent::impl {
   runtime::signal wake_;  // compute thread: a micro-batch came back, blocks arrived, the round ended
   std::optional<transport::tls_context> tls_;
   std::optional<runtime::upstream> up_;
-  std::optional<runtime::link_schedule> schedule_;  // I/O thread
+  std::optional<transport::link_schedule> schedule_;  // I/O thread
   std::unique_ptr<core::backend> be_;
   std::optional<runtime::segment_runner> runner_;
   // This device's training samples, in shard order; read-only once loaded. Its sample shape and

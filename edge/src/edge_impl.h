@@ -79,7 +79,7 @@ class edge_node::impl {
   runtime::executors ex_;
   std::optional<transport::tls_context> tls_;
   std::optional<runtime::upstream> up_;
-  std::optional<runtime::link_schedule> schedule_;
+  std::optional<transport::link_schedule> schedule_;
   std::optional<runtime::acceptor> below_;
   std::unique_ptr<core::backend> be_;
   std::optional<runtime::segment_runner> runner_;  // compute thread

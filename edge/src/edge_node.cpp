@@ -153,7 +153,7 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
     attempt_ = r.attempt();
     auto open = below_->open();
     open.push_back(up_->current());
-    schedule_->advance(round_, open, ex_, runner_);
+    runtime::advance_schedule(*schedule_, round_, open, ex_, runner_);
   }
   local_steps_ = r.local_steps();
   if (new_round || !collecting_ || flushing_) {
@@ -223,7 +223,7 @@ void edge_node::impl::on_hello(const runtime::session_ptr& s, const transport::m
   uploads_.forget(s->id);
   d.hello.assign(hello.frame().begin(), hello.frame().end());
   spdlog::info("edge {}: device {} ({}) connected", c_.id, s->id, s->identity);
-  schedule_->apply(*s);
+  schedule_->apply(s->ch, s->identity);
   up_->post(protocol::copy_of(hello));
   // Back on a new connection, it is out of the round (the server counts it out too): the round
   // here may be complete without it.
@@ -364,14 +364,14 @@ void edge_node::impl::on_upstream_connected(const runtime::session_ptr& s) {
   h.name = c_.name;
   s->post(protocol::make_hello(h));
   if (latest_profile_) send_profile(*latest_profile_);
-  schedule_->apply(*s);
+  schedule_->apply(s->ch, s->identity);
   // Devices already here are announced again (the server may have restarted).
   for (auto& [id, d] : devices_)
     if (d.s) s->post(transport::message_builder::from_frame(d.hello));
 }
 
 int edge_node::impl::run() {
-  schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
+  schedule_.emplace(c_.schedule, c_.name, ex_.who());  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();

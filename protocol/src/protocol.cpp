@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cleave/protocol/tensor_io.h"
+#include "cleave/split/replan.h"
 
 namespace cleave::protocol {
 
@@ -42,6 +43,30 @@ std::span<const float> f32_tensor(const flatbuffers::Vector<flatbuffers::Offset<
 }
 
 }  // namespace
+
+std::pair<core::tier, std::uint32_t> admitted_hello(const transport::message& m, const std::string& identity,
+                                                    std::optional<core::tier> cert_role,
+                                                    std::optional<std::uint32_t> cert_id) {
+  const auto* h = m.as<wire::Hello>();
+  if (!h) throw core::error("the first message was " + std::string(transport::body_name(m.type())) + ", not a Hello");
+  if (h->protocol_version() != protocol_version)
+    throw core::error("protocol version " + std::to_string(h->protocol_version()) + ", expected " +
+                      std::to_string(protocol_version));
+  const auto role = static_cast<core::tier>(h->role());
+  if (cert_role && *cert_role != role)
+    throw core::error("Hello claims role " + std::string(core::tier_name(role)) + " but the certificate says " +
+                      std::string(core::tier_name(*cert_role)));
+  // A device is who its certificate says: nobody claims, locks out or evicts another's id.
+  if (role == core::tier::device) {
+    if (!cert_id)
+      throw core::error("certificate '" + identity +
+                        "' binds no device id (issue it with `cleave certs issue --id N`, or name it DEVICE-N)");
+    if (*cert_id != h->node_id())
+      throw core::error("Hello claims device id " + std::to_string(h->node_id()) + " but certificate '" + identity +
+                        "' is for device " + std::to_string(*cert_id));
+  }
+  return {role, h->node_id()};
+}
 
 message_builder make_hello(const hello_info& info) {
   message_builder b(256 + info.name.size() + info.backends.size() * 64);
@@ -217,8 +242,7 @@ cut_settings cut_settings_for(const wire::Plan& p, std::uint32_t device, const s
 }
 
 void cut_settings::keep_output_exact(const split::route& r) {
-  for (std::size_t k = 0; k < hops.size(); ++k)
-    if (r.end(static_cast<int>(k)) == r.n_blocks) hops[k] = {};
+  hops = split::exact_output(r, std::move(hops));
 }
 
 core::codec_spec cut_settings::spec(int hop, bool up, std::uint32_t seed) const {

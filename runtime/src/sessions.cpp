@@ -34,30 +34,6 @@ transport::listener_options listen_options(std::vector<std::string> allowed, con
   return lo;
 }
 
-// The Hello a session must open with: protocol version and a role its certificate allows.
-void check_hello(session& s, const transport::message& m) {
-  const auto* h = m.as<wire::Hello>();
-  if (!h) throw core::error("the first message was " + std::string(transport::body_name(m.type())) + ", not a Hello");
-  if (h->protocol_version() != protocol::protocol_version)
-    throw core::error("protocol version " + std::to_string(h->protocol_version()) + ", expected " +
-                      std::to_string(protocol::protocol_version));
-  s.role = static_cast<core::tier>(h->role());
-  s.id = h->node_id();
-  if (s.ch.peer_role() && *s.ch.peer_role() != s.role)
-    throw core::error("Hello claims role " + std::string(core::tier_name(s.role)) + " but the certificate says " +
-                      std::string(core::tier_name(*s.ch.peer_role())));
-  // A device is who its certificate says: nobody claims, locks out or evicts another's id.
-  if (s.role == core::tier::device) {
-    const auto bound = s.ch.peer_node_id();
-    if (!bound)
-      throw core::error("certificate '" + s.identity +
-                        "' binds no device id (issue it with `cleave certs issue --id N`, or name it DEVICE-N)");
-    if (*bound != s.id)
-      throw core::error("Hello claims device id " + std::to_string(s.id) + " but certificate '" + s.identity +
-                        "' is for device " + std::to_string(*bound));
-  }
-}
-
 // A connect failure that says a certificate was refused, by the upstream (its TLS alert) or by
 // this node's own check of the upstream's certificate.
 bool certificate_refused(const std::string& why) {
@@ -67,51 +43,13 @@ bool certificate_refused(const std::string& why) {
 
 }  // namespace
 
-link_schedule::link_schedule(const executors& ex, transport::emulation_schedule schedule, std::string node_name)
-    : ex_(ex), schedule_(std::move(schedule)), name_(std::move(node_name)) {}
-
-std::vector<transport::emulation_event> link_schedule::advance(std::uint64_t round,
-                                                               const std::vector<session_ptr>& open) {
-  std::vector<transport::emulation_event> others;
-  if (schedule_.empty() || round <= round_) return others;
-  // Every round since the last one seen: a node that joins late still gets the earlier events.
-  for (std::uint64_t r = round_ + 1; r <= round; ++r)
-    for (const auto& ev : schedule_.at(static_cast<int>(r), name_)) {
-      spdlog::info("{}: {}", ex_.who(), ev.str());
-      if (ev.what != transport::emulation_event::kind::link) {
-        others.push_back(ev);
-        continue;
-      }
-      for (const auto& s : open)
-        if (s && transport::name_matches(ev.b, s->identity)) s->ch.emulate(ev.caps);
-    }
-  round_ = round;
-  return others;
-}
-
-void link_schedule::advance(std::uint64_t round, const std::vector<session_ptr>& open, executors& ex,
-                            std::optional<segment_runner>& runner) {
-  for (const auto& ev : advance(round, open)) ex.post_compute([&runner, s = ev.slowdown] { runner->set_slowdown(s); });
-}
-
-std::optional<transport::link_caps> link_schedule::caps_for(const std::string& peer) const {
-  // Round 1's events hold from the start, before round 1 opens: joins and first profiles see them.
-  std::optional<transport::link_caps> caps;
-  if (schedule_.empty()) return caps;
-  for (std::uint64_t r = 1; r <= std::max<std::uint64_t>(round_, 1); ++r)
-    for (const auto& ev : schedule_.at(static_cast<int>(r), name_))
-      if (ev.what == transport::emulation_event::kind::link && transport::name_matches(ev.b, peer)) caps = ev.caps;
-  return caps;
-}
-
-double link_schedule::start_slowdown(double otherwise) const {
-  for (const auto& ev : schedule_.at(1, name_))
-    if (ev.what == transport::emulation_event::kind::slowdown) otherwise = ev.slowdown;
-  return otherwise;
-}
-
-void link_schedule::apply(session& s) const {
-  if (const auto caps = caps_for(s.identity)) s.ch.emulate(*caps);
+void advance_schedule(transport::link_schedule& schedule, std::uint64_t round, const std::vector<session_ptr>& open,
+                      executors& ex, std::optional<segment_runner>& runner) {
+  std::vector<transport::link_schedule::peer> peers;
+  for (const auto& s : open)
+    if (s) peers.push_back({s->identity, &s->ch});
+  for (const auto& ev : schedule.advance(round, peers))
+    ex.post_compute([&runner, s = ev.slowdown] { runner->set_slowdown(s); });
 }
 
 acceptor::acceptor(executors& ex, const transport::tls_context& tls, const std::string& host, std::uint16_t port,
@@ -145,7 +83,7 @@ asio::awaitable<void> acceptor::serve(session_ptr s) {
     if (tls_.revokes(s->ch.peer_serial()))
       throw core::error("certificate '" + s->identity + "' (serial " + s->ch.peer_serial() + ") is revoked");
     reason = "hello";
-    check_hello(*s, *first);
+    std::tie(s->role, s->id) = protocol::admitted_hello(*first, s->identity, s->ch.peer_role(), s->ch.peer_node_id());
     reason = "admission";
     h_.on_hello(s, *first);
   } catch (const core::error& e) {

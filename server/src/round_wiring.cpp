@@ -32,7 +32,7 @@ void server_node::impl::wiring::post(std::uint32_t id, transport::message_builde
 }
 
 void server_node::impl::wiring::opening(std::uint64_t number) {
-  s_.schedule_->advance(number, s_.acceptor_->open(), s_.ex_, s_.runner_);
+  runtime::advance_schedule(*s_.schedule_, number, s_.acceptor_->open(), s_.ex_, s_.runner_);
   if (number > 1 && s_.plans_.book())
     s_.ex_.post_compute([this] {
       if (s_.runner_->reprofile_if_idle()) s_.publish_profile();

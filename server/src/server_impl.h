@@ -83,7 +83,7 @@ class server_node::impl {
   runtime::signal wake_;  // membership changed, a replica came in, a round ended
   std::optional<transport::tls_context> tls_;
   std::optional<runtime::acceptor> acceptor_;
-  std::optional<runtime::link_schedule> schedule_;
+  std::optional<transport::link_schedule> schedule_;
   core::model_spec model_;
   std::shared_ptr<const core::data_source> test_;         // evaluates the global model
   std::shared_ptr<const core::data_source> eval_subset_;  // --eval-samples of the test split

@@ -65,7 +65,7 @@ void server_node::impl::on_hello(const runtime::session_ptr& s, const transport:
   if (s->role == core::tier::device) return register_device(s, *hello.as<wire::Hello>());
   if (s->role != core::tier::edge) throw core::error("a server cannot join another server");
   spdlog::info("server: edge {} ({}) connected", s->id, s->identity);
-  schedule_->apply(*s);
+  schedule_->apply(s->ch, s->identity);
   protocol::welcome_info w;
   w.node_id = s->id;
   w.plan_epoch = plans_.epoch();
@@ -106,7 +106,7 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
   via->post(protocol::make_welcome(w));
   via->post(plans_.plan_message(id));
   send_global(via, id);
-  if (!behind_edge) schedule_->apply(*via);
+  if (!behind_edge) schedule_->apply(via->ch, via->identity);
   wake_.notify();
 }
 
@@ -461,7 +461,7 @@ void server_node::impl::listen() {
 
 round_report server_node::impl::run() {
   check_config();
-  schedule_.emplace(ex_, c_.schedule, c_.name);  // configuration errors first
+  schedule_.emplace(c_.schedule, c_.name, ex_.who());  // configuration errors first
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   be_ = backend::make_backend(c_.backend);
   load_model();

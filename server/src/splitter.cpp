@@ -6,22 +6,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <charconv>
 
 namespace cleave::server {
 
 namespace {
 
 constexpr std::string_view book_prefix = "book:";
-
-// A whole field as a count; throws naming it.
-std::uint64_t count_of(const std::string& text, const std::string& key) {
-  std::uint64_t v = 0;
-  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (r.ec != std::errc{} || r.ptr != text.data() + text.size() || text.empty())
-    throw core::error(key + ": '" + text + "' is not a count");
-  return v;
-}
 
 // "int8/topk" per hop, hops joined by ','.
 std::string codecs_text(const std::vector<core::hop_codecs>& hops) {
@@ -148,23 +138,12 @@ std::map<std::uint32_t, double> splitter::predicted_steps(const std::set<std::ui
   try {
     // All of them at once: each shares the server and its edge with the others, as in a round.
     const auto cost = split::evaluate_plan(*prob, routes, running_choices(devs));
-    const double steps = static_cast<double>(c_.local_steps);
     for (std::size_t i = 0; i < devs.size(); ++i) {
-      const auto& d = *members_.find(devs[i].id);
-      const int di = static_cast<int>(i);
-      // The steps it ran under earlier plans this round (a device's cost does not depend on the
-      // others' routes), and the moves between them.
-      double seconds = 0;
-      std::uint64_t from = 0;
-      for (std::size_t l = 0; l < d.legs.size(); ++l) {
-        const auto& leg = d.legs[l];
-        const split::route_choice ch{c_.micro_batches, cut_of(leg.route, &leg.hops).hops};
-        seconds += static_cast<double>(leg.until - from) * split::evaluate_route(*prob, di, leg.route, ch).seconds;
-        from = leg.until;
-        const auto& next = l + 1 < d.legs.size() ? d.legs[l + 1].route : routes[i];
-        seconds += split::migration_seconds(*prob, di, leg.route, next);
-      }
-      out[devs[i].id] = (seconds + (steps - static_cast<double>(from)) * cost.devices[i].seconds) / steps;
+      std::vector<split::plan_leg> legs;
+      for (const auto& l : members_.find(devs[i].id)->legs)
+        legs.push_back({l.route, {c_.micro_batches, cut_of(l.route, &l.hops).hops}, l.until});
+      out[devs[i].id] = split::mean_step_seconds(*prob, static_cast<int>(i), legs, routes[i], cost.devices[i].seconds,
+                                                 static_cast<std::uint64_t>(c_.local_steps));
     }
   } catch (const core::error&) {
     out.clear();
@@ -201,51 +180,23 @@ double splitter::maybe_replan(const std::string& why, const std::list<runtime::s
     return 0;
   }
   add_choices(*prob);
-  std::vector<split::route> current;
-  for (const auto& e : devs) current.push_back(members_.find(e.id)->rs.route);
-  // How devices run now (the configured micro-batches, their hops' codecs); the plan says how
-  // each could run.
-  const auto running = running_choices(devs);
-  split::split_plan best;
-  double planner_s = 0;
-  try {
-    const auto t0 = std::chrono::steady_clock::now();
-    best = split::plan_best(*prob);
-    planner_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    // The held devices stay as they run.
-    for (std::size_t i = 0; i < devs.size(); ++i)
-      if (held[i]) {
-        best.routes[i] = current[i];
-        best.choices[i] = running[i];
-      }
-    best.cost = split::evaluate_plan(*prob, best.routes, best.choices);
-  } catch (const core::error& e) {
-    spdlog::warn("server: no plan fits ({}): {}", why, e.what());
-    return planner_s;
+  std::vector<split::running_device> running;
+  const auto choices = running_choices(devs);
+  for (std::size_t i = 0; i < devs.size(); ++i)
+    running.push_back({members_.find(devs[i].id)->rs.route, choices[i], held[i]});
+  split::resplit_policy policy{c_.min_gain, c_.repay_rounds, c_.local_steps};
+  const auto plan = split::replan(*prob, running, policy);
+  if (!plan.no_fit.empty()) {
+    spdlog::warn("server: no plan fits ({}): {}", why, plan.no_fit);
+  } else if (!plan.decision.change) {
+    spdlog::debug("server: plan kept ({}): {}", why, plan.decision.reason);
+  } else {
+    spdlog::info("server: re-plan ({}): {}", why, plan.decision.reason);
+    for (const auto& m : plan.moves)
+      propose(devs[m.device].id, m.to, m.hops,
+              fmt::format("its step {:.1f} -> {:.1f} ms", m.now_seconds * 1e3, m.next_seconds * 1e3));
   }
-  split::resplit_policy policy;
-  policy.min_gain = c_.min_gain;
-  policy.repay_rounds = c_.repay_rounds;
-  policy.steps_per_round = c_.local_steps;
-  const auto d = split::decide_resplit(*prob, current, running, best, policy);
-  if (!d.change) {
-    spdlog::debug("server: plan kept ({}): {}", why, d.reason);
-    return planner_s;
-  }
-  spdlog::info("server: re-plan ({}): {}", why, d.reason);
-  // Only the devices whose own step gains enough move (or whose route no longer fits): the
-  // others would pay a migration for nothing the federation's step time sees.
-  for (std::size_t i = 0; i < devs.size(); ++i) {
-    if (held[i]) continue;
-    // (Compared as the nodes run them: the output's hop is always f32.)
-    if (best.routes[i] == current[i] && cut_of(best.routes[i], &best.choices[i].hops).hops == running[i].hops) continue;
-    const auto now = split::evaluate_route(*prob, static_cast<int>(i), current[i], running[i]);
-    const double next = best.cost.devices[i].seconds;
-    if (now.feasible && now.seconds - next < c_.min_gain * now.seconds) continue;
-    propose(devs[i].id, best.routes[i], best.choices[i].hops,
-            fmt::format("its step {:.1f} -> {:.1f} ms", now.seconds * 1e3, next * 1e3));
-  }
-  return planner_s;
+  return plan.planner_seconds;
 }
 
 void splitter::start(split::node_profile server) {
@@ -256,35 +207,23 @@ void splitter::start(split::node_profile server) {
 }
 
 split::route splitter::route_for_device(bool behind_edge) const {
-  const std::vector<int>& cuts = behind_edge ? c_.edge_cuts : c_.cuts;
-  const std::string what = std::string(behind_edge ? "--edge-cuts" : "--cuts") + " '" + split::cuts_text(cuts) + "'";
-  split::route r;
-  try {
-    r = split::configured_route(model_, c_.u_shape, behind_edge, cuts);
-  } catch (const core::error& e) {
-    throw core::error(what + " for model '" + model_.name + "': " + e.what());
-  }
-  if (r.end(0) >= c_.min_device_blocks) return r;
-  if (!cuts.empty())
-    throw core::error(what + " keep " + std::to_string(r.end(0)) +
-                      " blocks on the device, fewer than --min-device-blocks " + std::to_string(c_.min_device_blocks));
-  for (auto& c : r.cuts) c = std::max(c, c_.min_device_blocks);  // the default cuts, deepened
-  return split::make_route(c_.u_shape, behind_edge, r.cuts, model_.n_blocks());
+  return split::starting_route(model_, c_.u_shape, behind_edge, behind_edge ? c_.edge_cuts : c_.cuts,
+                               c_.min_device_blocks, behind_edge ? "--edge-cuts" : "--cuts");
 }
 
 std::string splitter::place(std::uint32_t id, device_state& d) {
   d.rs.reset(route_for_device(d.behind_edge), epoch_);
   const auto it = resumed_routes_.find(id);
   if (it == resumed_routes_.end()) return {};
-  if (it->second.route.has_edge() == d.behind_edge) {
+  if (it->second.r.has_edge() == d.behind_edge) {
     // Its route before the restart, under the same plan epoch and run: its segments and theirs
     // on the way keep their state.
-    d.rs.reset(it->second.route, it->second.epoch);
+    d.rs.reset(it->second.r, it->second.epoch);
     return fmt::format(", its route at the checkpoint (plan {})", it->second.epoch);
   }
   spdlog::warn(
       "server: device {} rejoined {}; its route at the checkpoint ({}) is not for that, the configured cuts apply", id,
-      d.behind_edge ? "behind an edge" : "directly", it->second.route.str());
+      d.behind_edge ? "behind an edge" : "directly", it->second.r.str());
   resumed_routes_.erase(it);
   return {};
 }
@@ -331,13 +270,11 @@ std::map<std::string, std::string> splitter::state(
     const std::vector<std::pair<std::uint32_t, split::route>>& routes) const {
   std::map<std::string, std::string> m;
   m["plan_epoch"] = std::to_string(epoch_);
-  for (const auto& [id, d] : members_.all()) {
-    const bool in_round = std::any_of(routes.begin(), routes.end(), [id = id](const auto& r) { return r.first == id; });
-    if (!d.connected && !in_round) continue;
-    const std::string key = "route:" + std::to_string(id);
-    m[key] = d.rs.route.str();
-    m[key + ":epoch"] = std::to_string(d.rs.epoch);
-  }
+  std::map<std::uint32_t, split::epoch_route> in_force;
+  for (const auto& [id, d] : members_.all())
+    if (d.connected || std::any_of(routes.begin(), routes.end(), [id = id](const auto& r) { return r.first == id; }))
+      in_force[id] = {d.rs.route, d.rs.epoch};
+  split::write_routes(m, in_force);
   if (book_) book_->write(m, book_prefix);
   return m;
 }
@@ -346,7 +283,7 @@ std::string splitter::resumed_text() const {
   if (!book_) return {};
   std::string routes;
   for (const auto& [id, r] : resumed_routes_)
-    routes += fmt::format("{}device {} {} (plan {})", routes.empty() ? "" : ", ", id, r.route.str(), r.epoch);
+    routes += fmt::format("{}device {} {} (plan {})", routes.empty() ? "" : ", ", id, r.r.str(), r.epoch);
   return fmt::format("; the splitter's book of {} node{} and {} link{}, routes: {}", book_->profiles().size(),
                      book_->profiles().size() == 1 ? "" : "s", book_->links().size(),
                      book_->links().size() == 1 ? "" : "s", routes.empty() ? "none" : routes);
@@ -357,29 +294,7 @@ void splitter::resume(const core::checkpoint& ck, std::uint32_t epoch) {
   // A checkpoint of a fixed plan, or of a server that did not split adaptively, stores neither
   // routes worth restoring nor a book: the configured cuts and fresh profiles then.
   if (!book_) return;
-  for (const auto& [key, text] : ck.meta) {
-    if (!key.starts_with("route:") || key.ends_with(":epoch")) continue;
-    const std::uint64_t dev = count_of(key.substr(6), key);
-    if (dev == 0 || dev >= 1000000) throw core::error(key + ": device id " + std::to_string(dev) + " out of range");
-    resumed_route rr;
-    try {
-      rr.route = split::parse_route(text, model_.n_blocks());
-    } catch (const core::error& e) {
-      throw core::error(key + ": " + e.what());
-    }
-    if (rr.route.u_shape() != c_.u_shape)
-      throw core::error(key + ": " + rr.route.str() + " is " + (c_.u_shape ? "not " : "") + "U-shaped, this run " +
-                        (c_.u_shape ? "is" : "is not"));
-    const std::string ek = key + ":epoch";
-    const auto e = ck.meta.find(ek);
-    if (e == ck.meta.end()) throw core::error(ek + " is missing");
-    const std::uint64_t plan = count_of(e->second, ek);
-    if (plan < 1 || plan > epoch_)
-      throw core::error(ek + ": plan " + std::to_string(plan) + " is not between 1 and the checkpoint's plan " +
-                        std::to_string(epoch_));
-    rr.epoch = static_cast<std::uint32_t>(plan);
-    resumed_routes_[static_cast<std::uint32_t>(dev)] = std::move(rr);
-  }
+  resumed_routes_ = split::read_routes(ck.meta, model_.n_blocks(), c_.u_shape, epoch_);
   const auto first = ck.meta.lower_bound(std::string(book_prefix));
   if (first != ck.meta.end() && first->first.starts_with(book_prefix)) book_->read(ck.meta, book_prefix);
 }

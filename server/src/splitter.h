@@ -15,6 +15,7 @@
 #include "cleave/runtime/executors.h"
 #include "cleave/server/server_node.h"
 #include "cleave/split/profile_book.h"
+#include "cleave/split/replan.h"
 #include "cleave/split/splitter.h"
 #include "membership.h"
 
@@ -86,11 +87,7 @@ class splitter {
   std::uint64_t run_id_ = 0;
   // From the checkpoint resumed, when splitting adaptively: each device's route and its plan
   // epoch, given back when it rejoins until its first round opens.
-  struct resumed_route {
-    split::route route;
-    std::uint32_t epoch = 0;
-  };
-  std::map<std::uint32_t, resumed_route> resumed_routes_;
+  std::map<std::uint32_t, split::epoch_route> resumed_routes_;
 };
 
 }  // namespace cleave::server

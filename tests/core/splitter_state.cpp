@@ -5,6 +5,7 @@
 #include "../support/error_of.h"
 #include "cleave/split/plan.h"
 #include "cleave/split/profile_book.h"
+#include "cleave/split/replan.h"
 
 using namespace cleave;
 using split::node_key;
@@ -127,6 +128,41 @@ TEST_CASE("a malformed route is refused naming the text and the fault") {
         "route 'device[0,4)  server[4,12)': expected a segment such as device[0,4)");
   CHECK(error_of([] { split::parse_route("device[0,4)", 12); }).find("route 'device[0,4)'") == 0);
   CHECK(error_of([] { split::parse_route("", 12); }) == "route '': a route has at least two segments");
+}
+
+TEST_CASE("the routes in force read back from their checkpoint fields, and a bad field is refused by name") {
+  const int n = 12;
+  const std::map<std::uint32_t, split::epoch_route> routes{{3, {split::make_route(false, false, {5}, n), 2}},
+                                                           {17, {split::make_route(false, true, {2, 7}, n), 4}}};
+  std::map<std::string, std::string> meta{{"plan_epoch", "4"}};
+  split::write_routes(meta, routes);
+  CHECK(meta.at("route:17") == "device[0,2) edge[2,7) server[7,12)");
+  const auto back = split::read_routes(meta, n, false, 4);
+  REQUIRE(back.size() == 2);
+  CHECK(back.at(3).r == routes.at(3).r);
+  CHECK(back.at(17).epoch == 4);
+  CHECK(error_of([&] { split::read_routes(meta, n, false, 3); }) ==
+        "route:17:epoch: plan 4 is not between 1 and the checkpoint's plan 3");
+  CHECK(error_of([&] { split::read_routes(meta, n, true, 4); }) ==
+        "route:17: device[0,2) edge[2,7) server[7,12) is not U-shaped, this run is");
+  auto bad = meta;
+  bad.erase("route:3:epoch");
+  CHECK(error_of([&] { split::read_routes(bad, n, false, 4); }) == "route:3:epoch is missing");
+  bad = meta;
+  bad["route:x"] = "device[0,5) server[5,12)";
+  CHECK(error_of([&] { split::read_routes(bad, n, false, 4); }) == "route:x: 'x' is not a count");
+  bad = meta;
+  bad["route:0"] = "device[0,5) server[5,12)";
+  CHECK(error_of([&] { split::read_routes(bad, n, false, 4); }) == "route:0: device id 0 out of range");
+}
+
+TEST_CASE("a device's starting route keeps --min-device-blocks on it, and configured cuts that do not are refused") {
+  const auto& m = mlp();
+  CHECK(split::starting_route(m, false, false, {}, 4, "--cuts").end(0) >= 4);
+  CHECK(error_of([&] { split::starting_route(m, false, false, {1}, 3, "--cuts"); }) ==
+        "--cuts '1' keep 1 blocks on the device, fewer than --min-device-blocks 3");
+  CHECK(error_of([&] { split::starting_route(m, false, false, {9}, 0, "--cuts"); }).find("--cuts '9' for model 'mlp': ") ==
+        0);
 }
 
 TEST_CASE("a profile book written as text reads back to the same profiles, links and problem") {

@@ -10,7 +10,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 #include "cleave/core/error.h"
+#include "cleave/transport/channel.h"
 
 namespace cleave::transport {
 
@@ -266,6 +269,44 @@ emulation_schedule parse_schedule(const std::string& text_or_path) {
                    [](const emulation_event& x, const emulation_event& y) { return x.round < y.round; });
   if (!s.events.empty()) s.text = text;
   return s;
+}
+
+link_schedule::link_schedule(emulation_schedule schedule, std::string node_name, std::string who)
+    : schedule_(std::move(schedule)), name_(std::move(node_name)), who_(std::move(who)) {}
+
+std::vector<emulation_event> link_schedule::advance(std::uint64_t round, const std::vector<peer>& open) {
+  std::vector<emulation_event> others;
+  if (schedule_.empty() || round <= round_) return others;
+  for (std::uint64_t r = round_ + 1; r <= round; ++r)
+    for (const auto& ev : schedule_.at(static_cast<int>(r), name_)) {
+      spdlog::info("{}: {}", who_, ev.str());
+      if (ev.what != emulation_event::kind::link) {
+        others.push_back(ev);
+        continue;
+      }
+      for (const auto& p : open)
+        if (p.ch && name_matches(ev.b, p.name)) p.ch->emulate(ev.caps);
+    }
+  round_ = round;
+  return others;
+}
+
+std::optional<link_caps> link_schedule::caps_for(const std::string& peer) const {
+  std::optional<link_caps> caps;
+  for (std::uint64_t r = 1; !schedule_.empty() && r <= std::max<std::uint64_t>(round_, 1); ++r)
+    for (const auto& ev : schedule_.at(static_cast<int>(r), name_))
+      if (ev.what == emulation_event::kind::link && name_matches(ev.b, peer)) caps = ev.caps;
+  return caps;
+}
+
+void link_schedule::apply(channel& ch, const std::string& peer) const {
+  if (const auto caps = caps_for(peer)) ch.emulate(*caps);
+}
+
+double link_schedule::start_slowdown(double otherwise) const {
+  for (const auto& ev : schedule_.at(1, name_))
+    if (ev.what == emulation_event::kind::slowdown) otherwise = ev.slowdown;
+  return otherwise;
 }
 
 }  // namespace cleave::transport

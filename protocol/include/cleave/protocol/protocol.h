@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cleave/core/codec.h"
@@ -48,6 +49,12 @@ struct hello_info {
   std::uint16_t version = protocol_version;
 };
 message_builder make_hello(const hello_info& info);
+// The role and node id of the Hello a channel must open with, checked against the peer's
+// certificate (`identity`, the role and device id it binds, if any): this protocol version, the
+// certificate's role, and for a device the id it binds. Throws core::error saying what is wrong.
+std::pair<core::tier, std::uint32_t> admitted_hello(const transport::message& m, const std::string& identity,
+                                                    std::optional<core::tier> cert_role,
+                                                    std::optional<std::uint32_t> cert_id);
 
 struct welcome_info {
   std::uint32_t node_id = 0;

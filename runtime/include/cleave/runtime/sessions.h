@@ -53,33 +53,11 @@ inline bool bandwidth_moved(float reported, float now) {
   return reported > 0 && now > 0 && (now > 1.5f * reported || now * 1.5f < reported);
 }
 
-// The emulated links and slowdowns a schedule (transport/emulation.h) gives this node, by round:
-// link caps go to the sessions whose peer they name, those open at once and later ones as they
-// connect. Round 1's events are in force from the start, before round 1 opens.
-class link_schedule {
- public:
-  link_schedule(const executors& ex, transport::emulation_schedule schedule, std::string node_name);
-  // The events of the rounds after the last one seen up to `round`, for this node: link caps are
-  // set on the open sessions they name and kept for later ones; the other events (slowdowns) are
-  // returned, in order.
-  std::vector<transport::emulation_event> advance(std::uint64_t round, const std::vector<session_ptr>& open);
-  // The same, and the slowdowns it returns taken by the node's segment runner, in order, on its
-  // compute thread.
-  void advance(std::uint64_t round, const std::vector<session_ptr>& open, executors& ex,
-               std::optional<segment_runner>& runner);
-  // The caps in force on the link to `peer` (the last event naming it), if any.
-  std::optional<transport::link_caps> caps_for(const std::string& peer) const;
-  // Sets on a new session the caps of its link that are in force.
-  void apply(session& s) const;
-  // The compute slowdown round 1 sets for this node, or `otherwise`.
-  double start_slowdown(double otherwise) const;
-
- private:
-  const executors& ex_;
-  transport::emulation_schedule schedule_;
-  std::string name_;
-  std::uint64_t round_ = 0;  // the last round advanced to
-};
+// The emulated links and slowdowns of the rounds up to `round` (transport::link_schedule): link
+// caps set on the open sessions they name, slowdowns taken by the node's segment runner, in order,
+// on its compute thread.
+void advance_schedule(transport::link_schedule& schedule, std::uint64_t round, const std::vector<session_ptr>& open,
+                      executors& ex, std::optional<segment_runner>& runner);
 
 // Timeouts of every channel of a node.
 struct link_settings {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -10,6 +11,8 @@
 #include "cleave/transport/net_emulator.h"
 
 namespace cleave::transport {
+
+class channel;
 
 // Text grammar (events separated by ';' or newlines; blank events and '#' comments to the end
 // of a line are allowed):
@@ -46,5 +49,33 @@ emulation_schedule parse_schedule(const std::string& text_or_path);
 
 // Whether `name` matches a pattern: "*" matches any name, anything else only itself.
 bool name_matches(std::string_view pattern, std::string_view name);
+
+// What a schedule gives one node (`node_name`), by round: link caps go to the channels whose peer
+// they name, those open at once and later ones as they connect; round 1's events are in force from
+// the start, before round 1 opens. Events are logged as "`who`: event". One thread.
+class link_schedule {
+ public:
+  link_schedule(emulation_schedule schedule, std::string node_name, std::string who);
+  // An open channel and its peer's name.
+  struct peer {
+    std::string name;
+    channel* ch = nullptr;
+  };
+  // The events of the rounds after the last one seen up to `round`, for this node: link caps are
+  // set on the open channels they name and kept for later ones; the other events (slowdowns) are
+  // returned, in order. A node that joins late still gets the earlier rounds' events.
+  std::vector<emulation_event> advance(std::uint64_t round, const std::vector<peer>& open);
+  // The caps in force on the link to `peer` (the last event naming it), if any.
+  std::optional<link_caps> caps_for(const std::string& peer) const;
+  // Sets on a new channel to `peer` the caps of its link that are in force.
+  void apply(channel& ch, const std::string& peer) const;
+  // The compute slowdown round 1 sets for this node, or `otherwise`.
+  double start_slowdown(double otherwise) const;
+
+ private:
+  emulation_schedule schedule_;
+  std::string name_, who_;
+  std::uint64_t round_ = 0;  // the last round advanced to
+};
 
 }  // namespace cleave::transport
