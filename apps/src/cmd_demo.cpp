@@ -57,7 +57,7 @@ struct demo_options {
   double slowdown = 1.0;
   bool emulate_board = false;  // set slowdown from this machine's speed and board_gflops
   double board_gflops = 4.0;
-  bool board_given = false;  // --board-gflops set: emulated as given, not bounded by this machine
+  bool board_given = false;     // --board-gflops set: emulated as given, not bounded by this machine
   bool deadline_given = false;  // --deadline set: kept whatever the emulated boards need
   server::server_config server;
   device::agent_config agent;
@@ -716,6 +716,7 @@ const option_table<demo_options>& demo_table() {
     t.push_back(flag<D>(
         "secure-aggregation", "devices upload only masked replicas (see cleave server --help)",
         [](D & d) -> auto& { return d.secure; }));
+    t.push_back(passed_on<D>(so, "secagg-min-holders", srv));
     for (const char* name : {"cuts", "edge-cuts"}) t.push_back(passed_on<D>(so, name, srv));
     t.push_back(flag<D>(
         "no-emulation",

@@ -292,6 +292,12 @@ option_table<server::server_config> make_server_options() {
       "devices upload only masked replicas: the server and edges learn sums, never one device's blocks",
       [](C & c) -> auto& { return c.secure_aggregation; }));
   t.push_back(value<C>(
+                  "secagg-min-holders", "K",
+                  "under secure aggregation, decode a block's sum only over at least K devices that held it; a block "
+                  "fewer hold keeps its global value that round",
+                  [](C & c) -> auto& { return c.secagg_min_holders; })
+                  .in(CLI::Range(2, 1000000)));
+  t.push_back(value<C>(
                   "min-gain", "X", "re-split only for at least this relative step-time gain",
                   [](C & c) -> auto& { return c.min_gain; })
                   .in(CLI::Range(0.0, 1.0)));

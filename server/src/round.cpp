@@ -25,7 +25,7 @@ std::string_view phase_name(round_phase p) {
 
 round::round(const server_config& c, const core::model_spec& m, round_host& h, runtime::executors& ex,
              runtime::signal& wake)
-    : c_(c), model_(m), host_(h), ex_(ex), wake_(wake), secure_(h, ex, wake, m) {}
+    : c_(c), model_(m), host_(h), ex_(ex), wake_(wake), secure_(h, ex, wake, m, c.secagg_min_holders) {}
 
 asio::awaitable<void> round::open(std::uint64_t number, float lr, const global_model& g) {
   attempt_ = number_ == number ? attempt_ + 1 : 1;

@@ -104,35 +104,6 @@ asio::awaitable<void> secure_round::roster(const std::set<std::uint32_t>& member
                 .threshold = static_cast<std::uint32_t>(threshold)});
 }
 
-namespace {
-
-std::string ranges_text(const std::vector<std::pair<int, int>>& r) {
-  std::string s;
-  for (const auto& [f, e] : r) s += (s.empty() ? "[" : " [") + std::to_string(f) + "," + std::to_string(e) + ")";
-  return s;
-}
-
-}  // namespace
-
-// Every block any of the devices of `set` holds: each device masks all of them (zero where it
-// holds none), so no block's sum isolates a device the server could pick out. Sorted, merged.
-std::vector<std::pair<int, int>> secure_round::held_ranges(const std::vector<std::uint32_t>& set) const {
-  std::vector<std::pair<int, int>> ranges;
-  for (auto id : set) {
-    const auto& r = host_.route_of(id);
-    for (int seg : r.segments_on(core::tier::device))
-      if (r.begin(seg) < r.end(seg)) ranges.emplace_back(r.begin(seg), r.end(seg));
-  }
-  std::sort(ranges.begin(), ranges.end());
-  std::vector<std::pair<int, int>> merged;
-  for (const auto& r : ranges)
-    if (!merged.empty() && r.first <= merged.back().second)
-      merged.back().second = std::max(merged.back().second, r.second);
-    else
-      merged.push_back(r);
-  return merged;
-}
-
 asio::awaitable<std::string> secure_round::add_unmasked(const core::flat_layout& lay,
                                                         const std::vector<std::pair<int, int>>& ranges,
                                                         split::aggregator& avg) {
@@ -155,6 +126,39 @@ asio::awaitable<std::string> secure_round::add_unmasked(const core::flat_layout&
   co_return result.error;
 }
 
+// Each device of `set` masks every block at least min_holders of them hold (zero where it holds
+// none): no decoded sum is over fewer devices. The device replicas of a block fewer hold stay out.
+std::vector<std::pair<int, int>> secure_round::mask_ranges(const std::vector<std::uint32_t>& set) const {
+  const auto routes = routes_of(set);
+  const auto merged = split::device_blocks(routes, min_holders_);
+  const auto held = split::device_blocks(routes);
+  if (held == merged) return merged;
+  std::vector<std::pair<int, int>> withheld;  // held, not in merged
+  int n_withheld = 0;
+  for (const auto& [f, e] : held)
+    for (int b = f; b < e; ++b) {
+      if (std::any_of(merged.begin(), merged.end(), [b](const auto& r) { return r.first <= b && b < r.second; }))
+        continue;
+      ++n_withheld;
+      if (!withheld.empty() && withheld.back().second == b)
+        ++withheld.back().second;
+      else
+        withheld.emplace_back(b, b + 1);
+    }
+  spdlog::info(
+      "server: round {}: device blocks {} are held on fewer than {} devices (--secagg-min-holders): their device "
+      "replicas stay out of this round's aggregate",
+      round_, split::ranges_text(withheld), min_holders_);
+  ex_.metrics().add("cleave_secure_blocks_withheld_total", {}, n_withheld);
+  return merged;
+}
+
+std::vector<split::route> secure_round::routes_of(const std::vector<std::uint32_t>& ids) const {
+  std::vector<split::route> routes;
+  for (auto id : ids) routes.push_back(host_.route_of(id));
+  return routes;
+}
+
 void secure_round::skip(const std::string& why) const {
   spdlog::warn("server: round {}: secure aggregation failed ({}); the device blocks keep the global values", round_,
                why);
@@ -174,8 +178,8 @@ asio::awaitable<void> secure_round::aggregate(const predicate& member, const pre
     skip(std::to_string(set.size()) + " devices shared and trained, " + std::to_string(threshold) + " needed");
     co_return;
   }
-  const auto merged = held_ranges(set);
-  if (merged.empty()) co_return;  // the devices hold no blocks
+  const auto merged = mask_ranges(set);
+  if (merged.empty()) co_return;  // no device block is held by enough devices
   const auto lay = core::layout_of(model_);
   agg_->set_mask_set(set, privacy::replica_words(lay, merged));
   masking_ = true;
@@ -195,6 +199,12 @@ asio::awaitable<void> secure_round::aggregate(const predicate& member, const pre
   const auto survivors = agg_->survivors(), dropped = agg_->dropped();
   if (survivors.size() < threshold) {
     skip(std::to_string(survivors.size()) + " masked uploads came, " + std::to_string(threshold) + " needed");
+    co_return;
+  }
+  // Devices that dropped after masking leave the sum: each block must still be over enough.
+  if (split::device_blocks(routes_of(survivors), min_holders_) != merged) {
+    skip("with " + std::to_string(dropped.size()) + " dropped after masking, blocks of " + split::ranges_text(merged) +
+         " would be decoded over fewer than " + std::to_string(min_holders_) + " devices");
     co_return;
   }
   unmasking_ = true;
@@ -217,7 +227,7 @@ asio::awaitable<void> secure_round::aggregate(const predicate& member, const pre
   }
   n_aggregated_ = static_cast<int>(survivors.size());
   spdlog::info("server: round {}: device blocks {} aggregated securely from {} devices{} in {:.0f} ms", round_,
-               ranges_text(merged), survivors.size(),
+               split::ranges_text(merged), survivors.size(),
                dropped.empty() ? std::string() : fmt::format(" ({} dropped after masking)", dropped.size()),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3);
   ex_.metrics().add("cleave_secure_rounds_total", {});

@@ -26,8 +26,9 @@ class secure_round {
  public:
   // Who is still counted in the round, and who finished training.
   using predicate = std::function<bool(std::uint32_t)>;
-  secure_round(round_host& h, runtime::executors& ex, runtime::signal& wake, const core::model_spec& m)
-      : host_(h), ex_(ex), wake_(wake), model_(m) {}
+  // min_holders: the fewest devices a block's decoded sum may be over.
+  secure_round(round_host& h, runtime::executors& ex, runtime::signal& wake, const core::model_spec& m, int min_holders)
+      : host_(h), ex_(ex), wake_(wake), model_(m), min_holders_(min_holders) {}
 
   // A new round (or attempt): nothing of the last one is kept.
   void reset(std::uint64_t round);
@@ -39,22 +40,25 @@ class secure_round {
   asio::awaitable<void> roster(const std::set<std::uint32_t>& members, std::chrono::steady_clock::time_point deadline);
   // After training: the masked uploads of the devices that shared and finished, unmasked into avg
   // (each wait at most `patience`); the device blocks keep the global values when that fails.
+  // Only blocks at least min_holders of the uploading devices held are masked and decoded; the
+  // others keep their global values.
   asio::awaitable<void> aggregate(const predicate& member, const predicate& finished, split::aggregator& avg,
                                   std::chrono::milliseconds patience);
   int n_aggregated() const { return n_aggregated_; }
 
  private:
   void post(std::uint32_t device, const protocol::secagg_desc& d);
-  // Every block any device of `set` holds, sorted and merged.
-  std::vector<std::pair<int, int>> held_ranges(const std::vector<std::uint32_t>& set) const;
   asio::awaitable<std::string> add_unmasked(const core::flat_layout& lay,
                                             const std::vector<std::pair<int, int>>& ranges, split::aggregator& avg);
   void skip(const std::string& why) const;
+  std::vector<split::route> routes_of(const std::vector<std::uint32_t>& ids) const;
+  std::vector<std::pair<int, int>> mask_ranges(const std::vector<std::uint32_t>& set) const;
 
   round_host& host_;
   runtime::executors& ex_;
   runtime::signal& wake_;
   const core::model_spec& model_;
+  int min_holders_;
   std::uint64_t round_ = 0;
   std::map<std::uint32_t, privacy::roster_entry> keys_;  // advertised this round
   std::optional<privacy::secagg_server> agg_;            // once the roster is out

@@ -305,10 +305,13 @@ void server_node::impl::check_config() const {
     throw core::error("stop-at-accuracy must be between 0 (off) and 1, not " + std::to_string(c_.stop_at_accuracy));
   if (!c_.checkpoint.empty()) store_.check_path();
   if (c_.secure_aggregation &&
-      (c_.aggregate.kind != split::aggregate_kind::mean || c_.mode != training_mode::splitfed || c_.min_devices < 2))
+      (c_.aggregate.kind != split::aggregate_kind::mean || c_.mode != training_mode::splitfed || c_.min_devices < 2 ||
+       c_.secagg_min_holders < 2 || c_.secagg_min_holders > c_.min_devices))
     throw core::error(
-        "secure aggregation gives the server only the sum of the device replicas: it needs --aggregate mean, "
-        "--mode splitfed and --min-devices >= 2");
+        "secure aggregation gives the server only sums of device replicas, each over at least --secagg-min-holders "
+        "devices: it needs --aggregate mean, --mode splitfed, --min-devices >= 2 and --secagg-min-holders between 2 "
+        "and --min-devices (here " +
+        std::to_string(c_.secagg_min_holders) + " and " + std::to_string(c_.min_devices) + ")");
   try {
     split::check_rule(c_.aggregate);
   } catch (const core::error& e) {

@@ -165,4 +165,28 @@ route configured_route(const core::model_spec& m, bool u_shape, bool with_edge, 
   return make_route(u_shape, with_edge, cuts.empty() ? default_cuts(m, u_shape, with_edge) : cuts, m.n_blocks());
 }
 
+std::vector<std::pair<int, int>> device_blocks(const std::vector<route>& routes, int min_holders) {
+  std::vector<int> holders;
+  for (const auto& r : routes) {
+    holders.resize(static_cast<std::size_t>(std::max<int>(r.n_blocks, static_cast<int>(holders.size()))), 0);
+    for (int seg : r.segments_on(core::tier::device))
+      for (int b = r.begin(seg); b < r.end(seg); ++b) ++holders[static_cast<std::size_t>(b)];
+  }
+  std::vector<std::pair<int, int>> ranges;
+  for (int b = 0; b < static_cast<int>(holders.size()); ++b)
+    if (holders[static_cast<std::size_t>(b)] >= std::max(1, min_holders)) {
+      if (!ranges.empty() && ranges.back().second == b)
+        ++ranges.back().second;
+      else
+        ranges.emplace_back(b, b + 1);
+    }
+  return ranges;
+}
+
+std::string ranges_text(const std::vector<std::pair<int, int>>& ranges) {
+  std::string s;
+  for (const auto& [f, e] : ranges) s += (s.empty() ? "[" : " [") + std::to_string(f) + "," + std::to_string(e) + ")";
+  return s;
+}
+
 }  // namespace cleave::split

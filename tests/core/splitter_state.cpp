@@ -156,13 +156,32 @@ TEST_CASE("the routes in force read back from their checkpoint fields, and a bad
   CHECK(error_of([&] { split::read_routes(bad, n, false, 4); }) == "route:0: device id 0 out of range");
 }
 
+TEST_CASE("the device blocks of several routes merge into sorted ranges, and a hop carrying the output stays exact") {
+  const int n = 12;
+  const auto a = split::make_route(true, false, {3, 9}, n), b = split::make_route(false, false, {2}, n),
+             c = split::make_route(true, false, {4, 10}, n);
+  const auto blocks = split::device_blocks({a, b, c});
+  CHECK(split::ranges_text(blocks) == "[0,4) [9,12)");
+  CHECK(split::device_blocks({}).empty());
+  // Held by at least 2, and 3, of them.
+  CHECK(split::ranges_text(split::device_blocks({a, b, c}, 2)) == "[0,3) [10,12)");
+  CHECK(split::ranges_text(split::device_blocks({a, b, c}, 3)) == "[0,2)");
+  CHECK(split::device_blocks({a, b}, 3).empty());
+  const std::vector<core::hop_codecs> int8(2, {core::codec::int8, core::codec::int8});
+  CHECK(split::exact_output(a, int8) == int8);  // the U's top is on the device: no hop carries the output
+  // Every block on the device: its one hop carries the model's output, f32.
+  const auto all = split::make_route(false, false, {n}, n);
+  CHECK(split::exact_output(all, {int8[0]}) == std::vector<core::hop_codecs>{core::hop_codecs{}});
+}
+
 TEST_CASE("a device's starting route keeps --min-device-blocks on it, and configured cuts that do not are refused") {
   const auto& m = mlp();
   CHECK(split::starting_route(m, false, false, {}, 4, "--cuts").end(0) >= 4);
   CHECK(error_of([&] { split::starting_route(m, false, false, {1}, 3, "--cuts"); }) ==
         "--cuts '1' keep 1 blocks on the device, fewer than --min-device-blocks 3");
-  CHECK(error_of([&] { split::starting_route(m, false, false, {9}, 0, "--cuts"); }).find("--cuts '9' for model 'mlp': ") ==
-        0);
+  CHECK(error_of([&] {
+          split::starting_route(m, false, false, {9}, 0, "--cuts");
+        }).find("--cuts '9' for model 'mlp': ") == 0);
 }
 
 TEST_CASE("a profile book written as text reads back to the same profiles, links and problem") {

@@ -831,6 +831,65 @@ TEST_CASE("under secure aggregation four devices average exactly and no device b
   }
 }
 
+TEST_CASE("under secure aggregation a block held on fewer devices than --secagg-min-holders is never decoded") {
+  // Devices 1 and 2 keep blocks [0, 4) on the board; device 3 is moved to [0, 8) in its first
+  // step. Blocks 4-7 are then on one device only: their secure sum would be device 3's replica.
+  const std::string be = test_backend();
+  workspace w("secagg-holders", 3);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 1;
+  sc.local_steps = 6;
+  sc.min_devices = 3;
+  sc.cuts = {4};
+  sc.secure_aggregation = true;
+  sc.force_route = [](std::uint32_t dev, std::uint64_t, const split::route& r) -> std::optional<split::route> {
+    if (dev != 3 || r.cuts.front() == 8) return std::nullopt;
+    return split::make_route(false, false, {8}, r.n_blocks);
+  };
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+  const auto got = run_federation(w, be, sc, 3, false, [](device::agent_config& a) { a.secure_aggregation = true; });
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].secure_devices == 3);
+  const auto d = core::load_dataset(w.data.string());
+  const auto lay = core::layout_of(core::zoo_model("lenet5", d.train.item, d.train.n_classes));
+  std::vector<std::vector<float>> local;
+  for (std::uint32_t dev = 1; dev <= 3; ++dev)
+    local.push_back(local_training(w, be, sc.opt, sc.seed, dev, 6, sc.batch));
+  // The mean of the given devices' parameters of blocks [first, end), and the server's.
+  const auto blocks = [&](const std::vector<float>& p, int first, int end) {
+    return std::vector<float>(p.begin() + lay.param_offset[static_cast<std::size_t>(first)],
+                              p.begin() + lay.param_offset[static_cast<std::size_t>(end)]);
+  };
+  const auto mean_of = [&](std::initializer_list<int> devs, int first, int end) {
+    std::vector<float> m(blocks(got, first, end).size(), 0.0f);
+    for (int dev : devs) {
+      const auto p = blocks(local[static_cast<std::size_t>(dev - 1)], first, end);
+      for (std::size_t i = 0; i < m.size(); ++i) m[i] += p[i] / static_cast<float>(devs.size());
+    }
+    return m;
+  };
+  // Blocks 0-3 (three holders): the secure mean of all three. Blocks 4-7: devices 1 and 2's
+  // replicas, which the server held in the clear; device 3's never left it. Blocks 8-11: all
+  // three, on the server.
+  CHECK(max_rel_diff(blocks(got, 0, 4), mean_of({1, 2, 3}, 0, 4)) <= 1e-5);
+  CHECK(max_rel_diff(blocks(got, 4, 8), mean_of({1, 2}, 4, 8)) <= 1e-5);
+  CHECK(max_rel_diff(blocks(got, 4, 8), mean_of({1, 2, 3}, 4, 8)) > 1e-3);
+  CHECK(max_rel_diff(blocks(got, 8, 12), mean_of({1, 2, 3}, 8, 12)) <= 1e-5);
+}
+
+TEST_CASE("secure aggregation with fewer devices than --secagg-min-holders is refused at start") {
+  const std::string be = test_backend();
+  workspace w("secagg-holders-refuse", 1);
+  auto sc = server_cfg(w, be);
+  sc.secure_aggregation = true;
+  sc.min_devices = 2;
+  CHECK_THROWS_WITH_AS(server::server_node(sc).run(), doctest::Contains("--secagg-min-holders"), core::error);
+  sc.min_devices = 3;
+  sc.secagg_min_holders = 1;
+  CHECK_THROWS_WITH_AS(server::server_node(sc).run(), doctest::Contains("(here 1 and 3)"), core::error);
+}
+
 TEST_CASE("a device that drops after masking leaves the secure aggregate of the other three") {
   const std::string be = test_backend();
   workspace w("secagg-drop", 4);

@@ -83,8 +83,14 @@ struct server_config : runtime::node_config {
   split::aggregate_rule aggregate;
   // Device replicas reach the server only as masked sums (privacy/secagg.h): it and the edges
   // learn the sum over a round's devices, never one device's blocks, and the sum survives
-  // devices dropping out after masking. Needs the mean rule, splitfed mode and >= 2 devices.
+  // devices dropping out after masking. Needs the mean rule, splitfed mode and at least
+  // secagg_min_holders devices.
   bool secure_aggregation = false;
+  // Under secure aggregation a block's sum is decoded only over at least this many devices that
+  // held it on the device that round (>= 2): a block fewer hold keeps its global value that round
+  // (a sum over one device is that device's replica; adaptive splitting leaves devices with
+  // unequal block sets).
+  int secagg_min_holders = 3;
   // Blocks every device keeps at the bottom of its route at least: the initial cuts (default
   // ones are deepened to it, configured ones must respect it) and every re-split. Activations of
   // shallow cuts are the easiest to invert to the input.

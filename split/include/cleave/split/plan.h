@@ -52,6 +52,12 @@ route parse_route(const std::string& text, int n_blocks);
 // The tier that runs block `block` under route r; throws core::error outside [0, n_blocks).
 core::tier tier_of_block(const route& r, int block);
 
+// Every block at least `min_holders` of `routes` keep on the device, as sorted, merged [begin,
+// end) ranges.
+std::vector<std::pair<int, int>> device_blocks(const std::vector<route>& routes, int min_holders = 1);
+// "[0,4) [9,12)"
+std::string ranges_text(const std::vector<std::pair<int, int>>& ranges);
+
 // "3" / "3,7" / "2,6,9" -> cuts; throws naming the text.
 std::vector<int> parse_cuts(const std::string& text);
 // The text parse_cuts reads: "3,7" ("" for no cuts).
