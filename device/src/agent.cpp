@@ -325,7 +325,8 @@ asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t ge
   // The new plan is in force from here: blocks for it may arrive before the switch is done.
   const split::route from = plan_->cut_over(plan_->next_epoch), to = plan_->route;
   const protocol::migrate_desc md{plan_->epoch, step, c_.id, edge_id_, core::tier::device, c_.id};
-  auto moved = runner_->rehost(c_.id, from, to, md);
+  // Under secure aggregation a device's optimizer state (its gradients, accumulated) stays here.
+  auto moved = runner_->rehost(c_.id, from, to, md, secure_plan_);
   runtime::count_migration(ex_.metrics(), moved);
   const std::size_t n_moved = moved.size();
   for (auto& [tier, msg] : moved) post(std::move(msg));

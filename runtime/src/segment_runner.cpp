@@ -212,13 +212,19 @@ void segment_runner::discard(std::uint32_t device, bool segments) {
   }
 }
 
-std::vector<std::pair<core::tier, transport::message_builder>> segment_runner::rehost(
-    std::uint32_t device, const split::route& from, const split::route& to, const protocol::migrate_desc& md) {
+std::vector<std::pair<core::tier, transport::message_builder>> segment_runner::rehost(std::uint32_t device,
+                                                                                      const split::route& from,
+                                                                                      const split::route& to,
+                                                                                      const protocol::migrate_desc& md,
+                                                                                      bool fresh_optimizer) {
   std::vector<std::pair<core::tier, transport::message_builder>> out;
   std::vector<split::block_state> leaving;
   timed([&] { leaving = host_->rehost(device, from, to, here_); });
-  for (const auto& bs : leaving)
+  for (auto& bs : leaving) {
+    if (fresh_optimizer)
+      for (auto& v : bs.optimizer_state) std::fill(v.begin(), v.end(), 0.0f);
     out.emplace_back(split::tier_of_block(to, bs.begin), protocol::make_migrate(md, to, bs));
+  }
   release(device);
   return out;
 }

@@ -9,6 +9,10 @@
 
 namespace cleave::server {
 
+std::string_view mode_name(training_mode m) {
+  return m == training_mode::splitfed ? "splitfed" : "sequential";
+}
+
 std::string_view phase_name(round_phase p) {
   switch (p) {
     case round_phase::idle:
@@ -198,6 +202,7 @@ round_report round::report(const evaluation& ev) const {
   rep.learning_rate = lr_;
   rep.n_resplits = n_resplits_;
   rep.secure_devices = secure_.n_aggregated();
+  rep.secure_blocks = secure_.decoded();
   rep.planner_seconds = planner_s_;
   for (const auto& [id, r] : routes_)
     if (uploads_.is_done(id) && host_.attached(id, nullptr)) rep.routes.emplace_back(id, host_.route_of(id).str());

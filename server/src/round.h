@@ -76,6 +76,10 @@ class round_host {
 
 enum class round_phase : std::uint8_t { idle, waiting, collecting, closing };
 std::string_view phase_name(round_phase p);
+// Devices may still train: the round collects, or closes (a straggler runs on).
+inline bool trains(round_phase p) {
+  return p == round_phase::collecting || p == round_phase::closing;
+}
 
 class round {
  public:

@@ -37,6 +37,7 @@ void server_node::impl::wiring::opening(std::uint64_t number) {
     s_.ex_.post_compute([this] {
       if (s_.runner_->reprofile_if_idle()) s_.publish_profile();
     });
+  s_.plans_.release_deferred();
   s_.replan("round " + std::to_string(number));
   for (auto& [id, d] : s_.members_.all()) d.legs.clear();
 }

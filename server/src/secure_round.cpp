@@ -21,6 +21,7 @@ void secure_round::reset(std::uint64_t round) {
   revealed_.clear();
   masking_ = unmasking_ = unmasked_ = false;
   n_aggregated_ = 0;
+  decoded_.clear();
 }
 
 void secure_round::post(std::uint32_t device, const protocol::secagg_desc& d) {
@@ -226,6 +227,7 @@ asio::awaitable<void> secure_round::aggregate(const predicate& member, const pre
     co_return;
   }
   n_aggregated_ = static_cast<int>(survivors.size());
+  decoded_ = merged;
   spdlog::info("server: round {}: device blocks {} aggregated securely from {} devices{} in {:.0f} ms", round_,
                split::ranges_text(merged), survivors.size(),
                dropped.empty() ? std::string() : fmt::format(" ({} dropped after masking)", dropped.size()),

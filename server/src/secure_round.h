@@ -45,6 +45,7 @@ class secure_round {
   asio::awaitable<void> aggregate(const predicate& member, const predicate& finished, split::aggregator& avg,
                                   std::chrono::milliseconds patience);
   int n_aggregated() const { return n_aggregated_; }
+  const std::vector<std::pair<int, int>>& decoded() const { return decoded_; }  // blocks of the sum
 
  private:
   void post(std::uint32_t device, const protocol::secagg_desc& d);
@@ -66,6 +67,7 @@ class secure_round {
   std::set<std::uint32_t> masked_, revealed_;            // uploads and reveals in
   bool masking_ = false, unmasking_ = false, unmasked_ = false;
   int n_aggregated_ = 0;  // survivors whose blocks are in the aggregate
+  std::vector<std::pair<int, int>> decoded_;
 };
 
 }  // namespace cleave::server

@@ -14,10 +14,6 @@
 
 namespace cleave::server {
 
-std::string_view mode_name(training_mode m) {
-  return m == training_mode::splitfed ? "splitfed" : "sequential";
-}
-
 server_node::impl::impl(server_config c)
     : c_(std::move(c)),
       ex_("server"),
@@ -26,7 +22,9 @@ server_node::impl::impl(server_config c)
       store_(c_, model_),
       wiring_(*this),
       round_(c_, model_, wiring_, ex_, wake_),
-      publisher_({c_, model_, ex_, members_, plans_, round_, acceptor_}) {}
+      publisher_({c_, model_, ex_, members_, plans_, round_, acceptor_}) {
+  if (c_.secure_aggregation) plans_.defer_off_device_moves_while([this] { return trains(round_.phase()); });
+}
 
 server_node::server_node(server_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
 server_node::~server_node() = default;

@@ -61,6 +61,12 @@ void splitter::propose(std::uint32_t device, const split::route& r, const std::v
                        const std::string& why) {
   auto& d = *members_.find(device);
   if (d.rs.next || !d.connected) return;
+  if (in_round_ && in_round_() && split::takes_off_device(d.rs.route, r)) {
+    spdlog::debug("server: re-split of device {} ({}) to {} waits for the next round", device, why, r.str());
+    deferred_[device] = {r, hops, why};
+    return;
+  }
+  deferred_.erase(device);
   const std::string codecs_before = codecs_text(cut_of(d.rs.route, &d.hops).hops);
   d.rs.announce(r, ++epoch_);
   d.next_hops = hops;
@@ -69,6 +75,13 @@ void splitter::propose(std::uint32_t device, const split::route& r, const std::v
                codecs_before == codecs_after ? std::string() : ", codecs " + codecs_before + " -> " + codecs_after,
                d.rs.next_epoch);
   d.via->post(plan_message(device, true));
+}
+
+void splitter::release_deferred() {
+  auto moves = std::move(deferred_);
+  deferred_.clear();
+  for (const auto& [id, m] : moves)
+    if (const auto* d = members_.find(id); d && d->connected) propose(id, m.to, m.hops, m.why + ", at the round's end");
 }
 
 split::route splitter::cut_over(device_state& d, std::uint32_t epoch, std::uint64_t step, std::uint64_t round,
@@ -185,7 +198,7 @@ double splitter::maybe_replan(const std::string& why, const std::list<runtime::s
   for (std::size_t i = 0; i < devs.size(); ++i)
     running.push_back({members_.find(devs[i].id)->rs.route, choices[i], held[i]});
   split::resplit_policy policy{c_.min_gain, c_.repay_rounds, c_.local_steps};
-  const auto plan = split::replan(*prob, running, policy);
+  const auto plan = split::replan(*prob, running, policy, c_.secure_aggregation ? c_.secagg_min_holders : 1);
   if (!plan.no_fit.empty()) {
     spdlog::warn("server: no plan fits ({}): {}", why, plan.no_fit);
   } else if (!plan.decision.change) {

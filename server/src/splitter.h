@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -51,9 +52,13 @@ class splitter {
                     const std::list<runtime::session_ptr>& sessions);
   // Re-plans when a device may gain enough; the planner's seconds.
   double maybe_replan(const std::string& why, const std::list<runtime::session_ptr>& sessions);
-  // Announces a new route for a device.
+  // Announces a new route for a device. While `in_round` says a round trains (set under secure
+  // aggregation), a route that takes blocks off the device waits for the next round's opening
+  // (release_deferred): a device's in-round state never reaches another tier in the clear.
   void propose(std::uint32_t device, const split::route& r, const std::vector<core::hop_codecs>& hops,
                const std::string& why);
+  void defer_off_device_moves_while(std::function<bool()> in_round) { in_round_ = std::move(in_round); }
+  void release_deferred();
   // Device d cut over at `step` to its announced plan (epoch) in round `round` (`leg`: during it);
   // returns the route it left.
   split::route cut_over(device_state& d, std::uint32_t epoch, std::uint64_t step, std::uint64_t round, bool leg);
@@ -88,6 +93,13 @@ class splitter {
   // From the checkpoint resumed, when splitting adaptively: each device's route and its plan
   // epoch, given back when it rejoins until its first round opens.
   std::map<std::uint32_t, split::epoch_route> resumed_routes_;
+  std::function<bool()> in_round_;
+  struct deferred_move {
+    split::route to;
+    std::vector<core::hop_codecs> hops;
+    std::string why;
+  };
+  std::map<std::uint32_t, deferred_move> deferred_;
 };
 
 }  // namespace cleave::server

@@ -21,7 +21,19 @@ std::uint64_t count_of(const std::string& text, const std::string& key) {
   return v;
 }
 
+// Blocks some but fewer than min_holders of `routes` keep on the device.
+int thin_blocks(const std::vector<route>& routes, int min_holders) {
+  int n = 0;
+  for (const auto& [f, e] : device_blocks(routes)) n += e - f;
+  for (const auto& [f, e] : device_blocks(routes, min_holders)) n -= e - f;
+  return n;
+}
+
 }  // namespace
+
+bool takes_off_device(const route& from, const route& to) {
+  return device_blocks({from, to}, 2) != device_blocks({from});
+}
 
 std::vector<core::hop_codecs> exact_output(const route& r, std::vector<core::hop_codecs> hops) {
   for (std::size_t k = 0; k < hops.size(); ++k)
@@ -29,7 +41,8 @@ std::vector<core::hop_codecs> exact_output(const route& r, std::vector<core::hop
   return hops;
 }
 
-replan_outcome replan(const split_problem& p, const std::vector<running_device>& devs, const resplit_policy& policy) {
+replan_outcome replan(const split_problem& p, const std::vector<running_device>& devs, const resplit_policy& policy,
+                      int min_holders) {
   replan_outcome out;
   std::vector<route> current;
   std::vector<route_choice> running;
@@ -63,6 +76,19 @@ replan_outcome replan(const split_problem& p, const std::vector<running_device>&
     if (now.feasible && now.seconds - next < policy.min_gain * now.seconds) continue;
     out.moves.push_back({i, best.routes[i], best.choices[i].hops, now.seconds, next});
   }
+  if (min_holders <= 1) return out;
+  std::sort(out.moves.begin(), out.moves.end(), [](const resplit_move& a, const resplit_move& b) {
+    return a.now_seconds - a.next_seconds > b.now_seconds - b.next_seconds;
+  });
+  std::vector<resplit_move> kept;
+  for (auto& m : out.moves) {
+    auto after = current;
+    after[m.device] = m.to;
+    if (thin_blocks(after, min_holders) > thin_blocks(current, min_holders)) continue;
+    current = std::move(after);
+    kept.push_back(std::move(m));
+  }
+  out.moves = std::move(kept);
   return out;
 }
 

@@ -167,6 +167,11 @@ TEST_CASE("the device blocks of several routes merge into sorted ranges, and a h
   CHECK(split::ranges_text(split::device_blocks({a, b, c}, 2)) == "[0,3) [10,12)");
   CHECK(split::ranges_text(split::device_blocks({a, b, c}, 3)) == "[0,2)");
   CHECK(split::device_blocks({a, b}, 3).empty());
+  // A move off the device, onto it, and a U-shape's top moving.
+  CHECK(split::takes_off_device(split::make_route(false, false, {6}, n), b));
+  CHECK_FALSE(split::takes_off_device(b, split::make_route(false, false, {6}, n)));
+  CHECK(split::takes_off_device(a, split::make_route(true, false, {3, 10}, n)));
+  CHECK_FALSE(split::takes_off_device(a, a));
   const std::vector<core::hop_codecs> int8(2, {core::codec::int8, core::codec::int8});
   CHECK(split::exact_output(a, int8) == int8);  // the U's top is on the device: no hop carries the output
   // Every block on the device: its one hop carries the model's output, f32.

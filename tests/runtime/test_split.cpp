@@ -878,6 +878,64 @@ TEST_CASE("under secure aggregation a block held on fewer devices than --secagg-
   CHECK(max_rel_diff(blocks(got, 8, 12), mean_of({1, 2, 3}, 8, 12)) <= 1e-5);
 }
 
+TEST_CASE("under secure aggregation a move off a device waits for the round's end and leaves its optimizer state") {
+  // Devices 1 and 2 move onto [0, 6) during round 1 (onto the board: at once), and are asked back
+  // to [0, 4) during round 2 (off the board: from round 3's first step). Devices 3 and 4 stay.
+  const std::string be = test_backend();
+  workspace w("secagg-moves", 4);
+  auto sc = server_cfg(w, be);
+  sc.rounds = 3;
+  sc.local_steps = 6;
+  sc.min_devices = 4;
+  sc.cuts = {4};
+  sc.secure_aggregation = true;
+  sc.force_route = [](std::uint32_t dev, std::uint64_t step, const split::route& r) -> std::optional<split::route> {
+    const std::uint64_t round = step / 6;
+    if (dev > 2) return std::nullopt;
+    if (round == 1 && r.cuts.front() == 4) return split::make_route(false, false, {6}, r.n_blocks);
+    if (round == 2 && r.cuts.front() == 6) return split::make_route(false, false, {4}, r.n_blocks);
+    return std::nullopt;
+  };
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+  std::mutex mu;
+  std::vector<std::vector<std::byte>> frames;
+  run_federation(w, be, sc, 4, false, [&](device::agent_config& a) {
+    a.secure_aggregation = true;
+    a.on_send = [&](std::span<const std::byte> f) {
+      std::lock_guard lock(mu);
+      frames.emplace_back(f.begin(), f.end());
+    };
+  });
+  REQUIRE(reports.size() == 3);
+  // No block's sum is decoded from fewer than 3 devices holding it at the round's end.
+  for (const auto& rep : reports) {
+    std::vector<split::route> routes;
+    for (const auto& [id, text] : rep.routes) routes.push_back(split::parse_route(text, 12));
+    INFO("round " << rep.round << ": decoded " << split::ranges_text(rep.secure_blocks));
+    CHECK(rep.secure_devices == 4);
+    CHECK(split::ranges_text(rep.secure_blocks) == split::ranges_text(split::device_blocks(routes, 3)));
+    CHECK(split::ranges_text(rep.secure_blocks) == "[0,4)");
+  }
+  CHECK(reports[1].routes.at(0).second == "device[0,6) server[6,12)");  // its move back waited
+  CHECK(reports[2].routes.at(0).second == "device[0,4) server[4,12)");
+  // The blocks that left a device: at a round's first step, without its optimizer state.
+  const auto d = core::load_dataset(w.data.string());
+  const auto model = core::zoo_model("lenet5", d.train.item, d.train.n_classes);
+  int n_left = 0;
+  for (const auto& f : frames) {
+    auto m = decoded(f);
+    REQUIRE(m.ok());
+    const auto* mg = m->as<cleave::wire::Migrate>();
+    if (!mg) continue;
+    ++n_left;
+    CHECK(mg->step() == 18);
+    for (const auto& v : protocol::block_state_of(*mg, model).optimizer_state)
+      CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }));
+  }
+  CHECK(n_left == 2);
+}
+
 TEST_CASE("secure aggregation with fewer devices than --secagg-min-holders is refused at start") {
   const std::string be = test_backend();
   workspace w("secagg-holders-refuse", 1);

@@ -100,10 +100,12 @@ class segment_runner {
   void discard(std::uint32_t device, bool segments = false);
 
   // A re-split at a step boundary: this tier's part of moving `device` from route `from` to `to`.
-  // Returns the Migrate messages of the blocks leaving, each with the tier it goes to.
+  // Returns the Migrate messages of the blocks leaving, each with the tier it goes to; with
+  // `fresh_optimizer` their optimizer state goes as zeros (a device's, under secure aggregation).
   std::vector<std::pair<core::tier, transport::message_builder>> rehost(std::uint32_t device, const split::route& from,
                                                                         const split::route& to,
-                                                                        const protocol::migrate_desc& md);
+                                                                        const protocol::migrate_desc& md,
+                                                                        bool fresh_optimizer = false);
   // Blocks arriving for `device`; then runs its held work if nothing is missing any more.
   void install(std::uint32_t device, const wire::Migrate& m);
 

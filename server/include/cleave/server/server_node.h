@@ -46,6 +46,7 @@ struct round_report {
   double learning_rate = 0;           // of this round
   int n_resplits = 0;                 // devices that switched plans during the round
   int secure_devices = 0;             // devices whose blocks were aggregated securely (0: none, or off)
+  std::vector<std::pair<int, int>> secure_blocks;  // the device blocks decoded from their secure sum
   double planner_seconds = 0;         // the longest search for a plan during the round
   std::vector<std::pair<std::uint32_t, std::string>> routes;  // device -> its route at the round's end
 };

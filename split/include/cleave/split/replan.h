@@ -41,7 +41,15 @@ struct replan_outcome {
 // The best plan for `devs` over problem p (the same devices, in order); the held devices stay as
 // they run. A device's best route is its own: its cost depends on the others only through how
 // many share a node, not on their routes.
-replan_outcome replan(const split_problem& p, const std::vector<running_device>& devs, const resplit_policy& policy);
+// With min_holders > 1 (secure aggregation decodes a block only over that many devices holding
+// it), a move is left out when it would leave more blocks held on the device by some but fewer
+// than min_holders devices: such blocks' device replicas stay out of the aggregate. Moves are
+// taken in order of their gain.
+replan_outcome replan(const split_problem& p, const std::vector<running_device>& devs, const resplit_policy& policy,
+                      int min_holders = 1);
+
+// Whether going from route `from` to `to` takes blocks off the device.
+bool takes_off_device(const route& from, const route& to);
 
 // A plan a device ran earlier in a round, until the step of the round at which it cut over.
 struct plan_leg {
