@@ -62,7 +62,11 @@ void splitter::propose(std::uint32_t device, const split::route& r, const std::v
   auto& d = *members_.find(device);
   if (d.rs.next || !d.connected) return;
   if (in_round_ && in_round_() && split::takes_off_device(d.rs.route, r)) {
-    spdlog::debug("server: re-split of device {} ({}) to {} waits for the next round", device, why, r.str());
+    if (const auto it = deferred_.find(device); it == deferred_.end() || !(it->second.to == r))
+      spdlog::info(
+          "server: re-split of device {} ({}) to {} waits for the next round (blocks leave a device only "
+          "between rounds under secure aggregation)",
+          device, why, r.str());
     deferred_[device] = {r, hops, why};
     return;
   }

@@ -77,6 +77,9 @@ replan_outcome replan(const split_problem& p, const std::vector<running_device>&
     out.moves.push_back({i, best.routes[i], best.choices[i].hops, now.seconds, next});
   }
   if (min_holders <= 1) return out;
+  auto all = current;  // the moves together (devices moving alike keep their blocks shared)
+  for (const auto& m : out.moves) all[m.device] = m.to;
+  if (thin_blocks(all, min_holders) <= thin_blocks(current, min_holders)) return out;
   std::sort(out.moves.begin(), out.moves.end(), [](const resplit_move& a, const resplit_move& b) {
     return a.now_seconds - a.next_seconds > b.now_seconds - b.next_seconds;
   });

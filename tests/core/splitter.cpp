@@ -11,6 +11,7 @@
 
 #include "../support/error_of.h"
 #include "cleave/core/random.h"
+#include "cleave/split/replan.h"
 #include "splitter_problems.h"
 
 using namespace cleave;
@@ -397,6 +398,30 @@ TEST_CASE("decide_resplit moves to a plan whose gain repays its migration") {
   CHECK(d.proposed_seconds == doctest::Approx(0.016));
   CHECK(d.migration_seconds == doctest::Approx(0.003));  // 3 MB at 1 GB/s
   CHECK(d.reason == "predicted step 40.0 ms -> 16.0 ms (-60%), migration 3.0 ms: re-split");
+}
+
+TEST_CASE("a re-plan under secure aggregation keeps device blocks shared by enough devices") {
+  // Three devices as in resplit_problem, all on the board; the best plan moves every one to cut 1.
+  auto p = blank(4, false, {-1, -1, -1}, 0);
+  p.server.block_seconds = {0.002, 0.002, 0.002, 0.002};
+  p.cut_bytes = {0, 0, 0, 0, 0};
+  p.fixed_bytes = {0, 1e6, 1e6, 1e6};
+  for (auto& d : p.devices) {
+    d.board.block_seconds = {0.010, 0.010, 0.010, 0.010};
+    d.link = {1e9, 0.0};
+  }
+  std::vector<split::running_device> devs;
+  for (int i = 0; i < 3; ++i) devs.push_back({split::make_route(false, false, {4}, 4), split::default_choice(p, 1)});
+  // Together they keep every device block on all three.
+  CHECK(split::replan(p, devs, {}, 3).moves.size() == 3);
+  // A fast board 0 keeps its blocks: a move of one or both others leaves blocks 1-3 on fewer.
+  p.devices[0].board.block_seconds = {0.001, 0.001, 0.001, 0.001};
+  CHECK(split::replan(p, devs, {}, 1).moves.size() == 2);
+  CHECK(split::replan(p, devs, {}, 3).moves.empty());
+  // Needing two holders, one of them moves: blocks 1-3 stay on the other and on device 0.
+  const auto two = split::replan(p, devs, {}, 2);
+  REQUIRE(two.moves.size() == 1);
+  CHECK(two.moves[0].device != 0);
 }
 
 TEST_CASE("decide_resplit keeps a plan when the gain is below the minimum") {

@@ -831,17 +831,27 @@ TEST_CASE("under secure aggregation four devices average exactly and no device b
   }
 }
 
+namespace {
+
+// A server of n devices aggregating securely, rounds of 6 steps, blocks [0, 4) on the devices.
+server::server_config secure_cfg(const workspace& w, const std::string& be, int n, int rounds) {
+  auto sc = server_cfg(w, be);
+  sc.rounds = rounds;
+  sc.local_steps = 6;
+  sc.min_devices = n;
+  sc.cuts = {4};
+  sc.secure_aggregation = true;
+  return sc;
+}
+
+}  // namespace
+
 TEST_CASE("under secure aggregation a block held on fewer devices than --secagg-min-holders is never decoded") {
   // Devices 1 and 2 keep blocks [0, 4) on the board; device 3 is moved to [0, 8) in its first
   // step. Blocks 4-7 are then on one device only: their secure sum would be device 3's replica.
   const std::string be = test_backend();
   workspace w("secagg-holders", 3);
-  auto sc = server_cfg(w, be);
-  sc.rounds = 1;
-  sc.local_steps = 6;
-  sc.min_devices = 3;
-  sc.cuts = {4};
-  sc.secure_aggregation = true;
+  auto sc = secure_cfg(w, be, 3, 1);
   sc.force_route = [](std::uint32_t dev, std::uint64_t, const split::route& r) -> std::optional<split::route> {
     if (dev != 3 || r.cuts.front() == 8) return std::nullopt;
     return split::make_route(false, false, {8}, r.n_blocks);
@@ -883,12 +893,7 @@ TEST_CASE("under secure aggregation a move off a device waits for the round's en
   // to [0, 4) during round 2 (off the board: from round 3's first step). Devices 3 and 4 stay.
   const std::string be = test_backend();
   workspace w("secagg-moves", 4);
-  auto sc = server_cfg(w, be);
-  sc.rounds = 3;
-  sc.local_steps = 6;
-  sc.min_devices = 4;
-  sc.cuts = {4};
-  sc.secure_aggregation = true;
+  auto sc = secure_cfg(w, be, 4, 3);
   sc.force_route = [](std::uint32_t dev, std::uint64_t step, const split::route& r) -> std::optional<split::route> {
     const std::uint64_t round = step / 6;
     if (dev > 2) return std::nullopt;

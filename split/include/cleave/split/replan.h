@@ -43,8 +43,9 @@ struct replan_outcome {
 // many share a node, not on their routes.
 // With min_holders > 1 (secure aggregation decodes a block only over that many devices holding
 // it), a move is left out when it would leave more blocks held on the device by some but fewer
-// than min_holders devices: such blocks' device replicas stay out of the aggregate. Moves are
-// taken in order of their gain.
+// than min_holders devices: such blocks' device replicas stay out of the aggregate. All the
+// moves are kept when together they add none; otherwise they are taken one by one in order of
+// their gain.
 replan_outcome replan(const split_problem& p, const std::vector<running_device>& devs, const resplit_policy& policy,
                       int min_holders = 1);
 
