@@ -425,6 +425,16 @@ option_table<device::agent_config> make_agent_options() {
                   [](C & c) -> auto& { return c.slowdown; })
                   .in(CLI::Range(1.0, 1000.0)));
   t.push_back(memory_budget_option<C>("memory its blocks may use, e.g. 512M (default: half the RAM)"));
+  t.push_back(value<C>(
+      "allow-model", "SHA256",
+      "train only the model specs of these SHA-256s (repeatable; default: any; a refused model's is logged)",
+      [](C & c) -> auto& { return c.allowed_models; }));
+  t.push_back(value<C>(
+                  "min-device-blocks", "N",
+                  "refuse a route keeping fewer blocks on this device (one whose device blocks hold no parameters is "
+                  "always refused)",
+                  [](C & c) -> auto& { return c.min_device_blocks; })
+                  .in(CLI::Range(0, 1000000)));
   t.push_back(schedule_option<C>(
       "emulated changes by round (text or file), e.g. 'at 3 link device-2 edge-1 10Mbit/s 40ms; at 2 slowdown "
       "device-2 4'"));

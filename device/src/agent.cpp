@@ -12,6 +12,7 @@
 #include "cleave/core/partition.h"
 #include "cleave/core/random.h"
 #include "cleave/runtime/node_metrics.h"
+#include "policy.h"
 
 namespace cleave::device {
 
@@ -51,6 +52,10 @@ agent::impl::impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_st
                     c_.activation_noise));
   if (!(c_.dp_delta > 0 && c_.dp_delta < 1)) throw core::error("--dp-delta must be in (0, 1)");
   if (c_.gradient_check_window < 1) throw core::error("--gradient-check-window must be >= 1");
+  for (const auto& h : c_.allowed_models)
+    if (h.size() != 64 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw core::error("--allow-model '" + h + "': expected a SHA-256 as 64 lowercase hex digits");
+  if (c_.min_device_blocks < 0) throw core::error("--min-device-blocks must be >= 0");
 }
 
 agent::agent(agent_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
@@ -150,6 +155,7 @@ void agent::impl::on_plan(const wire::Plan& p) {
     model_ = std::move(m);
   }
   const split::route route = protocol::route_for(p, c_.id, model_.n_blocks());
+  check_plan_policy(c_, model_, route);  // refused: the link drops with the reason, the agent stays up
   secure_plan_ = p.secure_aggregation();
   if ((c_.cut_gradient_noise >= 0 || c_.equalise_cut_gradients) && !route.u_shape() && !plan_)
     spdlog::warn(
@@ -207,6 +213,7 @@ void agent::impl::on_global_weights(const wire::GlobalWeights& g) {
   // Weights of a round closed while this device was still in it: it missed the deadline.
   if (in_round_ && g.round() >= round_) abandon("the server closed it without this device");
   const auto w = protocol::weights_of(g, runner_->model());
+  check_global_weights(g.round(), w.params, w.buffers);
   runner_->load(c_.id, plan_->route, w.params, w.buffers);
   if (c_.on_weights) c_.on_weights(g.round());
   if (g.round() > 0)

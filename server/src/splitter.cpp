@@ -13,6 +13,15 @@ namespace {
 
 constexpr std::string_view book_prefix = "book:";
 
+// The blocks a device keeps at least: --min-device-blocks, and for planned routes (the planner's,
+// default cuts) as many as hold a layer with parameters. Configured cuts are the operator's (a
+// device refuses what it must).
+int min_device_blocks(const server_config& c, const core::model_spec& m, bool planned) {
+  if (!planned) return c.min_device_blocks;
+  const int most = c.u_shape ? m.n_blocks() - 1 : m.n_blocks();
+  return std::max(c.min_device_blocks, std::min(split::trained_bottom(m), most));
+}
+
 // "int8/topk" per hop, hops joined by ','.
 std::string codecs_text(const std::vector<core::hop_codecs>& hops) {
   std::string out;
@@ -39,7 +48,7 @@ void splitter::add_choices(split::split_problem& p) const {
   p.topk_fraction = c_.codecs.topk_fraction;
   p.batch = c_.batch;
   p.micro_batch_options = {c_.micro_batches};  // micro-batches change batch-norm statistics: fixed
-  p.min_device_blocks = c_.min_device_blocks;
+  p.min_device_blocks = min_device_blocks(c_, model_, true);
   p.cut_channels.assign(static_cast<std::size_t>(model_.n_blocks() + 1), 1.0);
   for (int c = 0; c <= model_.n_blocks(); ++c) {
     const auto& s = c < model_.n_blocks() ? model_.blocks[static_cast<std::size_t>(c)].in : model_.blocks.back().out;
@@ -224,8 +233,10 @@ void splitter::start(split::node_profile server) {
 }
 
 split::route splitter::route_for_device(bool behind_edge) const {
-  return split::starting_route(model_, c_.u_shape, behind_edge, behind_edge ? c_.edge_cuts : c_.cuts,
-                               c_.min_device_blocks, behind_edge ? "--edge-cuts" : "--cuts");
+  const auto& cuts = behind_edge ? c_.edge_cuts : c_.cuts;
+  const bool cuts_empty = cuts.empty();
+  return split::starting_route(model_, c_.u_shape, behind_edge, cuts, min_device_blocks(c_, model_, cuts_empty),
+                               behind_edge ? "--edge-cuts" : "--cuts");
 }
 
 std::string splitter::place(std::uint32_t id, device_state& d) {

@@ -107,6 +107,12 @@ double mean_step_seconds(const split_problem& p, int device, const std::vector<p
   return (seconds + static_cast<double>(steps - from) * now_seconds) / static_cast<double>(steps);
 }
 
+int trained_bottom(const core::model_spec& m) {
+  for (int b = 0; b < m.n_blocks(); ++b)
+    if (m.blocks[static_cast<std::size_t>(b)].n_params > 0) return b + 1;
+  return 0;
+}
+
 route starting_route(const core::model_spec& m, bool u_shape, bool behind_edge, const std::vector<int>& cuts,
                      int min_device_blocks, const std::string& option) {
   const std::string what = option + " '" + cuts_text(cuts) + "'";

@@ -182,6 +182,9 @@ TEST_CASE("the device blocks of several routes merge into sorted ranges, and a h
 TEST_CASE("a device's starting route keeps --min-device-blocks on it, and configured cuts that do not are refused") {
   const auto& m = mlp();
   CHECK(split::starting_route(m, false, false, {}, 4, "--cuts").end(0) >= 4);
+  // mlp's first block (flatten) holds no parameters: two blocks at least carry a trained layer.
+  CHECK(split::trained_bottom(m) == 2);
+  CHECK(split::trained_bottom(core::zoo_model("lenet5", core::shape{1, 28, 28}, 10)) == 1);
   CHECK(error_of([&] { split::starting_route(m, false, false, {1}, 3, "--cuts"); }) ==
         "--cuts '1' keep 1 blocks on the device, fewer than --min-device-blocks 3");
   CHECK(error_of([&] {

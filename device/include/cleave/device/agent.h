@@ -50,6 +50,13 @@ struct agent_config : runtime::node_config {  // name: e.g. "device-1"
   // Compute made this many times slower (sleeping in proportion to measured compute time),
   // to emulate a weaker board.
   double slowdown = 1.0;
+  // The device's own policy, whatever the server plans (a refused plan or global model is an
+  // Error to the server; the agent stays up): the model specs it trains, by the SHA-256 of their
+  // JSON (empty: any), and the blocks every route keeps on it at least. A route whose blocks on
+  // the device hold no parameters (the input only reshaped or pooled) is always refused, and so
+  // are global weights that are not finite.
+  std::vector<std::string> allowed_models;
+  int min_device_blocks = 0;
   // Uploads its replicas only masked for secure aggregation (privacy/secagg.h): a server whose
   // plan does not aggregate securely is refused. Without it the device follows the server's plan.
   bool secure_aggregation = false;

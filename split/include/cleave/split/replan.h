@@ -63,6 +63,10 @@ struct plan_leg {
 double mean_step_seconds(const split_problem& p, int device, const std::vector<plan_leg>& legs, const route& current,
                          double now_seconds, std::uint64_t steps);
 
+// The fewest bottom blocks that hold a block with parameters (0: no block has any): fewer on a
+// device would send its input on only reshaped or pooled, which devices refuse.
+int trained_bottom(const core::model_spec& m);
+
 // The route a device starts on: the configured cuts (none: the default ones, deepened to keep
 // min_device_blocks on the device). Throws core::error naming `option` and its cuts when the model
 // cannot take them or they keep fewer than min_device_blocks on the device.

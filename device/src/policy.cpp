@@ -1,0 +1,38 @@
+#include "policy.h"
+
+#include <algorithm>
+#include <string>
+
+#include "cleave/privacy/digest.h"
+#include "cleave/split/replica_checks.h"
+
+namespace cleave::device {
+
+void check_plan_policy(const agent_config& c, const core::model_spec& m, const split::route& r) {
+  if (!c.allowed_models.empty()) {
+    const std::string hash = privacy::sha256_hex(m.json);
+    if (std::find(c.allowed_models.begin(), c.allowed_models.end(), hash) == c.allowed_models.end())
+      throw core::error("model '" + m.name + "' (sha256 " + hash + ") is not one this device allows (--allow-model)");
+  }
+  const int bottom = r.end(0);
+  if (bottom < c.min_device_blocks)
+    throw core::error("route " + r.str() + " keeps " + std::to_string(bottom) +
+                      " blocks on this device, fewer than its --min-device-blocks " +
+                      std::to_string(c.min_device_blocks));
+  // What leaves the first cut must have passed a layer that trains: otherwise it is the input,
+  // reshaped or pooled.
+  if (bottom < m.n_blocks() &&
+      std::none_of(m.blocks.begin(), m.blocks.begin() + bottom, [](const auto& b) { return b.n_params > 0; }))
+    throw core::error("route " + r.str() + " sends what no trained layer of this device has transformed (blocks [0," +
+                      std::to_string(bottom) + ") of model '" + m.name + "' have no parameters): refused");
+}
+
+void check_global_weights(std::uint64_t round, std::span<const float> params, std::span<const float> buffers) {
+  std::string bad = split::first_non_finite(params, "parameter");
+  if (bad.empty()) bad = split::first_non_finite(buffers, "state value");
+  if (!bad.empty())
+    throw core::error("the global weights of round " + std::to_string(round) + " hold a non-finite value (" + bad +
+                      "): refused");
+}
+
+}  // namespace cleave::device

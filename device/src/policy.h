@@ -1,0 +1,17 @@
+// The device's own policy: what it trains whatever the server plans (`--allow-model`,
+// `--min-device-blocks`, a trained layer below its first cut, finite global weights).
+#pragma once
+
+#include <span>
+
+#include "cleave/device/agent.h"
+#include "cleave/split/plan.h"
+
+namespace cleave::device {
+
+// Throws core::error naming the rule route r of model m (its spec as the plan carried it) breaks.
+void check_plan_policy(const agent_config& c, const core::model_spec& m, const split::route& r);
+// Throws core::error when global weights of `round` hold a value that is not finite.
+void check_global_weights(std::uint64_t round, std::span<const float> params, std::span<const float> buffers);
+
+}  // namespace cleave::device
