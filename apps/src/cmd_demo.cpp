@@ -212,6 +212,8 @@ device::agent_config demo_agent(const demo_options& o, const demo_plan& p, int i
   c.shard = i - 1;
   c.schedule = o.schedule;
   c.secure_aggregation = o.secure;
+  // Its rosters are as large as the server's rule for a block's sum asks.
+  c.secagg_min_roster = std::min(c.secagg_min_roster, o.server.secagg_min_holders);
   if (i <= o.slow) c.slowdown = o.slowdown;
   return c;
 }
@@ -741,7 +743,8 @@ const option_table<demo_options>& demo_table() {
                     "the run",
                     [](D & d) -> auto& { return d.board_gflops; })
                     .in(CLI::Range(0.01, 1e6)));
-    for (const char* name : {"dashboard", "metrics"}) t.push_back(passed_on<D>(so, name, srv));
+    for (const char* name : {"dashboard", "dashboard-token", "metrics", "metrics-token", "metrics-public"})
+      t.push_back(passed_on<D>(so, name, srv));
     t.push_back(passed_on<D>(ao, "augment", dev));
     return t;
   }();

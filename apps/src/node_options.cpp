@@ -52,7 +52,7 @@ using strings = std::vector<std::string>;
 
 constexpr const char* metrics_help =
     "serve Prometheus metrics on http://ADDR/metrics: PORT (loopback) or HOST:PORT (0.0.0.0:PORT for every "
-    "interface); default: none";
+    "interface: with --metrics-token or --metrics-public); default: none";
 constexpr const char* give_up_help =
     "stop with an error once the upstream has been unreachable this many seconds in a row (default 0: "
     "keep trying, as a service waits for its server to come back)";
@@ -100,10 +100,21 @@ option<C> schedule_option(const char* help) {
       [](const C& c) { return c.schedule.empty() ? strings{} : strings{c.schedule.text}; });
 }
 
+// --metrics, its token, and the flag that serves it beyond loopback without one.
 template <class C>
-option<C> metrics_option() {
-  return value<C>(
-      "metrics", "ADDR", metrics_help, [](C & c) -> auto& { return c.metrics; });
+void push_metrics_options(option_table<C>& t) {
+  t.push_back(value<C>(
+      "metrics", "ADDR", metrics_help, [](C & c) -> auto& { return c.metrics; }));
+  t.push_back(value<C>(
+                  "metrics-token", "TOKEN",
+                  "token every /metrics request must carry (Authorization: Bearer TOKEN, as Prometheus sends it "
+                  "with its authorization settings, or ?token=TOKEN); at least 16 characters beyond loopback",
+                  [](C & c) -> auto& { return c.metrics_token; })
+                  .from_env("CLEAVE_METRICS_TOKEN"));
+  t.push_back(flag<C>(
+      "metrics-public",
+      "serve --metrics beyond loopback without a token, to anyone who reaches the port (warned at start)",
+      [](C & c) -> auto& { return c.metrics_public; }));
 }
 
 template <class C>
@@ -308,7 +319,7 @@ option_table<server::server_config> make_server_options() {
   t.push_back(memory_budget_option<C>("memory the server's blocks may use, e.g. 8G (default: half the RAM)"));
   t.push_back(
       schedule_option<C>("emulated link changes by round (text or file), e.g. 'at 3 link server * 10Mbit/s 20ms'"));
-  t.push_back(metrics_option<C>());
+  push_metrics_options(t);
   t.push_back(value<C>(
       "run-log", "PATH", "append one JSON object per round to this file (for plots and scripts)",
       [](C & c) -> auto& { return c.run_log; }));
@@ -349,7 +360,7 @@ option_table<edge::edge_config> make_edge_options() {
       "secure-aggregation", "relay only masked device replicas; refuse a server that does not aggregate securely",
       [](C & c) -> auto& { return c.secure_aggregation; }));
   t.push_back(schedule_option<C>("emulated link changes by round (text or file)"));
-  t.push_back(metrics_option<C>());
+  push_metrics_options(t);
   t.push_back(idle_timeout_option<C>());
   t.push_back(give_up_option<C>());
   t.push_back(profile_every_option<C>(
@@ -438,7 +449,7 @@ option_table<device::agent_config> make_agent_options() {
   t.push_back(schedule_option<C>(
       "emulated changes by round (text or file), e.g. 'at 3 link device-2 edge-1 10Mbit/s 40ms; at 2 slowdown "
       "device-2 4'"));
-  t.push_back(metrics_option<C>());
+  push_metrics_options(t);
   t.push_back(idle_timeout_option<C>());
   t.push_back(give_up_option<C>());
   t.push_back(profile_every_option<C>(
@@ -501,6 +512,11 @@ option_table<device::agent_config> make_agent_options() {
   t.push_back(flag<C>(
       "secure-aggregation", "upload replicas only masked; refuse a server that does not aggregate securely",
       [](C & c) -> auto& { return c.secure_aggregation; }));
+  t.push_back(value<C>(
+                  "secagg-min-roster", "N",
+                  "take part in secure aggregation only with rosters of at least N signed devices (default 3)",
+                  [](C & c) -> auto& { return c.secagg_min_roster; })
+                  .in(CLI::Range(2, 1000000)));
   t.push_back(augment_option<C>([](C & c) -> auto& { return c.augment; }));
   return t;
 }

@@ -82,14 +82,15 @@ float learning_rate(const optimizer_config& c, std::int64_t t) {
   return c.lr;
 }
 
+int state_tensors(const optimizer_config& c) {
+  if (c.kind == optimizer_kind::adamw) return 2;
+  return c.momentum != 0.0f ? 1 : 0;
+}
+
 optimizer::optimizer(backend& b, const optimizer_config& c, std::int64_t n_params) : b_(&b), c_(c) {
   if (!(c.lr >= 0.0f)) throw error("learning rate must be >= 0");
   const shape s{n_params};
-  if (c.kind == optimizer_kind::sgd && c.momentum != 0.0f) state_.push_back(b.zeros(s));
-  if (c.kind == optimizer_kind::adamw) {
-    state_.push_back(b.zeros(s));
-    state_.push_back(b.zeros(s));
-  }
+  for (int i = 0; i < state_tensors(c); ++i) state_.push_back(b.zeros(s));
 }
 
 void optimizer::set_lr(float lr) {

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "agent_impl.h"
+#include "cleave/protocol/signed_keys.h"
 #include "cleave/backend/registry.h"
 #include "cleave/core/partition.h"
 #include "cleave/core/random.h"
@@ -56,6 +57,9 @@ agent::impl::impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_st
     if (h.size() != 64 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
       throw core::error("--allow-model '" + h + "': expected a SHA-256 as 64 lowercase hex digits");
   if (c_.min_device_blocks < 0) throw core::error("--min-device-blocks must be >= 0");
+  if (c_.secagg_min_roster < 2)
+    throw core::error("--secagg-min-roster " + std::to_string(c_.secagg_min_roster) +
+                      ": a roster needs at least 2 devices (one alone would be decoded as it is)");
 }
 
 agent::agent(agent_config c) : impl_(std::make_unique<impl>(std::move(c))) {}
@@ -155,7 +159,8 @@ void agent::impl::on_plan(const wire::Plan& p) {
     model_ = std::move(m);
   }
   const split::route route = protocol::route_for(p, c_.id, model_.n_blocks());
-  check_plan_policy(c_, model_, route);  // refused: the link drops with the reason, the agent stays up
+  // Refused: the link drops with the reason, the agent stays up.
+  check_plan_policy(c_, model_, route, {protocol::training_of(p).opt, p.micro_batch_size(), memory_budget_});
   secure_plan_ = p.secure_aggregation();
   if ((c_.cut_gradient_noise >= 0 || c_.equalise_cut_gradients) && !route.u_shape() && !plan_)
     spdlog::warn(
@@ -203,7 +208,7 @@ void agent::impl::on_plan(const wire::Plan& p) {
   // Every block timed on this board before training, so the server's plan is informed from the
   // first round.
   if (fresh || reprofile) {
-    runner_->profile(micro_batch_size_, training);
+    runner_->profile(micro_batch_size_, training, memory_budget_);
     send_profile(0);
   }
 }
@@ -241,7 +246,8 @@ void agent::impl::on_round_start(const wire::RoundStart& r) {
   secure_.reset();
   if (secure_plan_) {
     secure_.emplace(secure_round{privacy::secagg_client(c_.id, r.round())});
-    const privacy::roster_entry mine{c_.id, secure_->client.mask_public(), secure_->client.encrypt_public()};
+    const auto mine =
+        protocol::signed_keys(*tls_, r.round(), c_.id, secure_->client.mask_public(), secure_->client.encrypt_public());
     post_secagg(
         {.phase = wire::SecAggPhase::keys, .round = r.round(), .device_id = c_.id, .keys = std::span(&mine, 1)});
   }
@@ -456,7 +462,7 @@ int agent::impl::run() {
                                           [this](transport::message m) { on_message(std::move(m)); }, lost});
   ex_.collect_on_io([this] { up_->publish_links(); });
   if (!c_.metrics.empty())
-    ex_.serve_metrics(c_.metrics, [this] { return up_->current() ? std::string() : "not connected to its upstream"; });
+    ex_.serve_metrics(c_.metrics, c_.metrics_token, c_.metrics_public, [this] { return up_->current() ? std::string() : "not connected to its upstream"; });
   ex_.on_reload([this] { runtime::reload_credentials(ex_, *tls_, nullptr, &*up_); });
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("device {}: {}", c_.id, why);

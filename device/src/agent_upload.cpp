@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "agent_impl.h"
+#include "cleave/protocol/signed_keys.h"
 
 namespace cleave::device {
 
@@ -123,7 +124,10 @@ void agent::impl::on_secagg(const wire::SecAgg& m) {
   try {
     switch (m.phase()) {
       case wire::SecAggPhase::roster: {
-        const auto blobs = sec.client.share_keys(protocol::keys_of(m), static_cast<int>(m.threshold()));
+        // Whoever relayed it: every member is a device of this federation that signed its keys.
+        const auto roster = protocol::keys_of(m);
+        protocol::check_roster(*tls_, round, c_.id, roster, static_cast<int>(m.threshold()), c_.secagg_min_roster);
+        const auto blobs = sec.client.share_keys(roster, static_cast<int>(m.threshold()));
         post_secagg({.phase = wire::SecAggPhase::shares, .round = round, .device_id = c_.id, .blobs = blobs});
         return;
       }
@@ -156,6 +160,8 @@ void agent::impl::on_secagg(const wire::SecAgg& m) {
   } catch (const core::error& e) {
     // Nothing more of this round's masking: the server counts this device as dropped.
     spdlog::warn("device {}: round {}: secure aggregation: {}", c_.id, round, e.what());
+    post(transport::make_error(wire::ErrorCode::refused,
+                               "round " + std::to_string(round) + ": secure aggregation refused: " + e.what()));
     secure_.reset();
   }
 }

@@ -1,14 +1,18 @@
 #include "policy.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "cleave/privacy/digest.h"
+#include "cleave/split/profiler.h"
 #include "cleave/split/replica_checks.h"
 
 namespace cleave::device {
 
-void check_plan_policy(const agent_config& c, const core::model_spec& m, const split::route& r) {
+void check_plan_policy(const agent_config& c, const core::model_spec& m, const split::route& r, const plan_terms& t) {
   if (!c.allowed_models.empty()) {
     const std::string hash = privacy::sha256_hex(m.json);
     if (std::find(c.allowed_models.begin(), c.allowed_models.end(), hash) == c.allowed_models.end())
@@ -25,6 +29,18 @@ void check_plan_policy(const agent_config& c, const core::model_spec& m, const s
       std::none_of(m.blocks.begin(), m.blocks.begin() + bottom, [](const auto& b) { return b.n_params > 0; }))
     throw core::error("route " + r.str() + " sends what no trained layer of this device has transformed (blocks [0," +
                       std::to_string(bottom) + ") of model '" + m.name + "' have no parameters): refused");
+  std::uint64_t need = 0;
+  for (int seg : r.segments_on(core::tier::device)) {
+    const std::uint64_t add =
+        split::least_segment_bytes(m, r.begin(seg), r.end(seg), t.opt, static_cast<int>(std::max(1u, t.micro_batch)));
+    need = add > std::numeric_limits<std::uint64_t>::max() - need ? std::numeric_limits<std::uint64_t>::max() : need + add;
+  }
+  if (t.memory_budget && need > t.memory_budget)
+    throw core::error(fmt::format(
+        "route {} needs at least {:.1f} MiB on this device (parameters, gradients, optimizer state and the activations "
+        "of a micro-batch of {}), above its --memory-budget of {:.1f} MiB: refused",
+        r.str(), static_cast<double>(need) / (1 << 20), std::max(1u, t.micro_batch),
+        static_cast<double>(t.memory_budget) / (1 << 20)));
 }
 
 void check_global_weights(std::uint64_t round, std::span<const float> params, std::span<const float> buffers) {

@@ -5,12 +5,21 @@
 #include <span>
 
 #include "cleave/device/agent.h"
+#include "cleave/core/optimizer.h"
 #include "cleave/split/plan.h"
 
 namespace cleave::device {
 
-// Throws core::error naming the rule route r of model m (its spec as the plan carried it) breaks.
-void check_plan_policy(const agent_config& c, const core::model_spec& m, const split::route& r);
+// What a plan asks of this device besides its route: how it trains, micro-batches of how many.
+struct plan_terms {
+  core::optimizer_config opt;
+  std::uint32_t micro_batch = 1;
+  std::uint64_t memory_budget = 0;  // this device's (0: unlimited)
+};
+
+// Throws core::error naming the rule route r of model m (its spec as the plan carried it) breaks;
+// nothing of the plan is allocated before.
+void check_plan_policy(const agent_config& c, const core::model_spec& m, const split::route& r, const plan_terms& t);
 // Throws core::error when global weights of `round` hold a value that is not finite.
 void check_global_weights(std::uint64_t round, std::span<const float> params, std::span<const float> buffers);
 

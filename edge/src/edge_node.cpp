@@ -98,7 +98,7 @@ void edge_node::impl::on_plan(const transport::message& m) {
     model_json_ = json;
     ex_.post_compute([this, json, training, batch = p.micro_batch_size()] {
       runner_->set_model(json, training);
-      runner_->profile(batch, training);
+      runner_->profile(batch, training, memory_budget_);
       auto snap = runner_->snapshot(memory_budget_);
       ex_.post_io([this, snap = std::move(snap)]() mutable { send_profile(std::move(snap)); });
     });
@@ -221,10 +221,12 @@ void edge_node::impl::on_hello(const runtime::session_ptr& s, const transport::m
   d.planned = d.expected = false;
   d.parts.clear();
   uploads_.forget(s->id);
-  d.hello.assign(hello.frame().begin(), hello.frame().end());
+  // Named up by its certificate, not by what it claims.
+  const auto named = protocol::renamed_hello(*hello.as<wire::Hello>(), s->identity);
+  d.hello.assign(named.frame().begin(), named.frame().end());
   spdlog::info("edge {}: device {} ({}) connected", c_.id, s->id, s->identity);
   schedule_->apply(s->ch, s->identity);
-  up_->post(protocol::copy_of(hello));
+  up_->post(transport::message_builder::from_frame(d.hello));
   // Back on a new connection, it is out of the round (the server counts it out too): the round
   // here may be complete without it.
   if (was_expected) maybe_flush(false);
@@ -317,6 +319,10 @@ void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier f
     return spdlog::debug("edge {}: a step message of attempt {} for device {} (now attempt {}) is dropped", c_.id,
                          key.attempt, dev, attempt_);
   report_moved_links(d);
+  // A device's activation of the round collecting: evidence of its work there.
+  if (from == core::tier::device && m.type() == wire::Body::Activations && collecting_ && !flushing_ &&
+      local_steps_ && key.step / local_steps_ == round_)
+    uploads_.saw(dev);
   auto held = std::make_shared<transport::message>(std::move(m));
   auto task = [this, s = d.s, r = d.rs.route, epoch, from, held] {
     auto res = runner_->run(s->id, r, epoch, from, *held);
@@ -395,7 +401,7 @@ int edge_node::impl::run() {
     ex_.metrics().set("cleave_devices_connected", {}, static_cast<double>(below_->sessions().size()));
   });
   if (!c_.metrics.empty())
-    ex_.serve_metrics(c_.metrics, [this] { return up_->current() ? std::string() : "not connected to the server"; });
+    ex_.serve_metrics(c_.metrics, c_.metrics_token, c_.metrics_public, [this] { return up_->current() ? std::string() : "not connected to the server"; });
   ex_.on_reload([this] { runtime::reload_credentials(ex_, *tls_, &*below_, &*up_); });
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("edge {}: {}", c_.id, why.empty() ? "done" : why);

@@ -23,7 +23,7 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
                       " refused: " + e.what());
   }
   if (!r.final_part()) return;
-  d.parts = uploads_.complete(d.s.get(), core::tier::device, protocol::stats_of(r), devs);
+  d.parts = uploads_.complete(d.s.get(), core::tier::device, devs);
   d.n_samples = r.n_samples();
   arrived_.push_back(id);
   maybe_flush(false);

@@ -84,6 +84,17 @@ bytes32 public_of(const bytes32& secret) {
 
 }  // namespace
 
+std::vector<std::uint8_t> keys_statement(std::uint64_t round, const roster_entry& e) {
+  static constexpr std::string_view label = "cleave secagg round keys v1";
+  std::vector<std::uint8_t> out(label.begin(), label.end());
+  out.push_back(0);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(round >> (8 * i)));
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(e.id >> (8 * i)));
+  out.insert(out.end(), e.mask_public.begin(), e.mask_public.end());
+  out.insert(out.end(), e.encrypt_public.begin(), e.encrypt_public.end());
+  return out;
+}
+
 int default_threshold(int n_devices) {
   return std::max(2, n_devices / 2 + 1);
 }

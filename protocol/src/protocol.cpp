@@ -82,6 +82,16 @@ message_builder make_hello(const hello_info& info) {
   return b;
 }
 
+message_builder renamed_hello(const wire::Hello& h, std::string_view name) {
+  std::vector<backend_desc> backends;
+  if (h.backends())
+    for (const auto* d : *h.backends())
+      backends.push_back({d->name() ? d->name()->string_view() : std::string_view(), d->gflops(), d->memory_bytes()});
+  hello_info info{static_cast<core::tier>(h.role()), h.node_id(), name, backends, h.memory_bytes(), h.gflops(),
+                  h.n_samples(), h.protocol_version()};
+  return make_hello(info);
+}
+
 message_builder make_welcome(const welcome_info& info) {
   message_builder b(128);
   b.finish(wire::CreateWelcome(b.fbb(), info.version, info.node_id, info.run_id, info.plan_epoch, info.heartbeat_ms,
@@ -444,13 +454,15 @@ message_builder make_leave(const leave_desc& l) {
 message_builder make_secagg(const secagg_desc& d) {
   std::size_t bytes =
       256 + d.words.size() * 8 + (d.devices.size() + d.dropped.size() + d.blocks.size()) * 4 + d.keys.size() * 96;
+  for (const auto& k : d.keys) bytes += k.certificate.size() + k.signature.size() + 16;
   for (const auto& b : d.blobs) bytes += b.bytes.size() + 32;
   message_builder m(bytes);
   auto& f = m.fbb();
   std::vector<flatbuffers::Offset<wire::SecAggKey>> keys;
   for (const auto& k : d.keys)
     keys.push_back(wire::CreateSecAggKey(f, k.id, f.CreateVector(k.mask_public.data(), k.mask_public.size()),
-                                         f.CreateVector(k.encrypt_public.data(), k.encrypt_public.size())));
+                                         f.CreateVector(k.encrypt_public.data(), k.encrypt_public.size()),
+                                         f.CreateVector(k.certificate), f.CreateVector(k.signature)));
   std::vector<flatbuffers::Offset<wire::SecAggBlob>> blobs;
   for (const auto& b : d.blobs) blobs.push_back(wire::CreateSecAggBlob(f, b.id, f.CreateVector(b.bytes)));
   const auto list = [&f](std::span<const std::uint32_t> v) { return f.CreateVector(v.data(), v.size()); };
@@ -472,7 +484,9 @@ std::vector<privacy::roster_entry> keys_of(const wire::SecAgg& m) {
       throw core::error("secure aggregation key of device " + std::to_string(e.id) + " is not 32 bytes");
     std::memcpy(e.mask_public.data(), k->mask_public()->data(), 32);
     std::memcpy(e.encrypt_public.data(), k->encrypt_public()->data(), 32);
-    out.push_back(e);
+    if (k->certificate()) e.certificate.assign(k->certificate()->begin(), k->certificate()->end());
+    if (k->signature()) e.signature.assign(k->signature()->begin(), k->signature()->end());
+    out.push_back(std::move(e));
   }
   return out;
 }

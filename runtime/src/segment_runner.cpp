@@ -318,15 +318,16 @@ std::vector<split::block_profile> shared_board::profile(
   return it->second;
 }
 
-void segment_runner::profile(std::uint32_t batch, const protocol::training_settings& t) {
+void segment_runner::profile(std::uint32_t batch, const protocol::training_settings& t, std::uint64_t memory_budget) {
   const auto t0 = clock::now();
   split::profile_options po;
   po.batch = static_cast<int>(std::max(1u, batch));
   po.seed = t.seed;
+  po.memory_budget = memory_budget;
   bool measured = true;
   auto measure = [&] { return split::profile_blocks(*b_, model_, t.opt, po); };
   auto base = shared_ ? shared_->profile(b_->name() + "|" + std::to_string(po.batch) + "|" + core::to_json(t.opt) +
-                                             "|" + model_json_,
+                                             "|" + std::to_string(memory_budget) + "|" + model_json_,
                                          measure, measured)
                       : measure();
   double total = 0;
@@ -337,6 +338,7 @@ void segment_runner::profile(std::uint32_t batch, const protocol::training_setti
   }
   live_ = split::live_profile(std::move(base));
   profile_batch_ = static_cast<std::uint32_t>(po.batch);
+  profile_budget_ = memory_budget;
   n_observed_ = n_observed_mark_ = 0;
   if (measured)
     spdlog::info("{} {}: profiled {} blocks on {} in {:.2f} s: {:.2f} ms per micro-batch of {}", core::tier_name(here_),
@@ -352,7 +354,7 @@ bool segment_runner::reprofile_if_idle() {
     n_observed_mark_ = n_observed_;
     return false;
   }
-  profile(profile_batch_, training_);
+  profile(profile_batch_, training_, profile_budget_);
   return true;
 }
 

@@ -2,6 +2,11 @@
 // the statistics of a round summed.
 #include "cleave/runtime/upload_collector.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
 #include "cleave/core/error.h"
 
 namespace cleave::runtime {
@@ -53,6 +58,39 @@ void upload_collector::check_secure(core::tier from, const std::vector<std::uint
                           "'s blocks uploaded in the clear under secure aggregation");
 }
 
+protocol::round_stats upload_collector::checked_stats(const void* sender, core::tier from,
+                                                     const std::vector<std::uint32_t>& devices,
+                                                     const std::vector<split::route>& routes,
+                                                     const wire::ReplicaUpload& r) const {
+  protocol::round_stats st = protocol::stats_of(r);
+  const std::uint64_t n_devices = std::max<std::size_t>(devices.size(), 1);
+  const std::uint64_t samples = rules_.samples_per_device * n_devices;
+  if (st.n_correct > st.n_loss || st.n_loss > samples)
+    throw core::error(fmt::format("statistics of {} losses, {} of them correct: {} device{} of this round allow {} "
+                                  "samples",
+                                  st.n_loss, st.n_correct, n_devices, n_devices == 1 ? "" : "s", samples));
+  if (!std::isfinite(st.loss_sum) || st.loss_sum < 0 ||
+      st.loss_sum > loss_ceiling * static_cast<double>(st.n_loss))
+    throw core::error(fmt::format("a loss sum of {:g} over {} samples is not a training loss (finite, 0 to {:g} each)",
+                                  st.loss_sum, st.n_loss, loss_ceiling));
+  // Compute at most the collection's wall time (and a second of rounding), per device behind it.
+  const double wall = std::chrono::duration<double>(clock::now() - opened_).count() + 1.0;
+  const auto bound = [](std::uint64_t us, double seconds) {
+    return std::min<std::uint64_t>(us, static_cast<std::uint64_t>(seconds * 1e6));
+  };
+  st.compute_us = bound(st.compute_us, wall);
+  st.device_compute_us = from == core::tier::device ? 0 : bound(st.device_compute_us, wall * static_cast<double>(n_devices));
+  if (from != core::tier::device) return st;
+  // A device's own upload: evidence that it trained in this collection.
+  const std::uint32_t dev = devices.at(0);
+  if (worked_.count(dev)) return st;
+  if (!routes.at(0).device_only())
+    throw core::error("none of its activations of this round reached this tier, yet it uploads its replica");
+  if (rules_.unchanged && !rules_.secure && !changed_.count(sender))
+    throw core::error("its replica is the one the round started from: it trained nothing");
+  return st;
+}
+
 void upload_collector::add(const void* sender, core::tier from, const std::vector<std::uint32_t>& devices,
                            const std::vector<split::route>& routes, const wire::ReplicaUpload& r,
                            const protocol::weights_view& w) {
@@ -70,9 +108,13 @@ void upload_collector::add(const void* sender, core::tier from, const std::vecto
       ledger_.check(
           devices, rights,
           {static_cast<int>(r.first_block()), static_cast<int>(r.end_block()), r.n_samples(), w.params, w.buffers});
+      if (rules_.unchanged && r.first_block() < r.end_block() &&
+          !rules_.unchanged(static_cast<int>(r.first_block()), static_cast<int>(r.end_block()), w.params))
+        changed_.insert(sender);
     }
+    if (r.final_part()) stats_[sender] = checked_stats(sender, from, devices, routes, r);
   } catch (const core::error&) {
-    held_.erase(sender);
+    drop(sender);
     throw;
   }
   if (r.first_block() < r.end_block())  // a part without blocks is statistics only
@@ -85,14 +127,19 @@ void upload_collector::add(const void* sender, core::tier from, const std::vecto
 }
 
 std::vector<upload_part> upload_collector::complete(const void* sender, core::tier from,
-                                                    const protocol::round_stats& st,
                                                     const std::vector<std::uint32_t>& finished) {
   std::vector<upload_part> parts;
   if (const auto it = held_.find(sender); it != held_.end()) {
     parts = std::move(it->second);
     held_.erase(it);
   }
-  tally_.add(st, from);
+  // Statistics of a final part add() took (none when it was not offered: all its devices were
+  // counted out).
+  if (const auto st = stats_.find(sender); st != stats_.end()) {
+    tally_.add(st->second, from);
+    stats_.erase(st);
+  }
+  changed_.erase(sender);
   done_.insert(finished.begin(), finished.end());
   return parts;
 }
@@ -100,6 +147,7 @@ std::vector<upload_part> upload_collector::complete(const void* sender, core::ti
 void upload_collector::forget(std::uint32_t device) {
   ledger_.forget(device);
   done_.erase(device);
+  worked_.erase(device);
 }
 
 }  // namespace cleave::runtime

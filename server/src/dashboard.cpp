@@ -38,7 +38,7 @@ void publisher::open_dashboard() {
        }},
       {"/api/state", "application/json", [this] { return dashboard_state(); }},
   };
-  metrics::http_options o{"--dashboard", c.dashboard_token, true};
+  metrics::http_options o{"--dashboard", c.dashboard_token};
   const std::uint16_t port = v_.ex.serve_pages(c.dashboard, std::move(pages), o);
   const auto host = metrics::parse_listen_address(c.dashboard, "--dashboard").first;
   spdlog::info("server: dashboard on http://{}:{}/{}", host.find(':') == std::string::npos ? host : "[" + host + "]",

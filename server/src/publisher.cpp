@@ -22,7 +22,7 @@ void publisher::open(std::string backend, std::int64_t test_size) {
   }
   v_.ex.collect_on_io([this] { publish_links_and_devices(); });
   if (!c.metrics.empty())
-    v_.ex.serve_metrics(c.metrics, [this] { return v_.acceptor ? std::string() : "not listening yet"; });
+    v_.ex.serve_metrics(c.metrics, c.metrics_token, c.metrics_public, [this] { return v_.acceptor ? std::string() : "not listening yet"; });
   if (!c.dashboard.empty()) open_dashboard();
 }
 

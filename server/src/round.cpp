@@ -29,7 +29,13 @@ std::string_view phase_name(round_phase p) {
 
 round::round(const server_config& c, const core::model_spec& m, round_host& h, runtime::executors& ex,
              runtime::signal& wake)
-    : c_(c), model_(m), host_(h), ex_(ex), wake_(wake), secure_(h, ex, wake, m, c.secagg_min_holders) {}
+    : c_(c),
+      model_(m),
+      layout_(core::layout_of(m)),
+      host_(h),
+      ex_(ex),
+      wake_(wake),
+      secure_(h, ex, wake, m, c.secagg_min_holders) {}
 
 asio::awaitable<void> round::open(std::uint64_t number, float lr, const global_model& g) {
   attempt_ = number_ == number ? attempt_ + 1 : 1;
@@ -42,9 +48,15 @@ asio::awaitable<void> round::open(std::uint64_t number, float lr, const global_m
   train_seconds_ = server_compute_ = planner_s_ = 0;
   n_resplits_ = overran_ = 0;
   refused_.clear();
+  // A device training alone shows its work by a replica unlike g.
+  const auto unchanged = [this, &g](int first, int end, std::span<const float> params) {
+    const auto from = g.params.begin() + layout_.param_offset[static_cast<std::size_t>(first)];
+    const auto to = g.params.begin() + layout_.param_offset[static_cast<std::size_t>(end)];
+    return std::equal(from, to, params.begin(), params.end());
+  };
   uploads_ =
       runtime::upload_collector({static_cast<std::uint64_t>(c_.local_steps) * static_cast<std::uint64_t>(c_.batch),
-                                 c_.secure_aggregation, c_.aggregate.per_device()});
+                                 c_.secure_aggregation, c_.aggregate.per_device(), unchanged});
   secure_.reset(number);
   avg_ = std::make_unique<split::aggregator>(model_, c_.aggregate, g.params, g.buffers);
   host_.opening(number);
@@ -215,10 +227,12 @@ bool round::counted_out(std::uint32_t id, bool rejoined) {
   return was_in;
 }
 
-bool round::takes_step(std::uint32_t dev, std::uint64_t step, std::uint32_t attempt) const {
+bool round::takes_step(std::uint32_t dev, std::uint64_t step, std::uint32_t attempt, bool device_activation) {
   // Not of a round closed, of an attempt at it that is over, or of a device counted out.
-  return at_ == round_phase::collecting && members_.count(dev) && !uploads_.is_done(dev) &&
-         step / static_cast<std::uint64_t>(c_.local_steps) == number_ && attempt == attempt_;
+  const bool in = at_ == round_phase::collecting && members_.count(dev) && !uploads_.is_done(dev) &&
+                  step / static_cast<std::uint64_t>(c_.local_steps) == number_ && attempt == attempt_;
+  if (in && device_activation) uploads_.saw(dev);
+  return in;
 }
 
 void round::add_loss(std::uint64_t number, double loss, std::int64_t n, std::uint64_t correct) {
@@ -251,7 +265,7 @@ void round::on_upload(const void* via, core::tier from, const std::string& who,
   const auto finishes = [&finished](std::uint32_t d) {
     return std::find(finished.begin(), finished.end(), d) != finished.end();
   };
-  for (const auto& p : uploads_.complete(via, from, protocol::stats_of(r), finished))
+  for (const auto& p : uploads_.complete(via, from, finished))
     if (p.weight > 0 && std::any_of(p.devices.begin(), p.devices.end(), finishes))
       avg_->add(p.first, p.end, p.weight, p.params, p.buffers);
   wake_.notify();

@@ -105,8 +105,9 @@ class round {
   // Membership: a device that joined again or left is counted out (true when it was in).
   bool counted_out(std::uint32_t id, bool rejoined);
   void channel_closed(const void* via) { uploads_.drop(via); }
-  // Whether a step message of device `dev` (step, attempt) belongs to the round collecting now.
-  bool takes_step(std::uint32_t dev, std::uint64_t step, std::uint32_t attempt) const;
+  // Whether a step message of device `dev` (step, attempt) belongs to the round collecting now;
+  // one that does and is an activation from the device itself is evidence of its work there.
+  bool takes_step(std::uint32_t dev, std::uint64_t step, std::uint32_t attempt, bool device_activation = false);
   // The loss of samples computed here, in round `number`.
   void add_loss(std::uint64_t number, double loss, std::int64_t n, std::uint64_t correct);
   // A part of an upload from `via` (tier `from`, named `who` in refusals) for `devices`, each
@@ -132,6 +133,7 @@ class round {
 
   const server_config& c_;
   const core::model_spec& model_;
+  const core::flat_layout layout_;
   round_host& host_;
   runtime::executors& ex_;
   runtime::signal& wake_;

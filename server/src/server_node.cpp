@@ -10,6 +10,7 @@
 #include <random>
 
 #include "cleave/backend/registry.h"
+#include "cleave/protocol/signed_keys.h"
 #include "server_impl.h"
 
 namespace cleave::server {
@@ -83,7 +84,8 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
   // afresh on every tier.
   d.resumes = resumed_opt_.count(id) > 0 || plans_.resumes(id);
   const std::string resumed = plans_.place(id, d);
-  d.name = h.name() ? h.name()->str() : "device-" + std::to_string(id);
+  // By its certificate: directly, or as its edge (which checked that certificate) names it.
+  d.name = !behind_edge ? via->identity : h.name() ? h.name()->str() : "device-" + std::to_string(id);
   d.joined_round = d.moved_round = round_.number();
   if (old && old != via) {
     spdlog::warn("server: device {} reconnected{}; its older connection is superseded", id,
@@ -186,7 +188,7 @@ void server_node::impl::on_step(const runtime::session_ptr& s, transport::messag
                                                                     std::to_string(d.rs.epoch)));
     return;
   }
-  if (!round_.takes_step(dev, step, key.attempt)) return;
+  if (!round_.takes_step(dev, step, key.attempt, act && s->role == core::tier::device)) return;
   if (act && step != d.last_step) {
     d.last_step = step;
     if (c_.force_route && !d.rs.next && c_.mode == training_mode::splitfed)
@@ -237,6 +239,8 @@ void server_node::impl::on_secagg(const runtime::session_ptr& s, const wire::Sec
   if (!members_.attached(dev, s, "secure aggregation message")) return;
   if (!c_.secure_aggregation) throw core::error("a secure aggregation message, but this server does not use it");
   try {
+    // Keys that any member would refuse are refused here: the others' round goes on without them.
+    if (m.phase() == wire::SecAggPhase::keys) protocol::check_sender_keys(*tls_, m, dev);
     round_.on_secagg(dev, m);
   } catch (const core::error& e) {
     ex_.metrics().add("cleave_refusals_total", {{"reason", "secagg"}});
@@ -475,7 +479,7 @@ round_report server_node::impl::run() {
   memory_budget_ = c_.memory_budget ? c_.memory_budget : split::default_memory_budget();
   if (c_.adaptive && c_.mode == training_mode::splitfed) {
     // The server's own blocks, profiled before anyone joins: the first plan is informed.
-    runner_->profile(static_cast<std::uint32_t>(std::max(1, c_.batch / c_.micro_batches)), training);
+    runner_->profile(static_cast<std::uint32_t>(std::max(1, c_.batch / c_.micro_batches)), training, memory_budget_);
     plans_.start(runner_->snapshot(memory_budget_));
   } else if (c_.adaptive) {
     spdlog::info("server: sequential mode keeps the configured cuts (the adaptive splitter plans SplitFed rounds)");

@@ -45,6 +45,22 @@ double steady_seconds() {
 
 }  // namespace
 
+std::uint64_t least_segment_bytes(const core::model_spec& m, int begin, int end, const core::optimizer_config& opt,
+                                  int batch) {
+  CLEAVE_ASSERT(0 <= begin && begin <= end && end <= m.n_blocks(), "segment out of the model's blocks");
+  if (begin == end) return 0;
+  const double per_param = 2.0 + core::state_tensors(opt);  // the value, its gradient, the optimizer's
+  double bytes = static_cast<double>(m.blocks[static_cast<std::size_t>(begin)].in.numel()) * batch;
+  for (int i = begin; i < end; ++i) {
+    const core::block_info& bi = m.blocks[static_cast<std::size_t>(i)];
+    bytes += per_param * static_cast<double>(bi.n_params) + static_cast<double>(bi.n_buffers) +
+             static_cast<double>(bi.out.numel()) * batch;
+  }
+  bytes *= 4;  // f32
+  constexpr auto most = std::numeric_limits<std::uint64_t>::max();
+  return bytes >= static_cast<double>(most) ? most : static_cast<std::uint64_t>(bytes);
+}
+
 std::vector<block_profile> profile_blocks(core::backend& b, const core::model_spec& m,
                                           const core::optimizer_config& opt, const profile_options& o) {
   if (o.batch < 1 || o.reps < 1 || o.warmup < 0)
@@ -54,16 +70,22 @@ std::vector<block_profile> profile_blocks(core::backend& b, const core::model_sp
   const std::function<double()> now = o.clock ? o.clock : steady_seconds;
   std::vector<block_profile> out;
   out.reserve(static_cast<std::size_t>(m.n_blocks()));
+  std::vector<int> unmeasured;        // blocks over the budget
+  double measured_flops = 0, measured_fwd = 0, measured_bwd = 0;
   for (int i = 0; i < m.n_blocks(); ++i) {
     const core::block_info& bi = m.blocks[static_cast<std::size_t>(i)];
-    core::stage s(b, m, i, i + 1, o.seed);
     block_profile p;
-    p.param_bytes = static_cast<std::uint64_t>(s.n_params() + s.n_buffers()) * 4;
-    // Gradients, then what the optimizer keeps per parameter (counted by the optimizer itself).
-    std::uint64_t per_param_tensors = 1;
-    if (s.n_params() > 0) per_param_tensors += core::optimizer(b, opt, s.n_params()).state().size();
-    p.state_bytes = static_cast<std::uint64_t>(s.n_params()) * 4 * per_param_tensors;
+    p.param_bytes = static_cast<std::uint64_t>(bi.n_params + bi.n_buffers) * 4;
+    // Gradients, then what the optimizer keeps per parameter.
+    p.state_bytes = static_cast<std::uint64_t>(bi.n_params) * 4 * (1 + core::state_tensors(opt));
     p.output_bytes = static_cast<std::uint64_t>(bi.out.numel()) * 4;
+    if (o.memory_budget && least_segment_bytes(m, i, i + 1, opt, o.batch) > o.memory_budget) {
+      p.saved_bytes = p.output_bytes;
+      unmeasured.push_back(i);
+      out.push_back(p);
+      continue;
+    }
+    core::stage s(b, m, i, i + 1, o.seed);
 
     const std::uint64_t stream = core::mix64(o.seed ^ core::mix64(static_cast<std::uint64_t>(i)));
     const core::tensor x = b.empty(bi.in.batched(o.batch));
@@ -97,7 +119,16 @@ std::vector<block_profile> profile_blocks(core::backend& b, const core::model_sp
     }
     p.forward_seconds = std::max(0.0, fwd);  // a clock that went back counts as no time
     p.backward_seconds = std::max(0.0, bwd);
+    measured_flops += bi.flops;
+    measured_fwd += p.forward_seconds;
+    measured_bwd += p.backward_seconds;
     out.push_back(p);
+  }
+  for (int i : unmeasured) {
+    const double flops = m.blocks[static_cast<std::size_t>(i)].flops;
+    auto& p = out[static_cast<std::size_t>(i)];
+    p.forward_seconds = measured_flops > 0 ? flops * measured_fwd / measured_flops : 0;
+    p.backward_seconds = measured_flops > 0 ? flops * measured_bwd / measured_flops : 0;
   }
   return out;
 }

@@ -2,6 +2,7 @@
 // average, and the live rescaling of profiled times by measured segment times.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "../support/error_of.h"
@@ -105,6 +106,45 @@ TEST_CASE("optimizer state in a profile follows the optimizer: none for plain sg
     CHECK(p_adamw[static_cast<std::size_t>(i)].state_bytes == 3 * grads);
   }
   CHECK(p_plain[1].state_bytes > 0);  // linear(256)
+}
+
+TEST_CASE("a block over the memory budget is priced from the spec and its FLOPs, never allocated") {
+  auto b = backend::make_backend("reference");
+  const auto m = core::zoo_model("lenet5", shape{1, 28, 28}, 10);
+  const core::optimizer_config sgd;
+  const int fc1 = 7;  // linear 400 -> 120: the block with the most parameters
+  REQUIRE(m.blocks[fc1].kind == "linear");
+  // What a batch of 4 needs of each block, from the spec: fc1 needs the most.
+  std::uint64_t others = 0;
+  for (int i = 0; i < m.n_blocks(); ++i)
+    if (i != fc1) others = std::max(others, split::least_segment_bytes(m, i, i + 1, sgd, 4));
+  const std::uint64_t need = split::least_segment_bytes(m, fc1, fc1 + 1, sgd, 4);
+  CHECK(need == (3 * (400 * 120 + 120) + 4 * (400 + 120)) * 4);
+  REQUIRE(others < need);
+  split::profile_options o;
+  o.batch = 4;
+  o.warmup = 0;
+  o.reps = 1;
+  o.memory_budget = need - 1;
+  std::uint64_t calls = 0;
+  o.clock = [&calls] { return static_cast<double>(++calls); };  // every timed call takes 1 s
+  const auto prof = split::profile_blocks(*b, m, sgd, o);
+  REQUIRE(prof.size() == 12);
+  // Eleven blocks were timed (two clock reads per forward and per backward), fc1 was not.
+  CHECK(calls == 11 * 4);
+  const auto& p = prof[fc1];
+  CHECK(p.param_bytes == (400 * 120 + 120) * 4);
+  CHECK(p.state_bytes == (400 * 120 + 120) * 4 * 2);
+  CHECK(p.output_bytes == 120 * 4);
+  // Its times: its FLOPs at the rate of the measured blocks (1 s each way per block).
+  double flops = 0;
+  for (int i = 0; i < m.n_blocks(); ++i)
+    if (i != fc1) flops += m.blocks[static_cast<std::size_t>(i)].flops;
+  CHECK(p.forward_seconds == doctest::Approx(m.blocks[fc1].flops * 11 / flops));
+  CHECK(p.backward_seconds == doctest::Approx(m.blocks[fc1].flops * 11 / flops));
+  // Spans add up; an empty one needs nothing.
+  CHECK(split::least_segment_bytes(m, 3, 3, sgd, 4) == 0);
+  CHECK(split::least_segment_bytes(m, 0, 12, sgd, 4) > need);
 }
 
 TEST_CASE("profiling refuses options without a batch or a timed run") {

@@ -199,7 +199,7 @@ TEST_CASE("a dashboard beyond loopback without a token is refused before the ser
 
 TEST_CASE("a dashboard on loopback without a token answers, and anything else is not found") {
   metrics::http_server s("0", {metrics::page{"/", "text/plain", [] { return std::string("hello"); }}},
-                         metrics::http_options{"--dashboard", {}, true});
+                         metrics::http_options{"--dashboard"});
   httplib::Client c("127.0.0.1", s.port());
   auto ok = c.Get("/");
   REQUIRE(ok);

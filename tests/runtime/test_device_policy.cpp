@@ -1,6 +1,7 @@
 // The device's own policy against the server's plans: a model it does not allow, a route keeping
 // fewer blocks on it than it asks, a route whose device blocks train nothing. Each is refused with
-// an Error to the server, nothing of the device's data leaves it, and the agent stays up.
+// an Error to the server, nothing of the device's data leaves it, and the agent stays up. A route
+// needing more memory than the device allows is refused the same way.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -91,6 +92,14 @@ TEST_CASE("a device refuses a plan outside its own policy, sends nothing of its 
     sc.cuts = {1};
     const auto r = run_with_policy(
         w, be, sc, [](device::agent_config&) {}, 3);
+    CHECK_FALSE(r.trained);
+    CHECK(r.up);
+  }
+  SUBCASE("a route whose device blocks need more than its --memory-budget, before anything is allocated") {
+    // LeNet-5's first four blocks at micro-batches of 32 need about 1 MiB (conv1's output alone
+    // is 600 KiB).
+    const auto r = run_with_policy(
+        w, be, sc, [](device::agent_config& a) { a.memory_budget = 256 << 10; }, 3);
     CHECK_FALSE(r.trained);
     CHECK(r.up);
   }

@@ -40,6 +40,9 @@ struct fake_device {
   std::vector<float> held;  // its device blocks, kept for masking
   std::uint32_t attempt = 1;
   std::size_t shares_due = 0;  // under secure aggregation it trains once it holds every share
+  bool shows_work = true;      // its activations reach the server before its upload
+  // The statistics of 64 samples, 48 of them right, mean loss 0.5.
+  protocol::round_stats stats = {.loss_sum = 32, .n_loss = 64, .n_correct = 48};
 };
 
 // Membership of devices that all run device[0,cut) server[cut,n), their replies to what the round
@@ -65,6 +68,8 @@ class fake_host final : public srv::round_host {
   std::function<void(const srv::round_report&)> on_closed;
   std::function<void(std::uint32_t id, std::uint32_t attempt)> on_start;  // after a device's reply
   const srv::global_model* global = nullptr;
+  std::uint64_t local_steps = 10;
+  std::map<std::uint32_t, std::string> refusals;  // what the round answered an upload with
 
   std::vector<member> connected() const override {
     std::vector<member> out;
@@ -106,10 +111,11 @@ class fake_host final : public srv::round_host {
     co_return;
   }
 
-  // Device id's upload of round `number`: its blocks (none under secure aggregation) and the
-  // statistics of 64 samples, 48 of them right, mean loss 0.5.
+  // Device id's upload of round `number`: its blocks (none under secure aggregation) and its
+  // statistics, after an activation of its first step where it shows its work.
   void upload(std::uint32_t id, std::uint64_t number, std::uint32_t attempt) {
     auto& d = devices.at(id);
+    if (d.shows_work) round->takes_step(id, number * local_steps, attempt, true);
     const auto n_p = static_cast<std::size_t>(lay_.param_offset[static_cast<std::size_t>(cut_)]);
     const auto n_b = static_cast<std::size_t>(lay_.buffer_offset[static_cast<std::size_t>(cut_)]);
     std::vector<float> p(global->params.begin(), global->params.begin() + static_cast<std::ptrdiff_t>(n_p));
@@ -124,14 +130,16 @@ class fake_host final : public srv::round_host {
     r.end_block = secure_ ? 0 : static_cast<std::uint32_t>(cut_);
     r.n_samples = d.samples;
     r.devices = std::span(&id, 1);
-    r.stats.loss_sum = 32;
-    r.stats.n_loss = 64;
-    r.stats.n_correct = 48;
+    r.stats = d.stats;
     const auto m = secure_ ? decoded(protocol::make_replica_upload(r, std::span<const float>{}, {}))
                            : decoded(protocol::make_replica_upload(r, p, b));
     const auto& u = *m.as<wire::ReplicaUpload>();
-    round->on_upload(&d.session, core::tier::device, "device " + std::to_string(id), {id}, u,
-                     protocol::replica_weights_of(u, model_));
+    try {
+      round->on_upload(&d.session, core::tier::device, "device " + std::to_string(id), {id}, u,
+                       protocol::replica_weights_of(u, model_));
+    } catch (const core::error& e) {
+      refusals[id] = e.what();
+    }
   }
 
  private:
@@ -211,7 +219,7 @@ struct rig {
   srv::global_model start, g;
   int cut = 2;
 
-  explicit rig(double deadline_s = 20, bool secure = false) {
+  explicit rig(double deadline_s = 20, bool secure = false, int device_blocks = 2) : cut(device_blocks) {
     c.rounds = 3;
     c.local_steps = 10;
     c.batch = 64;
@@ -371,6 +379,60 @@ TEST_CASE(
   u.run([&]() -> asio::awaitable<void> { co_await u.round->run(1, 0.1f, u.g); });
   CHECK(refused ==
         "device 1: replica of round 1 refused: blocks [0, 2) uploaded in the clear under secure aggregation");
+}
+
+TEST_CASE("a device's statistics count only when they are possible, and its compute at most the round's wall time") {
+  rig t(2);
+  const auto with = [](protocol::round_stats s) { return fake_device{.delta = 1, .stats = s}; };
+  t.host->devices[1] = with({.loss_sum = 32, .n_loss = 64, .n_correct = 48});
+  t.host->devices[2] = with({.loss_sum = 32, .n_loss = 64, .n_correct = 65});    // more right than samples
+  t.host->devices[3] = with({.loss_sum = 32, .n_loss = 641, .n_correct = 48});   // 10 steps x 64 allow 640
+  t.host->devices[4] = with({.loss_sum = 1e35, .n_loss = 64, .n_correct = 48});  // no training loss
+  // (A negative or non-finite loss sum does not pass the frame's checks.)
+  t.host->devices[6] = with({.compute_us = 18'000'000'000'000, .loss_sum = 32, .n_loss = 64, .n_correct = 48});
+  t.host->devices[7] = with({.device_compute_us = 5'000'000, .loss_sum = 32, .n_loss = 64, .n_correct = 48});
+  t.run([&]() -> asio::awaitable<void> { co_await t.round->run(1, 0.1f, t.g); });
+  REQUIRE(t.host->reports.size() == 1);
+  const auto& rep = t.host->reports[0];
+  CHECK(rep.n_devices == 3);  // 1, 6 and 7
+  CHECK(rep.train_loss == doctest::Approx(0.5));
+  CHECK(rep.train_accuracy == doctest::Approx(0.75));
+  // Device 6's 1.8e7 s count as the round's wall time (and a second); device 7 (not an edge) has
+  // no devices' compute to report.
+  CHECK(rep.device_compute_s <= rep.seconds + 1.0 + 1e-6);
+  CHECK(rep.device_compute_s > 0.5);
+  CHECK(t.host->refusals.size() == 3);
+  CHECK(t.host->refusals[2].find("64 losses, 65 of them correct") != std::string::npos);
+  CHECK(t.host->refusals[3].find("641 losses") != std::string::npos);
+  CHECK(t.host->refusals[3].find("allow 640 samples") != std::string::npos);
+  CHECK(t.host->refusals[4].find("a loss sum of 1e+35 over 64 samples is not a training loss") != std::string::npos);
+  CHECK(t.off_by(1.0f).first < 1e-5);  // the refused ones' blocks stay out
+}
+
+TEST_CASE("a device is a participant only when the server saw its work: activations, or training alone a new replica") {
+  rig t(1);
+  t.host->devices[1] = {.delta = 1};
+  t.host->devices[2] = {.delta = 3, .shows_work = false};  // a replica, but no activation ever came
+  t.run([&]() -> asio::awaitable<void> { co_await t.round->run(1, 0.1f, t.g); });
+  REQUIRE(t.host->reports.size() == 1);
+  CHECK(t.host->reports[0].n_devices == 1);
+  CHECK(t.off_by(1.0f).first < 1e-5);
+  CHECK(t.host->refusals[2] ==
+        "device 2: replica of round 1 refused: none of its activations of this round reached this tier, yet it "
+        "uploads its replica");
+
+  // Every block on the device: no activations; its replica shows its work, unless it is the
+  // round's start.
+  rig u(1, false, 6);
+  REQUIRE(u.model.n_blocks() == 6);
+  u.host->devices[1] = {.delta = 2, .shows_work = false};
+  u.host->devices[2] = {.delta = 0, .shows_work = false};
+  u.run([&]() -> asio::awaitable<void> { co_await u.round->run(1, 0.1f, u.g); });
+  REQUIRE(u.host->reports.size() == 1);
+  CHECK(u.host->reports[0].n_devices == 1);
+  CHECK(u.host->refusals.count(1) == 0);
+  CHECK(u.host->refusals[2] ==
+        "device 2: replica of round 1 refused: its replica is the one the round started from: it trained nothing");
 }
 
 TEST_CASE("a closed round's average and figures go to the checkpoint store, which resumes them at the next round") {

@@ -227,4 +227,83 @@ void tls_context::note_peer(X509* cert, const std::string& remote) const {
                  remote, days_until(expires), date_text(expires), name);
 }
 
+std::vector<std::uint8_t> tls_context::certificate_der() const {
+  const auto ctx = current();
+  X509* cert = SSL_CTX_get0_certificate(ctx.get());
+  if (!cert) return {};
+  const int n = i2d_X509(cert, nullptr);
+  CLEAVE_CHECK_SSL(n > 0);
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(n));
+  unsigned char* at = out.data();
+  CLEAVE_CHECK_SSL(i2d_X509(cert, &at) == n);
+  return out;
+}
+
+namespace {
+
+struct md_ctx_free {
+  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
+};
+using md_ctx_ptr = std::unique_ptr<EVP_MD_CTX, md_ctx_free>;
+struct store_ctx_free {
+  void operator()(X509_STORE_CTX* c) const { X509_STORE_CTX_free(c); }
+};
+
+// SHA-256 for EC and RSA keys; none for the keys that hash themselves (Ed25519, Ed448).
+const EVP_MD* digest_for(const EVP_PKEY* key) {
+  const int id = EVP_PKEY_get_base_id(key);
+  return id == EVP_PKEY_ED25519 || id == EVP_PKEY_ED448 ? nullptr : EVP_sha256();
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> tls_context::sign(std::span<const std::uint8_t> message) const {
+  const auto ctx = current();
+  EVP_PKEY* key = SSL_CTX_get0_privatekey(ctx.get());
+  if (!key) throw core::error("this node has no private key to sign with");
+  md_ctx_ptr md(EVP_MD_CTX_new());
+  CLEAVE_CHECK_SSL(md);
+  CLEAVE_CHECK_SSL(EVP_DigestSignInit(md.get(), nullptr, digest_for(key), nullptr, key) == 1);
+  std::size_t n = 0;
+  CLEAVE_CHECK_SSL(EVP_DigestSign(md.get(), nullptr, &n, message.data(), message.size()) == 1);
+  std::vector<std::uint8_t> sig(n);
+  CLEAVE_CHECK_SSL(EVP_DigestSign(md.get(), sig.data(), &n, message.data(), message.size()) == 1);
+  sig.resize(n);
+  return sig;
+}
+
+tls_context::vouched tls_context::verify_signed(std::span<const std::uint8_t> certificate,
+                                                std::span<const std::uint8_t> message,
+                                                std::span<const std::uint8_t> signature) const {
+  const unsigned char* at = certificate.data();
+  x509_ptr cert(d2i_X509(nullptr, &at, static_cast<long>(certificate.size())));
+  if (!cert || at != certificate.data() + certificate.size()) {
+    ERR_clear_error();
+    throw core::error("a certificate of " + std::to_string(certificate.size()) + " bytes that does not parse");
+  }
+  const std::string name = common_name(cert.get());
+  {
+    // Against the store the handshakes use: the federation CA and the revocation list in force.
+    const auto ctx = current();
+    std::unique_ptr<X509_STORE_CTX, store_ctx_free> check(X509_STORE_CTX_new());
+    CLEAVE_CHECK_SSL(check);
+    CLEAVE_CHECK_SSL(X509_STORE_CTX_init(check.get(), SSL_CTX_get_cert_store(ctx.get()), cert.get(), nullptr) == 1);
+    if (X509_verify_cert(check.get()) != 1) {
+      const int err = X509_STORE_CTX_get_error(check.get());
+      ERR_clear_error();
+      throw core::error("certificate '" + name + "': " + verify_error_text(err, cert.get()));
+    }
+  }
+  EVP_PKEY* key = X509_get0_pubkey(cert.get());
+  if (!key) throw core::error("certificate '" + name + "' holds no usable public key");
+  md_ctx_ptr md(EVP_MD_CTX_new());
+  CLEAVE_CHECK_SSL(md);
+  CLEAVE_CHECK_SSL(EVP_DigestVerifyInit(md.get(), nullptr, digest_for(key), nullptr, key) == 1);
+  if (EVP_DigestVerify(md.get(), signature.data(), signature.size(), message.data(), message.size()) != 1) {
+    ERR_clear_error();
+    throw core::error("the signature does not verify under the key of certificate '" + name + "'");
+  }
+  return {name, certificate_role(cert.get()), certificate_node_id(cert.get())};
+}
+
 }  // namespace cleave::transport

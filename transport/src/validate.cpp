@@ -331,6 +331,10 @@ class checker {
         if (!node(k->device_id(), "key of device") || !k->mask_public() || k->mask_public()->size() != 32 ||
             !k->encrypt_public() || k->encrypt_public()->size() != 32)
           return fail("key of device " + std::to_string(k->device_id()) + ": public keys must be 32 bytes each");
+        else if ((k->certificate() && k->certificate()->size() > max_blob_bytes) ||
+                 (k->signature() && k->signature()->size() > max_blob_bytes))
+          return fail("key of device " + std::to_string(k->device_id()) + ": certificate or signature exceeds " +
+                      std::to_string(max_blob_bytes) + " bytes");
     if (m.blobs())
       for (const auto* b : *m.blobs())
         if (!node(b->device_id(), "blob of device") || (b->data() && b->data()->size() > max_blob_bytes))

@@ -37,6 +37,10 @@ schedule_kind parse_schedule_kind(const std::string& s);
 std::string to_json(const optimizer_config& c);
 optimizer_config optimizer_config_from_json(const std::string& text);
 
+// How many tensors of the parameters' size the optimizer keeps: sgd 1 (0 without momentum),
+// adamw 2.
+int state_tensors(const optimizer_config& c);
+
 // Learning rate of step t (0-based) under the config's schedule.
 float learning_rate(const optimizer_config& c, std::int64_t t);
 

@@ -60,6 +60,10 @@ struct agent_config : runtime::node_config {  // name: e.g. "device-1"
   // Uploads its replicas only masked for secure aggregation (privacy/secagg.h): a server whose
   // plan does not aggregate securely is refused. Without it the device follows the server's plan.
   bool secure_aggregation = false;
+  // A roster (secure aggregation's members of a round) is taken only with at least this many
+  // devices (>= 2), a threshold above half of them, and every member a device of the federation
+  // that signed its keys (protocol/signed_keys.h).
+  int secagg_min_roster = 3;
   // In U-shaped plans (the loss here): Gaussian noise on the gradients this device sends up at its
   // top cut, s^2 times each sample's gap to the batch's largest squared norm (s = 1: max-norm), so
   // that the server cannot tell labels by gradient norm or direction (privacy::label_noise_filter).

@@ -84,7 +84,12 @@ struct roster_entry {
   std::uint32_t id = 0;
   bytes32 mask_public{};
   bytes32 encrypt_public{};
+  // The device's certificate (DER) and its signature over keys_statement(round, *this), so that
+  // any member can tell the keys are the device's whoever relayed them.
+  std::vector<std::uint8_t> certificate = {}, signature = {};
 };
+// What a device signs of its round keys: a label, the round, its id and both public keys.
+std::vector<std::uint8_t> keys_statement(std::uint64_t round, const roster_entry& e);
 // A sealed share (or a revealed one) and the device it is addressed to / belongs to.
 struct addressed {
   std::uint32_t id = 0;

@@ -49,6 +49,9 @@ struct hello_info {
   std::uint16_t version = protocol_version;
 };
 message_builder make_hello(const hello_info& info);
+// Hello h as it was, named `name` (an edge relays a device's Hello under its certificate's name,
+// not the one the device claims).
+message_builder renamed_hello(const wire::Hello& h, std::string_view name);
 // The role and node id of the Hello a channel must open with, checked against the peer's
 // certificate (`identity`, the role and device id it binds, if any): this protocol version, the
 // certificate's role, and for a device the id it binds. Throws core::error saying what is wrong.

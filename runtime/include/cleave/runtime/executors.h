@@ -68,7 +68,9 @@ class executors {
   // /metrics, /healthz and /readyz until run() returns. Ready: not stopping, and `not_ready`
   // (run on the I/O thread) says nothing.
   metrics::registry& metrics() { return metrics_; }
-  void serve_metrics(const std::string& address, std::function<std::string()> not_ready = {});
+  // Beyond loopback it needs a token (metrics::http_options) unless `is_public` (warned).
+  void serve_metrics(const std::string& address, const std::string& token, bool is_public,
+                     std::function<std::string()> not_ready = {});
   // Before every scrape: f on the I/O thread (what only that thread may read: sessions, links),
   // waited for up to a second (a scrape of a busy or stopped node shows what it had).
   void collect_on_io(std::function<void()> f);

@@ -19,6 +19,8 @@ struct node_config {
   // Emulated heterogeneity by round (transport/emulation.h): its links' caps, its slowdown.
   transport::emulation_schedule schedule;
   std::string metrics;              // "PORT" or "HOST:PORT" serving /metrics (Prometheus); "" = none
+  std::string metrics_token;        // what every /metrics request carries (beyond loopback: needed)
+  bool metrics_public = false;      // beyond loopback without a token, knowingly
   std::uint64_t memory_budget = 0;  // bytes its blocks may use (0: from the machine)
 };
 

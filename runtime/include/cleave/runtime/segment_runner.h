@@ -135,8 +135,10 @@ class segment_runner {
   // Throws core::error when a state does not match a hosted segment.
   void restore_optimizer(std::uint32_t device, const split::route& r, const std::vector<optimizer_state>& states);
 
-  // Times every block on this backend (x the slowdown) for micro-batches of `batch`.
-  void profile(std::uint32_t batch, const protocol::training_settings& t);
+  // Times every block on this backend (x the slowdown) for micro-batches of `batch`; a block
+  // that would take more than memory_budget bytes is priced from the spec, not run (see
+  // split::profile_options).
+  void profile(std::uint32_t batch, const protocol::training_settings& t, std::uint64_t memory_budget);
   bool profiled() const { return live_.n_blocks() > 0; }
   // Times the blocks again when none ran here since the last call: plans must not rest on the
   // figures of the start whatever the load has become. True when it did.
@@ -165,6 +167,7 @@ class segment_runner {
   std::map<std::uint32_t, std::vector<std::function<void()>>> held_;
   split::live_profile live_;
   std::uint32_t profile_batch_ = 0;
+  std::uint64_t profile_budget_ = 0;
   std::map<std::pair<std::uint32_t, int>, double> seg_seconds_;  // this step's compute per segment
   std::map<std::uint32_t, protocol::batch_info> batch_;          // per device: its step's shape
   std::map<std::uint32_t, protocol::cut_settings> cut_;          // per device: its hops' codecs

@@ -2,8 +2,11 @@
 // devices and edges, an edge from its devices), and the one place a round's statistics are summed.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <span>
 #include <set>
 #include <string>
 #include <vector>
@@ -46,27 +49,47 @@ struct upload_part {
 // against what its devices' routes and the round's samples allow (a device block in the clear is
 // refused under secure aggregation), held until the sender's final part, and then handed over
 // whole; one bad part refuses them all. Senders are told apart by an opaque key (their session).
+//
+// A peer's word is not taken for its statistics: the final part's counts must be possible
+// (correct <= losses <= the round's samples of its devices), its loss sum finite, non-negative
+// and below loss_ceiling per sample; its compute is counted at most the collection's wall time
+// (per device behind it). A device uploading for itself is done only on evidence of its work:
+// activations of this collection reached this tier (saw()), or, training alone, its replica is
+// not the one the collection started from (rules::unchanged).
 class upload_collector {
  public:
+  using clock = std::chrono::steady_clock;
+  // Nats per sample: the true class's probability below e^-10000 is no figure of a model that
+  // trains, but a lie or a divergence.
+  static constexpr double loss_ceiling = 1e4;
   struct rules {
     std::uint64_t samples_per_device = 0;  // local steps x batch: what one device's steps allow
     bool secure = false;      // device blocks come masked: a device sends statistics, an edge its own blocks
     bool per_device = false;  // the aggregation rule needs each device's own replicas (no pre-average)
+    // Whether the parameters of blocks [first, end) are those the collection started from
+    // (empty: not known here).
+    std::function<bool(int first, int end, std::span<const float> params)> unchanged = {};
   };
   upload_collector() = default;
-  explicit upload_collector(rules r) : rules_(r) {}
+  explicit upload_collector(rules r, clock::time_point opened = clock::now()) : rules_(std::move(r)), opened_(opened) {}
+
+  // This tier received an activation of `device` belonging to this collection.
+  void saw(std::uint32_t device) { worked_.insert(device); }
 
   // Checks a part from `sender` (a node of tier `from`) for `devices`, each on the route in force
   // now (`routes`, in the same order), and holds it. Throws core::error saying what is wrong; the
   // sender's held parts are dropped then.
   void add(const void* sender, core::tier from, const std::vector<std::uint32_t>& devices,
            const std::vector<split::route>& routes, const wire::ReplicaUpload& r, const protocol::weights_view& w);
-  // The sender's final part came: its statistics are summed, `finished` (the devices whose work
-  // it completes) are done, and its held parts are returned.
-  std::vector<upload_part> complete(const void* sender, core::tier from, const protocol::round_stats& st,
-                                    const std::vector<std::uint32_t>& finished);
+  // After the sender's final part: its statistics (as add() checked them) are summed,
+  // `finished` (the devices whose work it completes) are done, and its held parts are returned.
+  std::vector<upload_part> complete(const void* sender, core::tier from, const std::vector<std::uint32_t>& finished);
   // The sender's channel closed: what it held goes.
-  void drop(const void* sender) { held_.erase(sender); }
+  void drop(const void* sender) {
+    held_.erase(sender);
+    stats_.erase(sender);
+    changed_.erase(sender);
+  }
   // A device that starts afresh (it joined again): what it sent and did does not count.
   void forget(std::uint32_t device);
 
@@ -78,10 +101,17 @@ class upload_collector {
  private:
   void check_secure(core::tier from, const std::vector<std::uint32_t>& devices, const std::vector<split::route>& routes,
                     const wire::ReplicaUpload& r) const;
+  // The final part's statistics, checked and bounded; a device's evidence of work.
+  protocol::round_stats checked_stats(const void* sender, core::tier from, const std::vector<std::uint32_t>& devices,
+                                      const std::vector<split::route>& routes, const wire::ReplicaUpload& r) const;
 
   rules rules_;
+  clock::time_point opened_ = clock::now();
   split::replica_ledger ledger_;
   std::map<const void*, std::vector<upload_part>> held_;
+  std::map<const void*, protocol::round_stats> stats_;  // of final parts taken, until complete()
+  std::set<const void*> changed_;                       // senders with a block part unlike the start
+  std::set<std::uint32_t> worked_;                      // devices whose activations reached this tier
   std::set<std::uint32_t> done_;
   round_tally tally_;
 };

@@ -28,7 +28,18 @@ struct profile_options {
   std::uint64_t seed = 1;
   // Seconds on a monotonic clock, read before and after each timed call (empty: steady_clock).
   std::function<double()> clock;
+  // Bytes a block may take while it is timed (0: unlimited). A block whose least_segment_bytes
+  // exceed it is not run: its sizes come from the spec, its times from its FLOPs at the rate
+  // the measured blocks ran (0 when none was measured). A plan never hosts it here anyway.
+  std::uint64_t memory_budget = 0;
 };
+
+// The least memory blocks [begin, end) of m take to train a micro-batch of `batch` samples:
+// parameters and buffers, gradients and optimizer state, the segment's input and every block's
+// output (what backward keeps at the very least). Known from the spec alone, before anything
+// is allocated; saturates at the largest value.
+std::uint64_t least_segment_bytes(const core::model_spec& m, int begin, int end, const core::optimizer_config& opt,
+                                  int batch);
 
 // Times every block of m alone on backend b: a one-block stage per block, random inputs of the
 // block's input shape, forward in train mode then backward (with the input gradient, except for

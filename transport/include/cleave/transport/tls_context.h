@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "cleave/core/tier.h"
 
@@ -66,6 +68,22 @@ class tls_context {
   // Thread-safe: a peer's certificate passed the handshake; warns once per certificate when it
   // expires within expiry_warning_days.
   void note_peer(X509* cert, const std::string& remote) const;
+
+  // Statements a node vouches for beyond its channels (a device's round keys, relayed by a server
+  // it need not trust): its certificate (DER; empty without one), and `message` signed with its
+  // private key (SHA-256; core::error naming the failing call).
+  std::vector<std::uint8_t> certificate_der() const;
+  std::vector<std::uint8_t> sign(std::span<const std::uint8_t> message) const;
+  // The node a DER certificate names, once checked as a handshake checks a peer's (signed by the
+  // federation CA, valid now, not on the revocation list in use) and once `signature` verifies
+  // `message` under its key. Throws core::error saying which check failed. Thread-safe.
+  struct vouched {
+    std::string identity;
+    std::optional<core::tier> role;
+    std::optional<std::uint32_t> node_id;
+  };
+  vouched verify_signed(std::span<const std::uint8_t> certificate, std::span<const std::uint8_t> message,
+                        std::span<const std::uint8_t> signature) const;
 
   struct state;
 
