@@ -95,22 +95,36 @@ std::vector<edge_node::impl::upload_part> edge_node::impl::device_parts(const st
 
 std::vector<edge_node::impl::upload_part> edge_node::impl::pre_average(const std::vector<std::uint32_t>& done,
                                                                        const replica_sets& mine) {
-  // One pre-average: the devices' uploads in the order they came, then this edge's replicas.
+  // One pre-average: the devices' uploads in the order they came, then this edge's replicas;
+  // each block remembers the devices behind it.
   split::model_average avg(model_);
+  std::vector<std::set<std::uint32_t>> behind(static_cast<std::size_t>(model_.n_blocks()));
+  const auto add = [&](std::uint32_t id, int first, int end, double weight, const auto& params, const auto& buffers) {
+    avg.add(first, end, weight, params, buffers);
+    for (int b = first; b < end; ++b) behind[static_cast<std::size_t>(b)].insert(id);
+  };
   const std::set<std::uint32_t> in(done.begin(), done.end());
   for (auto id : arrived_)
     if (in.count(id))
       for (const auto& h : devices_.at(id).parts)
-        if (h.weight > 0) avg.add(h.first, h.end, h.weight, h.params, h.buffers);
+        if (h.weight > 0) add(id, h.first, h.end, h.weight, h.params, h.buffers);
   for (std::size_t i = 0; i < done.size(); ++i)
     for (const auto& rep : mine[i])
-      avg.add(rep.first, rep.end, static_cast<double>(devices_.at(done[i]).n_samples), rep.params, rep.buffers);
-  // One part per run of blocks with one weight.
+      add(done[i], rep.first, rep.end, static_cast<double>(devices_.at(done[i]).n_samples), rep.params, rep.buffers);
+  // One part per run of blocks with one weight and the same devices behind them, naming those
+  // devices only: a device whose blocks moved onto it during the round is not named for blocks
+  // this edge no longer holds for it (under secure aggregation they are its own, masked).
   std::vector<upload_part> parts;
-  for (const auto& run : avg.runs()) {
-    upload_part& p = parts.emplace_back(upload_part{done, run.first, run.end, static_cast<std::uint64_t>(run.weight)});
-    avg.mean(run.first, run.end, p.params, p.buffers);
-  }
+  for (const auto& run : avg.runs())
+    for (int b = run.first; b < run.end;) {
+      int e = b + 1;
+      while (e < run.end && behind[static_cast<std::size_t>(e)] == behind[static_cast<std::size_t>(b)]) ++e;
+      const auto& who = behind[static_cast<std::size_t>(b)];
+      upload_part& p = parts.emplace_back(
+          upload_part{{who.begin(), who.end()}, b, e, static_cast<std::uint64_t>(run.weight)});
+      avg.mean(b, e, p.params, p.buffers);
+      b = e;
+    }
   return parts;
 }
 

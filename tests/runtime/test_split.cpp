@@ -888,6 +888,32 @@ TEST_CASE("under secure aggregation a block held on fewer devices than --secagg-
   CHECK(max_rel_diff(blocks(got, 8, 12), mean_of({1, 2, 3}, 8, 12)) <= 1e-5);
 }
 
+TEST_CASE("under secure aggregation devices behind an edge taking blocks onto themselves mid-round keep the round") {
+  // Devices 1 and 2 take blocks [3, 8) from the edge in the middle of round 1 (onto the board: at
+  // once); 3 and 4 keep them on the edge. The edge's upload of [3, 8) names only 3 and 4: 1 and
+  // 2's blocks there are theirs now, masked.
+  const std::string be = test_backend();
+  workspace w("secagg-edge-moves", 4);
+  auto sc = secure_cfg(w, be, 4, 2);
+  sc.edge_cuts = {3, 8};
+  sc.force_route = [](std::uint32_t dev, std::uint64_t step, const split::route& r) -> std::optional<split::route> {
+    if (dev > 2 || step / 6 != 1 || step % 6 < 2 || r.cuts.front() == 8) return std::nullopt;
+    return split::make_route(false, true, {8, 8}, r.n_blocks);
+  };
+  std::vector<server::round_report> reports;
+  sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
+  std::atomic<int> starts = 0;
+  sc.on_round_start = [&](std::uint64_t, int) { ++starts; };
+  run_federation(w, be, sc, 4, true, [](device::agent_config& a) { a.secure_aggregation = true; });
+  REQUIRE(reports.size() == 2);
+  CHECK(starts == 2);  // no round ran again: no upload was refused
+  CHECK(reports[0].n_resplits == 2);
+  CHECK(reports[0].n_devices == 4);
+  CHECK(reports[1].n_devices == 4);
+  // Blocks 3-7 are on two devices only: kept out of the secure sum, logged.
+  CHECK(reports[0].secure_blocks == std::vector<std::pair<int, int>>{{0, 3}});
+}
+
 TEST_CASE("under secure aggregation a move off a device waits for the round's end and leaves its optimizer state") {
   // Devices 1 and 2 move onto [0, 6) during round 1 (onto the board: at once), and are asked back
   // to [0, 4) during round 2 (off the board: from round 3's first step). Devices 3 and 4 stay.
