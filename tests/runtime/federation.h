@@ -17,6 +17,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -135,6 +136,23 @@ struct workspace {
     std::error_code ec;
     fs::remove_all(dir, ec);
   }
+};
+
+// The frames a node sends, kept as they went: `recorder()` is its on_send (thread-safe).
+class sent_frames {
+ public:
+  std::function<void(std::span<const std::byte>)> recorder() {
+    return [this](std::span<const std::byte> f) {
+      std::lock_guard lock(mu_);
+      frames_.emplace_back(f.begin(), f.end());
+    };
+  }
+  // Read once the node has stopped.
+  const std::vector<std::vector<std::byte>>& all() const { return frames_; }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::vector<std::byte>> frames_;
 };
 
 // Runs a callable on a thread and joins it on destruction.

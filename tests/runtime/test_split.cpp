@@ -725,13 +725,9 @@ TEST_CASE("in U-shaped plans no message leaving a device holds labels or raw inp
       sc.rounds = 1;
       sc.local_steps = 8;
       sc.u_shape = true;
-      std::mutex mu;
-      std::vector<std::vector<std::byte>> frames;
+      sent_frames frames;
       run_federation(w, be, sc, 1, ps.edge, [&](device::agent_config& a) {
-        a.on_send = [&](std::span<const std::byte> f) {
-          std::lock_guard lock(mu);
-          frames.emplace_back(f.begin(), f.end());
-        };
+        a.on_send = frames.recorder();
       });
       // Every training image, as normalised on the device.
       const auto d = core::load_dataset(w.data.string());
@@ -743,7 +739,7 @@ TEST_CASE("in U-shaped plans no message leaving a device holds labels or raw inp
         images.insert(x);
       }
       int n_activations = 0, n_tensors = 0;
-      for (const auto& f : frames) {
+      for (const auto& f : frames.all()) {
         auto buf = transport::aligned_bytes::allocate(f.size());
         std::memcpy(buf.data(), f.data(), f.size());
         auto m = transport::decode_frame(std::move(buf), transport::frame_limits{});
@@ -796,14 +792,10 @@ TEST_CASE("under secure aggregation four devices average exactly and no device b
       sc.local_steps = 10;
       sc.min_devices = 4;
       sc.secure_aggregation = true;
-      std::mutex mu;
-      std::vector<std::vector<std::byte>> frames;
+      sent_frames frames;
       const auto got = run_federation(w, be, sc, 4, edge, [&](device::agent_config& a) {
         a.secure_aggregation = true;
-        a.on_send = [&](std::span<const std::byte> f) {
-          std::lock_guard lock(mu);
-          frames.emplace_back(f.begin(), f.end());
-        };
+        a.on_send = frames.recorder();
       });
       std::vector<double> mean(got.size(), 0.0);
       for (std::uint32_t d = 1; d <= 4; ++d) {
@@ -814,7 +806,7 @@ TEST_CASE("under secure aggregation four devices average exactly and no device b
       INFO("max relative difference " << diff);
       CHECK(diff <= 1e-5);
       int n_uploads = 0, n_masked = 0;
-      for (const auto& f : frames) {
+      for (const auto& f : frames.all()) {
         auto m = decoded(f);
         REQUIRE(m.ok());
         if (const auto* r = m->as<cleave::wire::ReplicaUpload>()) {
@@ -929,14 +921,10 @@ TEST_CASE("under secure aggregation a move off a device waits for the round's en
   };
   std::vector<server::round_report> reports;
   sc.on_round = [&](const server::round_report& r) { reports.push_back(r); };
-  std::mutex mu;
-  std::vector<std::vector<std::byte>> frames;
+  sent_frames frames;
   run_federation(w, be, sc, 4, false, [&](device::agent_config& a) {
     a.secure_aggregation = true;
-    a.on_send = [&](std::span<const std::byte> f) {
-      std::lock_guard lock(mu);
-      frames.emplace_back(f.begin(), f.end());
-    };
+    a.on_send = frames.recorder();
   });
   REQUIRE(reports.size() == 3);
   // No block's sum is decoded from fewer than 3 devices holding it at the round's end.
@@ -954,7 +942,7 @@ TEST_CASE("under secure aggregation a move off a device waits for the round's en
   const auto d = core::load_dataset(w.data.string());
   const auto model = core::zoo_model("lenet5", d.train.item, d.train.n_classes);
   int n_left = 0;
-  for (const auto& f : frames) {
+  for (const auto& f : frames.all()) {
     auto m = decoded(f);
     REQUIRE(m.ok());
     const auto* mg = m->as<cleave::wire::Migrate>();
@@ -1125,16 +1113,12 @@ TEST_CASE("--cut-gradient-noise adds each sample its gap to the largest gradient
   sc.u_shape = true;
   // The first gradient device 1 sends up: with and without noise computed from the same weights.
   auto first_gradient = [&](double noise, std::int64_t& rows) {
-    std::mutex mu;
-    std::vector<std::vector<std::byte>> frames;
+    sent_frames frames;
     run_federation(w, be, sc, 1, false, [&](device::agent_config& a) {
       a.cut_gradient_noise = noise;
-      a.on_send = [&](std::span<const std::byte> f) {
-        std::lock_guard lock(mu);
-        frames.emplace_back(f.begin(), f.end());
-      };
+      a.on_send = frames.recorder();
     });
-    for (const auto& f : frames) {
+    for (const auto& f : frames.all()) {
       REQUIRE(decoded(f).ok());
       if (auto g = sent_gradient(f)) {
         rows = g->first;
