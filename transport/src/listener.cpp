@@ -1,11 +1,17 @@
 // Listener: accept loop, one handshake coroutine per connection (bounded), a queue of channels.
 #include "cleave/transport/listener.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <asio/co_spawn.hpp>
 #include <asio/dispatch.hpp>
+#include <asio/post.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <deque>
@@ -148,17 +154,30 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
     const char* reason = "";
   };
 
+  // Handshakes at once that make a flood (honest fleets reconnect a few at a time).
+  static constexpr std::size_t flood_handshakes = 32;
+
   // A handshake's place in the slots for as long as it runs, however it ends.
   class slot_lease {
    public:
     slot_lease(listener_impl& l, std::string address, tls_stream* stream) : l_(l) {
       ++l_.per_address_[address];
       it_ = l_.handshakes_.insert(l_.handshakes_.end(), handshake_slot{std::move(address), stream});
+      l_.most_handshakes_ = std::max(l_.most_handshakes_, l_.handshakes_.size());
     }
     ~slot_lease() {
       auto n = l_.per_address_.find(it_->address);
       if (n != l_.per_address_.end() && --n->second == 0) l_.per_address_.erase(n);
       l_.handshakes_.erase(it_);
+      if (l_.handshakes_.empty() && l_.most_handshakes_ >= flood_handshakes) {
+        // A flood of handshakes is over: the buffers it took go back to the system, not only to
+        // the allocator's free lists (where they would stay for good). Once this handshake's
+        // stream is gone too.
+        l_.most_handshakes_ = 0;
+#if defined(__GLIBC__)
+        asio::post(l_.ex_, [] { ::malloc_trim(0); });
+#endif
+      }
     }
     slot_lease(const slot_lease&) = delete;
     slot_lease& operator=(const slot_lease&) = delete;
@@ -264,6 +283,7 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
   std::deque<channel> ready_;
   std::list<handshake_slot> handshakes_;  // oldest first
   std::unordered_map<std::string, std::size_t> per_address_;
+  std::size_t most_handshakes_ = 0;  // at once, since the slots were last all free
   bool closed_ = false;
   wakeup ready_wake_;
   wakeup slot_wake_;
