@@ -8,10 +8,10 @@
 #include <cmath>
 
 #include "agent_impl.h"
-#include "cleave/protocol/signed_keys.h"
 #include "cleave/backend/registry.h"
 #include "cleave/core/partition.h"
 #include "cleave/core/random.h"
+#include "cleave/protocol/signed_keys.h"
 #include "cleave/runtime/node_metrics.h"
 #include "policy.h"
 
@@ -159,8 +159,9 @@ void agent::impl::on_plan(const wire::Plan& p) {
     model_ = std::move(m);
   }
   const split::route route = protocol::route_for(p, c_.id, model_.n_blocks());
+  const auto training = protocol::training_of(p);
   // Refused: the link drops with the reason, the agent stays up.
-  check_plan_policy(c_, model_, route, {protocol::training_of(p).opt, p.micro_batch_size(), memory_budget_});
+  check_plan_policy(c_, model_, route, {training.opt, p.micro_batch_size(), memory_budget_});
   secure_plan_ = p.secure_aggregation();
   if ((c_.cut_gradient_noise >= 0 || c_.equalise_cut_gradients) && !route.u_shape() && !plan_)
     spdlog::warn(
@@ -196,7 +197,6 @@ void agent::impl::on_plan(const wire::Plan& p) {
   plan_.emplace().reset(route, p.epoch());
   spdlog::info("device {}: plan {}: {} (batch {} x {})", c_.id, p.epoch(), route.str(), micro_batch_size_,
                n_micro_batches_);
-  const auto training = protocol::training_of(p);
   const bool fresh = runner_->set_model(json, training);
   if (fresh || !same_run) {
     runner_->discard(c_.id, true);
@@ -462,7 +462,7 @@ int agent::impl::run() {
                                           [this](transport::message m) { on_message(std::move(m)); }, lost});
   ex_.collect_on_io([this] { up_->publish_links(); });
   if (!c_.metrics.empty())
-    ex_.serve_metrics(c_.metrics, c_.metrics_token, c_.metrics_public, [this] { return up_->current() ? std::string() : "not connected to its upstream"; });
+    ex_.serve_metrics(c_, [this] { return up_->current() ? std::string() : "not connected to its upstream"; });
   ex_.on_reload([this] { runtime::reload_credentials(ex_, *tls_, nullptr, &*up_); });
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("device {}: {}", c_.id, why);

@@ -8,6 +8,7 @@
 
 #include "cleave/privacy/digest.h"
 #include "cleave/split/profiler.h"
+#include "cleave/split/replan.h"
 #include "cleave/split/replica_checks.h"
 
 namespace cleave::device {
@@ -25,15 +26,15 @@ void check_plan_policy(const agent_config& c, const core::model_spec& m, const s
                       std::to_string(c.min_device_blocks));
   // What leaves the first cut must have passed a layer that trains: otherwise it is the input,
   // reshaped or pooled.
-  if (bottom < m.n_blocks() &&
-      std::none_of(m.blocks.begin(), m.blocks.begin() + bottom, [](const auto& b) { return b.n_params > 0; }))
+  if (const int trained = split::trained_bottom(m); bottom < m.n_blocks() && (trained == 0 || trained > bottom))
     throw core::error("route " + r.str() + " sends what no trained layer of this device has transformed (blocks [0," +
                       std::to_string(bottom) + ") of model '" + m.name + "' have no parameters): refused");
   std::uint64_t need = 0;
   for (int seg : r.segments_on(core::tier::device)) {
     const std::uint64_t add =
         split::least_segment_bytes(m, r.begin(seg), r.end(seg), t.opt, static_cast<int>(std::max(1u, t.micro_batch)));
-    need = add > std::numeric_limits<std::uint64_t>::max() - need ? std::numeric_limits<std::uint64_t>::max() : need + add;
+    need =
+        add > std::numeric_limits<std::uint64_t>::max() - need ? std::numeric_limits<std::uint64_t>::max() : need + add;
   }
   if (t.memory_budget && need > t.memory_budget)
     throw core::error(fmt::format(

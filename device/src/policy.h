@@ -4,8 +4,8 @@
 
 #include <span>
 
-#include "cleave/device/agent.h"
 #include "cleave/core/optimizer.h"
+#include "cleave/device/agent.h"
 #include "cleave/split/plan.h"
 
 namespace cleave::device {

@@ -320,8 +320,8 @@ void edge_node::impl::step(std::uint32_t dev, transport::message m, core::tier f
                          key.attempt, dev, attempt_);
   report_moved_links(d);
   // A device's activation of the round collecting: evidence of its work there.
-  if (from == core::tier::device && m.type() == wire::Body::Activations && collecting_ && !flushing_ &&
-      local_steps_ && key.step / local_steps_ == round_)
+  if (from == core::tier::device && m.type() == wire::Body::Activations && collecting_ && !flushing_ && local_steps_ &&
+      key.step / local_steps_ == round_)
     uploads_.saw(dev);
   auto held = std::make_shared<transport::message>(std::move(m));
   auto task = [this, s = d.s, r = d.rs.route, epoch, from, held] {
@@ -401,7 +401,7 @@ int edge_node::impl::run() {
     ex_.metrics().set("cleave_devices_connected", {}, static_cast<double>(below_->sessions().size()));
   });
   if (!c_.metrics.empty())
-    ex_.serve_metrics(c_.metrics, c_.metrics_token, c_.metrics_public, [this] { return up_->current() ? std::string() : "not connected to the server"; });
+    ex_.serve_metrics(c_, [this] { return up_->current() ? std::string() : "not connected to the server"; });
   ex_.on_reload([this] { runtime::reload_credentials(ex_, *tls_, &*below_, &*up_); });
   ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
     spdlog::info("edge {}: {}", c_.id, why.empty() ? "done" : why);

@@ -120,8 +120,8 @@ std::vector<edge_node::impl::upload_part> edge_node::impl::pre_average(const std
       int e = b + 1;
       while (e < run.end && behind[static_cast<std::size_t>(e)] == behind[static_cast<std::size_t>(b)]) ++e;
       const auto& who = behind[static_cast<std::size_t>(b)];
-      upload_part& p = parts.emplace_back(
-          upload_part{{who.begin(), who.end()}, b, e, static_cast<std::uint64_t>(run.weight)});
+      upload_part& p =
+          parts.emplace_back(upload_part{{who.begin(), who.end()}, b, e, static_cast<std::uint64_t>(run.weight)});
       avg.mean(b, e, p.params, p.buffers);
       b = e;
     }

@@ -115,15 +115,24 @@ struct reply {
 
 std::string_view reason_of(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 431: return "Request Header Fields Too Large";
-    case 503: return "Service Unavailable";
-    default: return "Status";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Status";
   }
 }
 
@@ -210,9 +219,8 @@ class http_connection : public std::enable_shared_from_this<http_connection> {
 
   void start() {
     arm();
-    asio::async_read_until(sock_, in_, "\r\n\r\n", [self = shared_from_this()](std::error_code ec, std::size_t n) {
-      self->on_head(ec, n);
-    });
+    asio::async_read_until(sock_, in_, "\r\n\r\n",
+                           [self = shared_from_this()](std::error_code ec, std::size_t n) { self->on_head(ec, n); });
   }
   void abort() {
     std::error_code ignored;
@@ -262,9 +270,8 @@ class http_connection : public std::enable_shared_from_this<http_connection> {
 
 void http_server::impl::turn_away(tcp::socket& sock) const {
   // Best effort, without waiting: the peer learns why, and the descriptor goes at once.
-  static const std::string busy = rendered({503, "text/plain; charset=utf-8", "too many connections\n",
-                                            "Retry-After: 1\r\n"},
-                                           true);
+  static const std::string busy =
+      rendered({503, "text/plain; charset=utf-8", "too many connections\n", "Retry-After: 1\r\n"}, true);
   std::error_code ignored;
   sock.non_blocking(true, ignored);
   sock.send(asio::buffer(busy), 0, ignored);

@@ -87,8 +87,14 @@ message_builder renamed_hello(const wire::Hello& h, std::string_view name) {
   if (h.backends())
     for (const auto* d : *h.backends())
       backends.push_back({d->name() ? d->name()->string_view() : std::string_view(), d->gflops(), d->memory_bytes()});
-  hello_info info{static_cast<core::tier>(h.role()), h.node_id(), name, backends, h.memory_bytes(), h.gflops(),
-                  h.n_samples(), h.protocol_version()};
+  hello_info info{static_cast<core::tier>(h.role()),
+                  h.node_id(),
+                  name,
+                  backends,
+                  h.memory_bytes(),
+                  h.gflops(),
+                  h.n_samples(),
+                  h.protocol_version()};
   return make_hello(info);
 }
 

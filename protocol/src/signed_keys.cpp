@@ -19,7 +19,8 @@ privacy::roster_entry signed_keys(const transport::tls_context& tls, std::uint64
 
 void check_member(const transport::tls_context& tls, std::uint64_t round, const privacy::roster_entry& e) {
   const std::string who = "roster member " + std::to_string(e.id);
-  if (e.certificate.empty() || e.signature.empty()) throw core::error(who + ": keys without a certificate or signature");
+  if (e.certificate.empty() || e.signature.empty())
+    throw core::error(who + ": keys without a certificate or signature");
   transport::tls_context::vouched v;
   try {
     v = tls.verify_signed(e.certificate, privacy::keys_statement(round, e), e.signature);

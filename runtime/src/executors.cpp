@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 
+#include "cleave/runtime/node_config.h"
 #include "cleave/runtime/node_metrics.h"
 
 namespace cleave::runtime {
@@ -97,8 +98,7 @@ void executors::fail(std::exception_ptr e, const std::string& what) {
   begin_stop(what + " failed: " + text);
 }
 
-void executors::serve_metrics(const std::string& address, const std::string& token, bool is_public,
-                              std::function<std::string()> not_ready) {
+void executors::serve_metrics(const node_config& c, std::function<std::string()> not_ready) {
   // Asked on the exporter's thread, answered on the I/O thread (what the node's state is read
   // on); a node whose I/O thread does not answer within a second is not ready either.
   auto ask = [this, check = std::make_shared<std::function<std::string()>>(std::move(not_ready))] {
@@ -112,18 +112,19 @@ void executors::serve_metrics(const std::string& address, const std::string& tok
   };
   try {
     metrics::http_options o;
-    o.token = token;
-    o.is_public = is_public;
-    exporter_ = std::make_unique<metrics::exporter>(metrics_, address, std::move(o), std::move(ask));
+    o.token = c.metrics_token;
+    o.is_public = c.metrics_public;
+    exporter_ = std::make_unique<metrics::exporter>(metrics_, c.metrics, std::move(o), std::move(ask));
   } catch (const std::exception& e) {
     throw core::error(e.what());
   }
   spdlog::info("{}: metrics on http://{}:{}/metrics{}", who_, exporter_->host(), exporter_->port(),
-               token.empty() ? "" : " (with a token)");
-  if (token.empty() && !metrics::is_loopback_host(exporter_->host()))
-    spdlog::warn("{}: --metrics-public: anyone who reaches {}:{} reads this node's metrics (its peers' names, "
-                 "routes, losses, memory)",
-                 who_, exporter_->host(), exporter_->port());
+               c.metrics_token.empty() ? "" : " (with a token)");
+  if (c.metrics_token.empty() && !metrics::is_loopback_host(exporter_->host()))
+    spdlog::warn(
+        "{}: --metrics-public: anyone who reaches {}:{} reads this node's metrics (its peers' names, "
+        "routes, losses, memory)",
+        who_, exporter_->host(), exporter_->port());
 }
 
 void executors::collect_on_io(std::function<void()> f) {

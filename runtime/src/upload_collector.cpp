@@ -59,18 +59,18 @@ void upload_collector::check_secure(core::tier from, const std::vector<std::uint
 }
 
 protocol::round_stats upload_collector::checked_stats(const void* sender, core::tier from,
-                                                     const std::vector<std::uint32_t>& devices,
-                                                     const std::vector<split::route>& routes,
-                                                     const wire::ReplicaUpload& r) const {
+                                                      const std::vector<std::uint32_t>& devices,
+                                                      const std::vector<split::route>& routes,
+                                                      const wire::ReplicaUpload& r) const {
   protocol::round_stats st = protocol::stats_of(r);
   const std::uint64_t n_devices = std::max<std::size_t>(devices.size(), 1);
   const std::uint64_t samples = rules_.samples_per_device * n_devices;
   if (st.n_correct > st.n_loss || st.n_loss > samples)
-    throw core::error(fmt::format("statistics of {} losses, {} of them correct: {} device{} of this round allow {} "
-                                  "samples",
-                                  st.n_loss, st.n_correct, n_devices, n_devices == 1 ? "" : "s", samples));
-  if (!std::isfinite(st.loss_sum) || st.loss_sum < 0 ||
-      st.loss_sum > loss_ceiling * static_cast<double>(st.n_loss))
+    throw core::error(
+        fmt::format("statistics of {} losses, {} of them correct: {} device{} of this round allow {} "
+                    "samples",
+                    st.n_loss, st.n_correct, n_devices, n_devices == 1 ? "" : "s", samples));
+  if (!std::isfinite(st.loss_sum) || st.loss_sum < 0 || st.loss_sum > loss_ceiling * static_cast<double>(st.n_loss))
     throw core::error(fmt::format("a loss sum of {:g} over {} samples is not a training loss (finite, 0 to {:g} each)",
                                   st.loss_sum, st.n_loss, loss_ceiling));
   // Compute at most the collection's wall time (and a second of rounding), per device behind it.
@@ -79,7 +79,8 @@ protocol::round_stats upload_collector::checked_stats(const void* sender, core::
     return std::min<std::uint64_t>(us, static_cast<std::uint64_t>(seconds * 1e6));
   };
   st.compute_us = bound(st.compute_us, wall);
-  st.device_compute_us = from == core::tier::device ? 0 : bound(st.device_compute_us, wall * static_cast<double>(n_devices));
+  st.device_compute_us =
+      from == core::tier::device ? 0 : bound(st.device_compute_us, wall * static_cast<double>(n_devices));
   if (from != core::tier::device) return st;
   // A device's own upload: evidence that it trained in this collection.
   const std::uint32_t dev = devices.at(0);

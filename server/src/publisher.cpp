@@ -21,8 +21,7 @@ void publisher::open(std::string backend, std::int64_t test_size) {
     if (!run_log_) throw core::error("--run-log '" + c.run_log.string() + "': cannot open it for writing");
   }
   v_.ex.collect_on_io([this] { publish_links_and_devices(); });
-  if (!c.metrics.empty())
-    v_.ex.serve_metrics(c.metrics, c.metrics_token, c.metrics_public, [this] { return v_.acceptor ? std::string() : "not listening yet"; });
+  if (!c.metrics.empty()) v_.ex.serve_metrics(c, [this] { return v_.acceptor ? std::string() : "not listening yet"; });
   if (!c.dashboard.empty()) open_dashboard();
 }
 

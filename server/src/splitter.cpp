@@ -234,8 +234,7 @@ void splitter::start(split::node_profile server) {
 
 split::route splitter::route_for_device(bool behind_edge) const {
   const auto& cuts = behind_edge ? c_.edge_cuts : c_.cuts;
-  const bool cuts_empty = cuts.empty();
-  return split::starting_route(model_, c_.u_shape, behind_edge, cuts, min_device_blocks(c_, model_, cuts_empty),
+  return split::starting_route(model_, c_.u_shape, behind_edge, cuts, min_device_blocks(c_, model_, cuts.empty()),
                                behind_edge ? "--edge-cuts" : "--cuts");
 }
 

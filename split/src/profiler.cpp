@@ -70,7 +70,7 @@ std::vector<block_profile> profile_blocks(core::backend& b, const core::model_sp
   const std::function<double()> now = o.clock ? o.clock : steady_seconds;
   std::vector<block_profile> out;
   out.reserve(static_cast<std::size_t>(m.n_blocks()));
-  std::vector<int> unmeasured;        // blocks over the budget
+  std::vector<int> unmeasured;  // blocks over the budget
   double measured_flops = 0, measured_fwd = 0, measured_bwd = 0;
   for (int i = 0; i < m.n_blocks(); ++i) {
     const core::block_info& bi = m.blocks[static_cast<std::size_t>(i)];

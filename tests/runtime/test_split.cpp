@@ -726,9 +726,7 @@ TEST_CASE("in U-shaped plans no message leaving a device holds labels or raw inp
       sc.local_steps = 8;
       sc.u_shape = true;
       sent_frames frames;
-      run_federation(w, be, sc, 1, ps.edge, [&](device::agent_config& a) {
-        a.on_send = frames.recorder();
-      });
+      run_federation(w, be, sc, 1, ps.edge, [&](device::agent_config& a) { a.on_send = frames.recorder(); });
       // Every training image, as normalised on the device.
       const auto d = core::load_dataset(w.data.string());
       std::set<std::vector<float>> images;

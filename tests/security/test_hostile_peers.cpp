@@ -259,20 +259,8 @@ TEST_CASE("the server gives back the memory three floods of pending handshakes t
     // 1000 connections from 200 addresses, each holding the start of a ClientHello.
     std::vector<int> fds;
     for (int i = 0; i < (flood == 0 ? 20 : 1000); ++i) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      REQUIRE(fd >= 0);
-      sockaddr_in from{};
-      from.sin_family = AF_INET;
-      REQUIRE(::inet_pton(AF_INET, ("127.0.2." + std::to_string(1 + i % 200)).c_str(), &from.sin_addr) == 1);
-      REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0);
-      sockaddr_in to{};
-      to.sin_family = AF_INET;
-      to.sin_port = htons(sp);
-      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
-        ::close(fd);
-        continue;
-      }
+      const int fd = connect_from("127.0.2." + std::to_string(1 + i % 200), sp);
+      if (fd < 0) continue;
       const unsigned char hello[] = {0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03};
       ::send(fd, hello, sizeof hello, MSG_NOSIGNAL);
       fds.push_back(fd);

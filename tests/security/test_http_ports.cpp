@@ -16,25 +16,6 @@ using namespace cleave::testing;
 
 namespace {
 
-// A TCP connection to 127.0.0.1:port from `source`; -1 when refused.
-int connect_from(const std::string& source, std::uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  REQUIRE(::inet_pton(AF_INET, source.c_str(), &from.sin_addr) == 1);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(port);
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // Connections that send a request's head one byte every `every` (slowloris), from 8 addresses.
 class trickle {
  public:

@@ -79,8 +79,9 @@ TEST_CASE("a device takes a roster of signed devices and refuses every one a mal
   SUBCASE("a revoked device, and one of another federation's CA") {
     transport::revoke_certificate(w.certs, w.certs / "device-3.crt");
     const auto me_now = tls(w, "device-1");  // as after a reload: the list in force
-    CHECK(error_of([&] { protocol::check_roster(me_now, 7, 1, honest, 2, 3); }).find("roster member 3: certificate "
-                                                                                     "'device-3': ") == 0);
+    CHECK(error_of([&] { protocol::check_roster(me_now, 7, 1, honest, 2, 3); })
+              .find("roster member 3: certificate "
+                    "'device-3': ") == 0);
     CHECK(error_of([&] { protocol::check_roster(me_now, 7, 1, honest, 2, 3); }).find("revoked") != std::string::npos);
     workspace other("sec-roster-other", 3, 64, 32);
     auto foreign = honest;

@@ -5,13 +5,13 @@
 #include <malloc.h>
 #endif
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/dispatch.hpp>
-#include <asio/post.hpp>
 #include <asio/experimental/as_tuple.hpp>
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <deque>

@@ -25,6 +25,8 @@
 
 namespace cleave::runtime {
 
+struct node_config;
+
 // Process settings every node needs before it opens a socket (idempotent): SIGPIPE never kills
 // it (a write to a peer that reset the connection is an error value), and its soft limit on open
 // files is raised to the hard one, so that a flood of connections meets the listener's own
@@ -68,9 +70,9 @@ class executors {
   // /metrics, /healthz and /readyz until run() returns. Ready: not stopping, and `not_ready`
   // (run on the I/O thread) says nothing.
   metrics::registry& metrics() { return metrics_; }
-  // Beyond loopback it needs a token (metrics::http_options) unless `is_public` (warned).
-  void serve_metrics(const std::string& address, const std::string& token, bool is_public,
-                     std::function<std::string()> not_ready = {});
+  // The address, token and public flag are the node's (node_config): beyond loopback it needs a
+  // token (metrics::http_options) unless public (warned).
+  void serve_metrics(const node_config& c, std::function<std::string()> not_ready = {});
   // Before every scrape: f on the I/O thread (what only that thread may read: sessions, links),
   // waited for up to a second (a scrape of a busy or stopped node shows what it had).
   void collect_on_io(std::function<void()> f);

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <span>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
