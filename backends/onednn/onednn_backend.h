@@ -84,6 +84,7 @@ class onednn_backend final : public reference_backend {
 
   std::string name() const override { return "onednn"; }
   std::string device_name() const override;
+  bool computes_on_caller() const override { return n_threads_ == 1; }  // OpenMP's one thread is the caller
   int n_threads() const { return n_threads_; }
   // Number of distinct primitive configurations created so far (one per op and shape).
   std::size_t n_cached() const { return cache_.size(); }

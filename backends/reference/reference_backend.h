@@ -12,6 +12,7 @@ class reference_backend : public core::backend {
   std::string name() const override { return "reference"; }
   std::string device_name() const override { return "host CPU (plain loops)"; }
   bool host_memory() const override { return true; }
+  bool computes_on_caller() const override { return true; }
 
   core::buffer_ptr allocate(std::size_t bytes) override;
   void upload(const core::tensor& dst, const void* src) override;

@@ -3,6 +3,7 @@
 #include "cleave/runtime/segment_runner.h"
 
 #include <spdlog/spdlog.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +16,16 @@
 #include "cleave/split/replica_checks.h"
 
 namespace cleave::runtime {
+
+namespace {
+
+double thread_cpu_seconds() {
+  timespec t{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return 0;
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+}  // namespace
 
 using clock = std::chrono::steady_clock;
 
@@ -35,6 +46,7 @@ bool segment_runner::set_model(const std::string& json, const protocol::training
 double segment_runner::timed(const std::function<void()>& f) {
   if (shared_) shared_->acquire();  // timed once it holds a core
   const auto t0 = clock::now();
+  const double cpu0 = thread_cpu_seconds();
   try {
     f();
     b_->synchronize();
@@ -43,11 +55,20 @@ double segment_runner::timed(const std::function<void()>& f) {
     throw;
   }
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+  const double cpu = thread_cpu_seconds() - cpu0;
   if (shared_) shared_->release();
-  // An emulated board this many times slower: wait for the extra time it would have taken.
-  if (slowdown_ > 1.0) std::this_thread::sleep_for(std::chrono::duration<double>(secs * (slowdown_ - 1.0)));
-  compute_s_ += secs * slowdown_;
-  return secs * slowdown_;
+  if (!(slowdown_ > 1.0)) {
+    compute_s_ += secs * slowdown_;
+    return secs * slowdown_;
+  }
+  // An emulated board this many times slower: wait for the extra time its work would have
+  // taken. Where the kernels ran on this thread their work is its CPU time, so a machine busy
+  // with other work delays the step once rather than `slowdown` times over.
+  const double work = b_->computes_on_caller() && cpu > 0 ? std::min(secs, cpu) : secs;
+  const double extra = work * (slowdown_ - 1.0);
+  std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+  compute_s_ += secs + extra;
+  return secs + extra;
 }
 
 int segment_runner::segment_at(const split::route& r, std::uint32_t block, core::tier from, bool activation) const {

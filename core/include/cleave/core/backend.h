@@ -92,6 +92,9 @@ class backend {
   virtual std::string device_name() const = 0;  // human-readable device, e.g. the GPU model
   // True when buffers are host memory (tensor::host_data() works).
   virtual bool host_memory() const = 0;
+  // True when every kernel runs on the calling thread, so that thread's CPU time is the work's
+  // cost (and a busy machine's preemptions are not).
+  virtual bool computes_on_caller() const { return false; }
 
   // ---- memory ---------------------------------------------------------------------------
   // Returns at least `bytes` bytes (zero bytes allowed), aligned to 64 bytes.
