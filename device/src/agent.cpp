@@ -112,6 +112,8 @@ void agent::impl::on_message(transport::message m) {
     case wire::Body::Gradients:
     case wire::Body::SecAgg:
       break;
+    case wire::Body::Revocations:
+      return runtime::adopt_revocations(ex_, *tls_, nullptr, &*up_, *m.as<wire::Revocations>());
     default:
       return;  // Welcome, heartbeats
   }
@@ -251,6 +253,9 @@ void agent::impl::on_round_start(const wire::RoundStart& r) {
     post_secagg(
         {.phase = wire::SecAggPhase::keys, .round = r.round(), .device_id = c_.id, .keys = std::span(&mine, 1)});
   }
+  // A sign of this round's work goes up at least this often: the server counts out a device it
+  // hears nothing of for a quarter of its deadline.
+  progress_every_ = std::max<clock::duration>(std::chrono::seconds(1), std::chrono::milliseconds(r.deadline_ms()) / 8);
   ex_.spawn(run_round(r.round(), r.local_steps(), r.learning_rate(), ++round_gen_), "a round",
             runtime::executors::thread::compute);
 }
@@ -292,7 +297,11 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
   if (lr > 0) runner_->host().set_learning_rate(c_.id, lr);  // 0: the plan's rate
   runner_->take_compute_seconds();
   std::uint64_t n_samples = 0;
-  co_await wake_.wait_until([&] { return missing_ == 0 || over(gen); });  // blocks still migrating here
+  last_progress_ = t0;
+  // Blocks still migrating here: a long transfer is no silence, a profile at the round's first
+  // step says this device is in it meanwhile (and likewise at a cut-over below).
+  const auto blocks_here = [&] { return missing_ == 0 || over(gen); };
+  while (!co_await wake_.wait_until(blocks_here, clock::now() + progress_every_)) send_profile(round * steps);
   for (std::uint32_t i = 0; i < steps && !over(gen); ++i) {
     const std::uint64_t step = round * steps + i;
     if (plan_->next && !co_await cut_over(step, gen)) break;
@@ -307,7 +316,7 @@ asio::awaitable<void> agent::impl::run_round(std::uint64_t round, std::uint32_t 
     n_samples += static_cast<std::uint64_t>(micro_batch_size_) * n_micro_batches_;
     const auto up = up_->current();
     const bool moved = up && runtime::bandwidth_moved(reported_bps_, up->measured_link(edge_id_).bandwidth_bytes_per_s);
-    if (++steps_since_profile_ >= c_.profile_every || moved) {
+    if (++steps_since_profile_ >= c_.profile_every || moved || clock::now() - last_progress_ >= progress_every_) {
       steps_since_profile_ = 0;
       send_profile(step);
     }
@@ -346,7 +355,8 @@ asio::awaitable<bool> agent::impl::cut_over(std::uint64_t step, std::uint64_t ge
   post(protocol::make_cutover(c_.id, md.epoch, md.step));
   missing_ = runner_->host().n_missing(c_.id);
   // The blocks coming down from the edge or the server.
-  co_await wake_.wait_until([&] { return missing_ == 0 || over(gen); });
+  const auto blocks_here = [&] { return missing_ == 0 || over(gen); };
+  while (!co_await wake_.wait_until(blocks_here, clock::now() + progress_every_)) send_profile(step);
   if (over(gen)) co_return false;
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
   spdlog::info("device {}: plan {} from step {}: {} -> {} ({} block range{} sent, {:.1f} ms)", c_.id, md.epoch, step,
@@ -399,6 +409,7 @@ void agent::impl::next_batch(std::int64_t n, float* x, std::int32_t* y) {
 }
 
 void agent::impl::send_profile(std::uint64_t step) {
+  last_progress_ = clock::now();
   auto prof = runner_->snapshot(memory_budget_);
   const std::uint32_t epoch = plan_ ? plan_->epoch : 0;
   {

@@ -91,6 +91,9 @@ class agent::impl {
   // block here): the round's statistics.
   runtime::round_tally seen_, own_;
   int steps_since_profile_ = 0;
+  // Within a round, how often at least a sign of its work goes up, and when the last one did.
+  std::chrono::steady_clock::duration progress_every_ = std::chrono::seconds(1);
+  std::chrono::steady_clock::time_point last_progress_{};
   float reported_bps_ = 0;     // the uplink's bandwidth in the last profile sent (compute executor)
   std::int64_t position_ = 0;  // samples drawn from this device's data stream
   std::vector<std::int64_t> order_;

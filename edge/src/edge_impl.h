@@ -37,6 +37,7 @@ class edge_node::impl {
     std::uint64_t n_samples = 0;              // its upload's, this round
     std::vector<runtime::upload_part> parts;  // its upload, this round
     float reported_bps = 0;                   // its link's bandwidth in the last profile sent
+    clock::time_point heard{};                // its last message in this collection
   };
 
   // Server side.
@@ -62,6 +63,9 @@ class edge_node::impl {
   // reported now: the splitter may move blocks off or back onto it.
   void report_moved_links(const device_state& d);
   void maybe_flush(bool deadline);
+  // Collection `turn` stops expecting a device it hears nothing from for silence_ (a quarter of
+  // the deadline, at least 10 s, as the server counts it out; a device at work says so sooner).
+  asio::awaitable<void> count_out_silent(std::uint64_t turn);
   asio::awaitable<void> flush(std::vector<std::uint32_t> done, std::uint64_t turn);
   // The parts of the round's upload (per device, or one pre-average) of the devices that finished,
   // with this edge's replicas of each (`mine`, in the order of `done`).
@@ -116,6 +120,7 @@ class edge_node::impl {
   runtime::upload_collector uploads_;          // of the devices, this collection
   std::vector<std::uint32_t> arrived_;         // devices in the order their uploads completed
   std::chrono::milliseconds patience_{0};
+  clock::duration silence_{};
   asio::steady_timer flush_timer_;
   std::uint64_t bytes_mark_ = 0;
 };

@@ -26,7 +26,12 @@ void edge_node::impl::on_server(transport::message m) {
   switch (m.type()) {
     case wire::Body::Welcome: {
       const auto* w = m.as<wire::Welcome>();
-      if (w->node_id() != c_.id) return relay_down(w->node_id(), m);
+      if (w->node_id() != c_.id) {
+        relay_down(w->node_id(), m);
+        if (const auto it = devices_.find(w->node_id()); it != devices_.end() && it->second.s)
+          runtime::send_revocations(*tls_, it->second.s);
+        return;
+      }
       per_device_ = w->per_device_replicas();
       if (per_device_) spdlog::info("edge {}: the server aggregates each device's own replicas: no pre-average", c_.id);
       return;
@@ -75,6 +80,8 @@ void edge_node::impl::on_server(transport::message m) {
     }
     case wire::Body::SecAgg:
       return relay_down(m.as<wire::SecAgg>()->device_id(), m);
+    case wire::Body::Revocations:
+      return runtime::adopt_revocations(ex_, *tls_, &*below_, &*up_, *m.as<wire::Revocations>());
     case wire::Body::Ping:
     case wire::Body::Pong:
       return;
@@ -174,6 +181,9 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
       for (auto id : *r.devices())
         if (const auto it = devices_.find(id); it != devices_.end() && it->second.s) it->second.expected = true;
     patience_ = std::chrono::milliseconds(static_cast<long>(static_cast<double>(r.deadline_ms()) * 0.9));
+    silence_ = std::max<clock::duration>(std::chrono::seconds(10), std::chrono::milliseconds(r.deadline_ms()) / 4);
+    for (auto& [id, d] : devices_) d.heard = clock::now();
+    ex_.spawn(count_out_silent(turn_), "watching for silent devices");
     ex_.post_compute([this] { runner_->take_compute_seconds(); });
   }
   if (r.learning_rate() > 0)  // 0: the server keeps the plan's rate
@@ -247,6 +257,7 @@ void edge_node::impl::on_device_closed(const runtime::session_ptr& s, const std:
 
 void edge_node::impl::on_device(const runtime::session_ptr& s, transport::message m) {
   auto& d = devices_.at(s->id);
+  d.heard = clock::now();
   switch (m.type()) {
     case wire::Body::Activations:
     case wire::Body::Gradients:

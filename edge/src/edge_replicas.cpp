@@ -1,5 +1,9 @@
 // The edge's part in a round's aggregation: each device's upload checked against its plan and
-// held, then at the flush sent up per device or pre-averaged with the edge's own replicas.
+// held, then at the flush sent up per device or pre-averaged with the edge's own replicas; devices
+// gone silent are not waited for.
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
 #include <set>
 
 #include "cleave/split/aggregate.h"
@@ -27,6 +31,30 @@ void edge_node::impl::on_replica(device_state& d, const wire::ReplicaUpload& r) 
   d.n_samples = r.n_samples();
   arrived_.push_back(id);
   maybe_flush(false);
+}
+
+asio::awaitable<void> edge_node::impl::count_out_silent(std::uint64_t turn) {
+  asio::steady_timer timer(ex_.io());
+  while (collecting_ && !flushing_ && turn_ == turn) {
+    const auto now = clock::now();
+    auto next = clock::time_point::max();
+    bool counted = false;
+    for (auto& [id, d] : devices_) {
+      if (!d.expected || uploads_.is_done(id)) continue;
+      if (now - d.heard < silence_) {
+        next = std::min(next, d.heard + silence_);
+        continue;
+      }
+      d.expected = false;
+      counted = true;
+      spdlog::warn("edge {}: round {}: nothing from device {} for {:.1f} s (a quarter of the deadline); counted out",
+                   c_.id, round_, id, std::chrono::duration<double>(silence_).count());
+    }
+    if (counted) maybe_flush(false);
+    if (next == clock::time_point::max()) co_return;
+    timer.expires_at(next);
+    co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+  }
 }
 
 void edge_node::impl::maybe_flush(bool deadline) {

@@ -457,6 +457,13 @@ message_builder make_leave(const leave_desc& l) {
   return m;
 }
 
+message_builder make_revocations(std::span<const std::uint8_t> crl) {
+  message_builder m(128 + crl.size());
+  const auto v = m.fbb().CreateVector(crl.data(), crl.size());
+  m.finish(wire::CreateRevocations(m.fbb(), v));
+  return m;
+}
+
 message_builder make_secagg(const secagg_desc& d) {
   std::size_t bytes =
       256 + d.words.size() * 8 + (d.devices.size() + d.dropped.size() + d.blocks.size()) * 4 + d.keys.size() * 96;

@@ -176,6 +176,10 @@ std::size_t acceptor::close_revoked() {
   return n;
 }
 
+void acceptor::send_revocations() const {
+  for (const auto& s : sessions_) runtime::send_revocations(tls_, s);
+}
+
 asio::awaitable<void> acceptor::shutdown() {
   listener_.close();
   const auto all = sessions_;
@@ -419,7 +423,32 @@ void reload_credentials(const executors& ex, transport::tls_context& tls, accept
     return;
   }
   spdlog::info("{}: reloaded for new connections: {}", ex.who(), loaded);
-  if (below) below->close_revoked();
+  if (below) {
+    below->close_revoked();
+    below->send_revocations();
+  }
+  if (above) above->drop_revoked();
+}
+
+void send_revocations(const transport::tls_context& tls, const session_ptr& s) {
+  if (const auto crl = tls.revocation_list(); !crl.empty()) s->post(protocol::make_revocations(crl));
+}
+
+void adopt_revocations(const executors& ex, transport::tls_context& tls, acceptor* below, upstream* above,
+                       const wire::Revocations& r) {
+  std::optional<std::string> now;
+  try {
+    now = tls.adopt_revocation_list({r.crl()->data(), r.crl()->size()});
+  } catch (const core::error& e) {
+    spdlog::error("{}: a revocation list from upstream refused, the one in force stays: {}", ex.who(), e.what());
+    return;
+  }
+  if (!now) return;  // the one in force, or an older one
+  spdlog::info("{}: revocation list from upstream in force: {}", ex.who(), *now);
+  if (below) {
+    below->close_revoked();
+    below->send_revocations();
+  }
   if (above) above->drop_revoked();
 }
 

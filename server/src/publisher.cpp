@@ -79,6 +79,18 @@ void publisher::log_round(const round_report& rep) const {
                  rep.step_seconds * 1e3, rep.predicted_step_seconds * 1e3,
                  (rep.predicted_step_seconds / rep.step_seconds - 1.0) * 100.0, rep.n_resplits,
                  rep.n_resplits == 1 ? "" : "s");
+  // The plans of devices that re-split, as they were priced.
+  for (std::size_t i = 0; i < rep.legs.size();) {
+    const std::uint32_t dev = rep.legs[i].device;
+    std::string ran;
+    for (; i < rep.legs.size() && rep.legs[i].device == dev; ++i) {
+      const auto& l = rep.legs[i];
+      ran += fmt::format("{}{} for {} step{} ({:.1f} ms each", ran.empty() ? "" : ", then ", l.route, l.steps,
+                         l.steps == 1 ? "" : "s", l.step_seconds * 1e3);
+      ran += l.migration_seconds > 0 ? fmt::format(", moving on {:.1f} ms)", l.migration_seconds * 1e3) : ")";
+    }
+    spdlog::info("round {}: device {} ran {}", rep.round, dev, ran);
+  }
   // One line per route, naming its devices (runs of ids as ranges).
   std::map<std::string, std::vector<std::uint32_t>> by_route;
   for (const auto& [id, route] : rep.routes) by_route[route].push_back(id);

@@ -112,6 +112,42 @@ asio::awaitable<void> round::take_turns(clock::time_point deadline) {
   }
 }
 
+asio::awaitable<void> round::collect(clock::time_point deadline, clock::duration silence) {
+  const auto all_done = [this] {
+    const auto& done = uploads_.done();
+    return std::includes(done.begin(), done.end(), members_.begin(), members_.end());
+  };
+  while (!all_done() && clock::now() < deadline) {
+    // Until the earliest moment a member still training may be counted out as silent.
+    auto next = deadline;
+    for (auto id : members_)
+      if (!uploads_.is_done(id)) next = std::min(next, heard_[id] + silence);
+    co_await wake_.wait_until(all_done, next);
+    const auto now = clock::now();
+    if (now >= deadline) break;
+    for (auto it = members_.begin(); it != members_.end();) {
+      const std::uint32_t id = *it;
+      if (uploads_.is_done(id) || now - heard_[id] < silence) {
+        ++it;
+        continue;
+      }
+      it = members_.erase(it);
+      ++overran_;
+      spdlog::warn(
+          "server: round {}: nothing of device {}'s work for {:.1f} s (a quarter of the {:g} s deadline); "
+          "counted out",
+          number_, id, std::chrono::duration<double>(silence).count(), c_.round_deadline_s);
+    }
+  }
+}
+
+void round::heard_from(std::uint32_t dev, std::uint64_t step, bool resplit) {
+  if (resplit) ++n_resplits_;
+  if (at_ == round_phase::collecting && members_.count(dev) &&
+      step / static_cast<std::uint64_t>(c_.local_steps) == number_)
+    heard_[dev] = clock::now();
+}
+
 asio::awaitable<bool> round::run(std::uint64_t number, float lr, global_model& g) {
   co_await open(number, lr, g);
   at_ = round_phase::collecting;
@@ -123,8 +159,15 @@ asio::awaitable<bool> round::run(std::uint64_t number, float lr, global_model& g
     return std::includes(done.begin(), done.end(), members_.begin(), members_.end());
   };
   if (c_.mode == training_mode::splitfed) {
-    for (auto id : participants_) start_training(id, deadline);
+    heard_.clear();
+    for (auto id : participants_) {
+      heard_[id] = clock::now();
+      start_training(id, deadline);
+    }
     if (c_.secure_aggregation) co_await secure_.roster(members_, deadline);
+    const auto quarter =
+        std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(c_.round_deadline_s / 4));
+    co_await collect(deadline, std::max<clock::duration>(quarter, min_silence));
   } else {
     co_await take_turns(deadline);
   }
@@ -135,7 +178,8 @@ asio::awaitable<bool> round::run(std::uint64_t number, float lr, global_model& g
   if (n_in < participants_.size())
     spdlog::warn("server: round {}: {} of {} devices finished {}{}", number, n_in, participants_.size(),
                  !all_done()    ? fmt::format("within the {:g} s deadline", c_.round_deadline_s)
-                 : overran_ > 0 ? "(the others left or overran their turns)"
+                 : overran_ > 0 ? (c_.mode == training_mode::sequential ? "(the others left or overran their turns)"
+                                                                        : "(the others left or went silent)")
                                 : "(the others left)",
                  n_in > 0     ? "; averaging those"
                  : all_done() ? "; nobody trained: the round runs again"
@@ -210,7 +254,7 @@ round_report round::report(const evaluation& ev) const {
   rep.server_compute_s = server_compute_;
   rep.bytes_moved = t.bytes_moved;
   rep.step_seconds = train_seconds_ / c_.local_steps;
-  rep.predicted_step_seconds = host_.predicted_step(uploads_.done());
+  rep.predicted_step_seconds = host_.predicted_step(uploads_.done(), &rep.legs);
   rep.learning_rate = lr_;
   rep.n_resplits = n_resplits_;
   rep.secure_devices = secure_.n_aggregated();
@@ -231,6 +275,7 @@ bool round::takes_step(std::uint32_t dev, std::uint64_t step, std::uint32_t atte
   // Not of a round closed, of an attempt at it that is over, or of a device counted out.
   const bool in = at_ == round_phase::collecting && members_.count(dev) && !uploads_.is_done(dev) &&
                   step / static_cast<std::uint64_t>(c_.local_steps) == number_ && attempt == attempt_;
+  if (in) heard_[dev] = clock::now();
   if (in && device_activation) uploads_.saw(dev);
   return in;
 }
@@ -276,6 +321,7 @@ void round::on_secagg(std::uint32_t dev, const wire::SecAgg& m) {
   if ((at_ != round_phase::collecting && at_ != round_phase::closing) || m.round() != number_ || !members_.count(dev) ||
       secure_.closed())
     return;  // of a round closed, or of a device counted out
+  if (at_ == round_phase::collecting) heard_[dev] = clock::now();
   secure_.on_message(dev, m);
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -68,7 +69,7 @@ class round_host {
   virtual evaluation evaluate(const global_model& g, bool evaluate, bool whole) = 0;
   // Bytes moved on the server's channels so far, and the cost model's step of devices `in`.
   virtual std::uint64_t bytes_moved() const = 0;
-  virtual double predicted_step(const std::set<std::uint32_t>& in) = 0;
+  virtual double predicted_step(const std::set<std::uint32_t>& in, std::vector<round_report::leg>* legs) = 0;
   // A round closed with report `rep` (routes: those of its devices at its end): the global model
   // goes to every holder and the checkpoint is written.
   virtual asio::awaitable<void> closed(const round_report& rep, const device_routes& routes) = 0;
@@ -108,6 +109,11 @@ class round {
   // Whether a step message of device `dev` (step, attempt) belongs to the round collecting now;
   // one that does and is an activation from the device itself is evidence of its work there.
   bool takes_step(std::uint32_t dev, std::uint64_t step, std::uint32_t attempt, bool device_activation = false);
+  // A sign of device `dev`'s work at global step `step` (a profile, or a cut-over to a new plan:
+  // `resplit`, counted while the round collects): in SplitFed mode a member that shows none for a
+  // quarter of the deadline (at least min_silence) is counted out.
+  void heard_from(std::uint32_t dev, std::uint64_t step, bool resplit = false);
+  static constexpr std::chrono::seconds min_silence{10};
   // The loss of samples computed here, in round `number`.
   void add_loss(std::uint64_t number, double loss, std::int64_t n, std::uint64_t correct);
   // A part of an upload from `via` (tier `from`, named `who` in refusals) for `devices`, each
@@ -120,13 +126,14 @@ class round {
   bool collects(std::uint64_t number, std::uint32_t attempt) const {
     return at_ == round_phase::collecting && number == number_ && attempt == attempt_;
   }
-  void count_resplit() { ++n_resplits_; }  // a device cut over to a new plan during the round
   void planner_ran(double seconds) { planner_s_ = std::max(planner_s_, seconds); }
 
  private:
   asio::awaitable<void> open(std::uint64_t number, float lr, const global_model& g);
   void start_training(std::uint32_t id, clock::time_point until);
   asio::awaitable<void> take_turns(clock::time_point deadline);
+  // Waits for every member's upload until the deadline, counting out members silent for `silence`.
+  asio::awaitable<void> collect(clock::time_point deadline, clock::duration silence);
   void abandon();
   asio::awaitable<void> close(global_model& g);
   round_report report(const evaluation& ev) const;
@@ -146,6 +153,7 @@ class round {
   device_routes routes_;                     // of the devices connected when it opened
   std::vector<std::uint32_t> participants_;  // asked to train
   std::set<std::uint32_t> members_;          // asked to train and still counted
+  std::map<std::uint32_t, clock::time_point> heard_;  // the last sign of each member's work
   double train_seconds_ = 0;
   std::unique_ptr<split::aggregator> avg_;
   runtime::upload_collector uploads_;

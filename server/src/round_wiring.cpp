@@ -1,6 +1,7 @@
 // The round's view of the server: its members from membership, its compute on the segment runner
 // and the evaluating trainer, and a closed round handed to the publisher, every holder of the
-// global model and the checkpoint store.
+// global model and the checkpoint store; and the server's side of rounds and plans (a round's
+// learning rate, re-planning, its own profile).
 #include <spdlog/spdlog.h>
 
 #include "server_impl.h"
@@ -101,8 +102,9 @@ std::uint64_t server_node::impl::wiring::bytes_moved() const {
   return s_.acceptor_->bytes_moved();
 }
 
-double server_node::impl::wiring::predicted_step(const std::set<std::uint32_t>& in) {
-  return s_.plans_.predicted_step(in);
+double server_node::impl::wiring::predicted_step(const std::set<std::uint32_t>& in,
+                                                 std::vector<round_report::leg>* legs) {
+  return s_.plans_.predicted_step(in, legs);
 }
 
 asio::awaitable<void> server_node::impl::wiring::closed(const round_report& rep, const device_routes& routes) {
@@ -131,6 +133,24 @@ asio::awaitable<void> server_node::impl::wiring::closed(const round_report& rep,
     s_.ex_.metrics().add("cleave_checkpoint_failures_total", {});
     s_.checkpoint_failure_ = "round " + std::to_string(rep.round) + ": " + why;
   }
+}
+
+void server_node::impl::replan(const std::string& why) {
+  round_.planner_ran(plans_.maybe_replan(why, acceptor_->sessions()));
+}
+
+void server_node::impl::publish_profile() {
+  ex_.post_io(
+      [this, snap = runner_->snapshot(memory_budget_)]() mutable { plans_.set_server_profile(std::move(snap)); });
+}
+
+float server_node::impl::round_lr(std::uint64_t r) const {
+  core::optimizer_config s = c_.opt;
+  s.schedule = c_.lr_schedule;
+  s.total_steps = c_.rounds;
+  s.step_size = std::max(1, c_.rounds / 3);
+  s.warmup_steps = c_.warmup_rounds;
+  return core::learning_rate(s, static_cast<std::int64_t>(r) - 1);
 }
 
 }  // namespace cleave::server

@@ -43,7 +43,7 @@ class server_node::impl {
     void discard(const device_routes& routes) override;
     evaluation evaluate(const global_model& g, bool evaluate, bool whole) override;
     std::uint64_t bytes_moved() const override;
-    double predicted_step(const std::set<std::uint32_t>& in) override;
+    double predicted_step(const std::set<std::uint32_t>& in, std::vector<round_report::leg>* legs) override;
     asio::awaitable<void> closed(const round_report& rep, const device_routes& routes) override;
 
    private:

@@ -71,6 +71,7 @@ void server_node::impl::on_hello(const runtime::session_ptr& s, const transport:
   w.run_id = run_id_;
   w.per_device_replicas = c_.aggregate.per_device();
   s->post(protocol::make_welcome(w));
+  runtime::send_revocations(*tls_, s);  // for the devices behind it
 }
 
 void server_node::impl::register_device(const runtime::session_ptr& via, const wire::Hello& h) {
@@ -104,6 +105,7 @@ void server_node::impl::register_device(const runtime::session_ptr& via, const w
   w.plan_epoch = plans_.epoch();
   w.run_id = run_id_;
   via->post(protocol::make_welcome(w));
+  if (!behind_edge) runtime::send_revocations(*tls_, via);  // its edge passes on its own
   via->post(plans_.plan_message(id));
   send_global(via, id);
   if (!behind_edge) schedule_->apply(via->ch, via->identity);
@@ -163,8 +165,12 @@ void server_node::impl::on_message(const runtime::session_ptr& s, transport::mes
       return on_secagg(s, *m.as<wire::SecAgg>());
     case wire::Body::Migrate:
       return on_migrate(s, std::move(m));
-    case wire::Body::Profile:
-      return round_.planner_ran(plans_.on_profile(s, *m.as<wire::Profile>(), acceptor_->sessions()));
+    case wire::Body::Profile: {
+      const auto& p = *m.as<wire::Profile>();
+      if ((!edge || p.node_id() != s->id) && members_.attached(p.node_id(), s, "profile"))
+        round_.heard_from(p.node_id(), p.step());  // a device's, directly or through its edge
+      return round_.planner_ran(plans_.on_profile(s, p, acceptor_->sessions()));
+    }
     case wire::Body::Error:
       spdlog::warn("server: {} reports: {}", s->identity,
                    core::printable(m.as<wire::Error>()->message() ? m.as<wire::Error>()->message()->str() : "error"));
@@ -257,7 +263,7 @@ void server_node::impl::on_cutover(const runtime::session_ptr& s, const wire::Cu
   const bool collecting = round_.phase() == round_phase::collecting;
   const bool leg = collecting && c.step() / static_cast<std::uint64_t>(c_.local_steps) == round_.number();
   const split::route from = plans_.cut_over(d, c.epoch(), c.step(), round_.number(), leg), to = d.rs.route;
-  if (collecting) round_.count_resplit();
+  round_.heard_from(dev, c.step(), collecting);
   const protocol::migrate_desc md{d.rs.epoch, c.step(), dev, d.behind_edge ? s->id : 0, core::tier::server, 0};
   ex_.post_compute(ex_.guarded(
       [this, s, dev, from, to, md, cut = plans_.cut_of(to, &d.hops)] {
@@ -277,15 +283,6 @@ void server_node::impl::on_migrate(const runtime::session_ptr& s, transport::mes
   auto held = std::make_shared<transport::message>(std::move(m));
   ex_.post_compute(ex_.guarded([this, dev, held] { runner_->install(dev, *held->as<wire::Migrate>()); },
                                [this, s, dev](const std::string& why) { device_failed(s, dev, why); }));
-}
-
-void server_node::impl::replan(const std::string& why) {
-  round_.planner_ran(plans_.maybe_replan(why, acceptor_->sessions()));
-}
-
-void server_node::impl::publish_profile() {
-  ex_.post_io(
-      [this, snap = runner_->snapshot(memory_budget_)]() mutable { plans_.set_server_profile(std::move(snap)); });
 }
 
 void server_node::impl::check_config() const {
@@ -388,15 +385,6 @@ void server_node::impl::resume_or_start() {
   }
   plans_.set_run(run_id_);
   publisher_.set_run(run_id_);
-}
-
-float server_node::impl::round_lr(std::uint64_t r) const {
-  core::optimizer_config s = c_.opt;
-  s.schedule = c_.lr_schedule;
-  s.total_steps = c_.rounds;
-  s.step_size = std::max(1, c_.rounds / 3);
-  s.warmup_steps = c_.warmup_rounds;
-  return core::learning_rate(s, static_cast<std::int64_t>(r) - 1);
 }
 
 asio::awaitable<bool> server_node::impl::wait_for_members() {

@@ -149,7 +149,8 @@ std::vector<split::profile_book::device_entry> splitter::planned_devices() const
   return out;
 }
 
-std::map<std::uint32_t, double> splitter::predicted_steps(const std::set<std::uint32_t>& ids) {
+std::map<std::uint32_t, double> splitter::predicted_steps(const std::set<std::uint32_t>& ids,
+                                                          std::vector<round_report::leg>* legs_out) {
   std::map<std::uint32_t, double> out;
   if (!book_) return out;
   std::vector<split::profile_book::device_entry> devs;
@@ -168,8 +169,12 @@ std::map<std::uint32_t, double> splitter::predicted_steps(const std::set<std::ui
       std::vector<split::plan_leg> legs;
       for (const auto& l : members_.find(devs[i].id)->legs)
         legs.push_back({l.route, {c_.micro_batches, cut_of(l.route, &l.hops).hops}, l.until});
-      out[devs[i].id] = split::mean_step_seconds(*prob, static_cast<int>(i), legs, routes[i], cost.devices[i].seconds,
-                                                 static_cast<std::uint64_t>(c_.local_steps));
+      const auto priced = split::price_legs(*prob, static_cast<int>(i), legs, routes[i], cost.devices[i].seconds,
+                                            static_cast<std::uint64_t>(c_.local_steps));
+      out[devs[i].id] = split::mean_step_seconds(priced, static_cast<std::uint64_t>(c_.local_steps));
+      if (legs_out && priced.size() > 1)
+        for (const auto& l : priced)
+          legs_out->push_back({devs[i].id, l.r.str(), l.steps, l.step_seconds, l.migration_seconds});
     }
   } catch (const core::error&) {
     out.clear();
@@ -177,9 +182,9 @@ std::map<std::uint32_t, double> splitter::predicted_steps(const std::set<std::ui
   return out;
 }
 
-double splitter::predicted_step(const std::set<std::uint32_t>& ids) {
+double splitter::predicted_step(const std::set<std::uint32_t>& ids, std::vector<round_report::leg>* legs) {
   double most = 0;
-  for (const auto& [id, s] : predicted_steps(ids)) most = std::max(most, s);
+  for (const auto& [id, s] : predicted_steps(ids, legs)) most = std::max(most, s);
   return most;
 }
 

@@ -65,8 +65,11 @@ class splitter {
 
   // The cost model's step of each device of `ids` training together, and of the slowest (0: no
   // profiles). A device that cut over during the round is priced per step under each plan it ran.
-  std::map<std::uint32_t, double> predicted_steps(const std::set<std::uint32_t>& ids);
-  double predicted_step(const std::set<std::uint32_t>& ids);
+  // The cost model's mean step of each of devices `ids` over the round so far (and into `legs`,
+  // those of devices that ran more than one plan in it).
+  std::map<std::uint32_t, double> predicted_steps(const std::set<std::uint32_t>& ids,
+                                                  std::vector<round_report::leg>* legs = nullptr);
+  double predicted_step(const std::set<std::uint32_t>& ids, std::vector<round_report::leg>* legs = nullptr);
 
   // Checkpoint fields: the plan epoch, the route in force of every device connected or in
   // `routes`, and the book; and reading them back (throws core::error naming a bad field).

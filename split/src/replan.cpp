@@ -95,16 +95,24 @@ replan_outcome replan(const split_problem& p, const std::vector<running_device>&
   return out;
 }
 
-double mean_step_seconds(const split_problem& p, int device, const std::vector<plan_leg>& legs, const route& current,
-                         double now_seconds, std::uint64_t steps) {
-  double seconds = 0;
+std::vector<priced_leg> price_legs(const split_problem& p, int device, const std::vector<plan_leg>& legs,
+                                   const route& current, double now_seconds, std::uint64_t steps) {
+  std::vector<priced_leg> out;
   std::uint64_t from = 0;
   for (std::size_t l = 0; l < legs.size(); ++l) {
-    seconds += static_cast<double>(legs[l].until - from) * evaluate_route(p, device, legs[l].r, legs[l].choice).seconds;
+    const route& next = l + 1 < legs.size() ? legs[l + 1].r : current;
+    out.push_back({legs[l].r, legs[l].until - from, evaluate_route(p, device, legs[l].r, legs[l].choice).seconds,
+                   migration_seconds(p, device, legs[l].r, next)});
     from = legs[l].until;
-    seconds += migration_seconds(p, device, legs[l].r, l + 1 < legs.size() ? legs[l + 1].r : current);
   }
-  return (seconds + static_cast<double>(steps - from) * now_seconds) / static_cast<double>(steps);
+  out.push_back({current, steps - from, now_seconds, 0.0});
+  return out;
+}
+
+double mean_step_seconds(const std::vector<priced_leg>& legs, std::uint64_t steps) {
+  double seconds = 0;
+  for (const auto& l : legs) seconds += static_cast<double>(l.steps) * l.step_seconds + l.migration_seconds;
+  return seconds / static_cast<double>(steps);
 }
 
 int trained_bottom(const core::model_spec& m) {

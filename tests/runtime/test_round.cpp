@@ -3,6 +3,9 @@
 // aggregation, and the hand-over to a checkpoint.
 #include <doctest/doctest.h>
 
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -103,7 +106,7 @@ class fake_host final : public srv::round_host {
     return ev;
   }
   std::uint64_t bytes_moved() const override { return 0; }
-  double predicted_step(const std::set<std::uint32_t>&) override { return 0; }
+  double predicted_step(const std::set<std::uint32_t>&, std::vector<srv::round_report::leg>*) override { return 0; }
   asio::awaitable<void> closed(const srv::round_report& rep, const srv::device_routes& routes) override {
     reports.push_back(rep);
     handed.push_back(routes);
@@ -301,6 +304,39 @@ TEST_CASE("a member that leaves is counted out and the round closes on the other
   CHECK(t.host->reports[0].n_devices == 1);
   CHECK(t.host->reports[0].n_participants == 2);
   CHECK(t.off_by(1.0f).first < 1e-5);
+}
+
+TEST_CASE("a member silent for a quarter of the deadline is counted out, and one that shows its work stays in") {
+  rig t(40);  // a quarter: 10 s
+  t.host->devices[1] = {.delta = 1};
+  t.host->devices[2] = {.delta = 3, .trains = false};  // slow: profiles every 2 s, its upload at 14 s
+  t.host->devices[3] = {.delta = 5, .trains = false};  // silent
+  const auto t0 = std::chrono::steady_clock::now();
+  bool finished = false;
+  t.run([&]() -> asio::awaitable<void> {
+    auto slow = [&]() -> asio::awaitable<void> {
+      asio::steady_timer timer(co_await asio::this_coro::executor);
+      for (int i = 1; i <= 7; ++i) {
+        timer.expires_after(std::chrono::seconds(2));
+        co_await timer.async_wait(asio::use_awaitable);
+        t.round->heard_from(2, 10 + static_cast<std::uint64_t>(i));  // round 1: steps 10-19
+        t.round->heard_from(3, 25);  // a step of another round is no sign of this one's work
+      }
+      t.host->upload(2, 1, 1);
+      t.wake.notify();
+    };
+    t.ex.spawn(slow(), "the slow device");
+    finished = co_await t.round->run(1, 0.1f, t.g);
+  });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(finished);
+  CHECK(took < 30);  // the deadline: 40 s
+  CHECK(took > 13);  // device 2 was waited for
+  REQUIRE(t.host->reports.size() == 1);
+  CHECK(t.host->reports[0].n_devices == 2);
+  CHECK(t.host->reports[0].n_participants == 3);
+  CHECK_FALSE(t.round->member(3));
+  CHECK(t.off_by(2.0f).first < 1e-5);  // (1 + 3) / 2: devices 1 and 2 alike in samples
 }
 
 TEST_CASE("a round nobody finishes runs again as its next attempt, and an upload of the earlier attempt is dropped") {

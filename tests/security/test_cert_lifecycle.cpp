@@ -81,6 +81,47 @@ TEST_CASE("revoking a device and a SIGHUP close its session and refuse its next 
   CHECK(a1.exit_code(30) == 0);
 }
 
+TEST_CASE("a device revoked at the server is dropped by its edge within 10 s, with no reload or new files there") {
+  workspace w("life-revoke-push", 2, 512, 128);
+  // The edge's own copy of its files, as on a separate machine: nobody writes a list there.
+  const fs::path edge_certs = w.dir / "edge-certs";
+  fs::create_directories(edge_certs);
+  for (const char* f : {"ca.crt", "edge-1.crt", "edge-1.key"}) fs::copy_file(w.certs / f, edge_certs / f);
+  fs::permissions(edge_certs / "edge-1.key", fs::perms::owner_read | fs::perms::owner_write);
+  node server(w, "server", long_server(w));
+  const auto sp = server.port_after("listening on ");
+  node edge(w, "edge",
+            {"--log-level", "info", "edge", "--certs", edge_certs.string(), "--name", "edge-1", "--id", "100",
+             "--listen", "127.0.0.1:0", "--server", "127.0.0.1:" + std::to_string(sp), "--server-name", "server",
+             "--backend", "reference"});
+  const auto ep = edge.port_after("devices connect to ");
+  node a1(w, "agent-1", agent_args(w, 1, sp));
+  node a2(w, "agent-2", agent_args(w, 2, ep, {"--upstream-name", "edge-1"}));
+  REQUIRE_MESSAGE(server.wait_for("2/2 devices", 60), server.log());
+
+  REQUIRE(shell(cleave_cmd("certs revoke device-2 --reason key-compromise --dir " + w.certs.string())) == 0);
+  hangup(server);  // the server only
+  REQUIRE_MESSAGE(server.wait_for("server: reloaded for new connections: certificate 'server'", 20), server.log());
+  const auto reloaded = steady_clock::now();
+  CHECK_MESSAGE(edge.wait_for("closing the session of device-2", 10), edge.log());
+  const double took = std::chrono::duration<double>(steady_clock::now() - reloaded).count();
+  MESSAGE("the edge dropped the revoked device " << took << " s after the server's reload");
+  CHECK(took < 10);
+  CHECK_MESSAGE(edge.logged("revocation list from upstream in force"), edge.log());
+  CHECK_FALSE(edge.logged("reloaded for new connections"));
+  CHECK_MESSAGE(edge.wait_for("certificate 'device-2' rejected: certificate revoked", 20), edge.log());
+  // The edge kept the list for a restart, and device 1 (straight to the server) has it too.
+  CHECK(transport::read_revocations(edge_certs).size() == 1);
+  CHECK_MESSAGE(a1.wait_for("revocation list from upstream in force", 10), a1.log());
+  const int seen = rounds_done(server);
+  CHECK_MESSAGE(wait_for_count(server, "/100000: ", seen + 2, 60), server.log());
+  CHECK(server.count("accepted edge-1") == 1);
+  CHECK(a2.exit_code(30) == 1);
+  ::kill(server.pid(), SIGTERM);
+  CHECK_MESSAGE(server.exit_code(60) == 0, server.log());
+  CHECK(a1.exit_code(30) == 0);
+}
+
 TEST_CASE("a device renewed with its old certificate revoked reconnects with the new one after SIGHUP") {
   workspace w("life-renew", 1, 512, 128);
   node server(w, "server", long_server(w));

@@ -387,3 +387,51 @@ TEST_CASE("an authenticated peer trickling one byte at a time is closed when its
   CHECK(server.logged("a frame of 262144 bytes still incomplete after"));
   CHECK(server.alive());
 }
+
+TEST_CASE("a device that joins and then stays silent is counted out at a quarter of the deadline, not at its end") {
+  for (const bool behind_edge : {false, true}) {
+    CAPTURE(behind_edge);
+    workspace w(behind_edge ? "sec-silent-e" : "sec-silent", 2, 512, 128);
+    // A round of 40 steps under a 60 s deadline: the silent member may hold it 15 s at most.
+    node server(w, "server", server_args(w, 1, 40, 2, {"--deadline", "60"}));
+    const auto sp = server.port_after("listening on ");
+    std::optional<node> edge;
+    std::uint16_t port = sp;
+    if (behind_edge) {
+      edge.emplace(w, "edge",
+                   std::vector<std::string>{"--log-level", "info", "edge", "--certs", w.certs.string(), "--name",
+                                            "edge-1", "--id", "100", "--listen", "127.0.0.1:0", "--server",
+                                            "127.0.0.1:" + std::to_string(sp), "--server-name", "server", "--backend",
+                                            "reference"});
+      port = edge->port_after("devices connect to ");
+    }
+    node a1(
+        w, "agent-1",
+        agent_args(w, 1, port,
+                   behind_edge ? std::vector<std::string>{"--upstream-name", "edge-1"} : std::vector<std::string>{}));
+    client_thread client;
+    const auto t0 = steady_clock::now();
+    client.run([&]() -> asio::awaitable<void> {
+      // Device 2 with its own certificate: it joins, takes what it is sent and never trains.
+      // Its channel answers heartbeats, so its link is up the whole time.
+      auto ch = co_await hello_as(tls_of(w, "device-2"), port, 2);
+      REQUIRE(ch.ok());
+      while (!server.logged("round 1/1") && seconds_since(t0) < 100 && ch->is_open()) {
+        auto m = co_await ch->receive();
+        if (!m) break;
+      }
+      co_await ch->close();
+    }());
+    const double took = seconds_since(t0);
+    MESSAGE("a round with a silent member took " << took << " s");
+    CHECK_MESSAGE(server.logged("nothing of device 2's work for 15.0 s (a quarter of the 60 s deadline); counted out"),
+                  server.log());
+    CHECK(server.logged("1 of 2 devices finished (the others left or went silent); averaging those"));
+    if (edge)
+      CHECK_MESSAGE(edge->logged("nothing from device 2 for 15.0 s (a quarter of the deadline); counted out"),
+                    edge->log());
+    CHECK(took < 40);  // the deadline alone: 60 s
+    CHECK_MESSAGE(server.exit_code(60) == 0, server.log());
+    CHECK(a1.exit_code(30) == 0);
+  }
+}

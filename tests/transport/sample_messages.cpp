@@ -178,6 +178,9 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
   sa.blocks = blocks;
   sa.words = words;
   out.emplace_back("SecAgg", protocol::make_secagg(sa));
+  // The transport carries the list's bytes; the node checks them against its CA.
+  const std::uint8_t crl[] = {0x30, 0x03, 0x02, 0x01, 0x07};
+  out.emplace_back("Revocations", protocol::make_revocations(crl));
   return out;
 }
 

@@ -482,6 +482,29 @@ TEST_CASE("a clean close delivers every queued message, then reports the close t
   }());
 }
 
+TEST_CASE("frames larger than a receive buffer's first size arrive intact as their buffer grows") {
+  io_thread rt;
+  listener lis(rt.executor(), tls_context(pki().server()), loopback());
+  rt.run([&]() -> asio::awaitable<void> {
+    auto p = co_await open_pair(lis, tls_context(pki().device()));
+    // Below, at and across the first buffer (4 MiB), and several doublings beyond it.
+    for (const std::size_t floats : {std::size_t{1} << 20, (std::size_t{1} << 20) + 7, std::size_t{5} << 20}) {
+      CAPTURE(floats);
+      const auto data = ramp(floats, 3.f);
+      protocol::global_weights_desc info;
+      info.round = floats;
+      info.n_blocks = 1;
+      const status st = co_await p.client.send(protocol::make_global_weights(info, data, {}));
+      REQUIRE_MESSAGE(st.ok(), why(st));
+      auto got = co_await p.server.receive();
+      REQUIRE_MESSAGE(got.ok(), why(got));
+      const auto v = view_of(*got->as<wire::GlobalWeights>()->weights()->Get(0)).values<float>();
+      REQUIRE(v.size() == floats);
+      CHECK(std::equal(v.begin(), v.end(), data.begin()));
+    }
+  }());
+}
+
 TEST_CASE("dropping a channel handle closes it after sending what was queued") {
   io_thread rt;
   listener lis(rt.executor(), tls_context(pki().server()), loopback());

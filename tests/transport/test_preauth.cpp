@@ -118,3 +118,46 @@ TEST_CASE("an authenticated peer that trickles a frame one byte at a time is clo
   CHECK(s < 5.0);  // the trickle alone would take 10 s
   CHECK(logged("closed:", "the peer sends too slowly"));
 }
+
+TEST_CASE("a frame sent faster than the minimum rate but announced huge is closed at the absolute frame deadline") {
+  io_thread rt;
+  listener_options lo;
+  lo.channel.heartbeat = 20ms;
+  lo.channel.max_frame_time = 1000ms;  // the default rate alone would allow 200 MiB about 1.8 hours
+  listener lis(rt.executor(), tls_context(pki().server()), loopback(), lo);
+  const tls_context device_ctx(pki().device());
+  const auto t0 = std::chrono::steady_clock::now();
+  rt.run([&]() -> asio::awaitable<void> {
+    auto trickle = [&]() -> asio::awaitable<void> {
+      auto ex = co_await asio::this_coro::executor;
+      asio::ip::tcp::socket socket(ex);
+      co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), lis.port()}, asio::use_awaitable);
+      tls_stream s(std::move(socket), device_ctx, tls_stream::side::client);
+      REQUIRE((co_await s.handshake()).ok());
+      const std::uint32_t len = 200u << 20;
+      const std::byte header[4] = {std::byte(len & 0xff), std::byte((len >> 8) & 0xff), std::byte((len >> 16) & 0xff),
+                                   std::byte(len >> 24)};
+      if (!(co_await s.write_all(std::span<const std::byte>(header, 4))).ok()) co_return;
+      // 4 KiB every 40 ms: 100 KiB/s, above the minimum rate (32 KiB/s), the whole frame in 34 min.
+      const std::vector<std::byte> chunk(4096);
+      asio::steady_timer t(ex);
+      for (int i = 0; i < 250; ++i) {
+        if (!(co_await s.write_all(chunk)).ok()) break;
+        t.expires_after(40ms);
+        co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+      }
+    };
+    auto server_side = [&]() -> asio::awaitable<void> {
+      auto ch = co_await lis.accept();
+      REQUIRE_MESSAGE(ch.ok(), why(ch));
+      auto r = co_await ch->receive();
+      REQUIRE_FALSE(r.ok());
+      CHECK(r.error().code() == errc::timeout);
+      CHECK_MESSAGE(r.error().reason().find("a frame of 209715200 bytes still incomplete after") != std::string::npos,
+                    r.error().reason());
+    };
+    co_await (trickle() && server_side());
+  }());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(s < 8.0);  // the trickle alone would take 10 s, the frame 34 min
+}

@@ -205,7 +205,7 @@ TEST_CASE(
   revoke_certificate(f.dir, f.crt("device-2"));
   CHECK(rt.run(try_link(lis, d2)).empty());  // not reloaded yet: the list is not in force
   const std::string loaded = server.reload();
-  CHECK_MESSAGE(loaded.find("revocation list " + (f.dir / "ca.crl").string() + " (1 entry)") != std::string::npos,
+  CHECK_MESSAGE(loaded.find("revocation list " + (f.dir / "ca.crl").string() + " (1 entry") != std::string::npos,
                 loaded);
   CHECK(server.revokes(read_certificate_info(f.crt("device-2")).serial));
   const std::string why = rt.run(try_link(lis, d2));
@@ -314,4 +314,57 @@ TEST_CASE("certificates expiring within 30 days are warned about: this node's at
   const tls_context d1_long(f.files("device-1"));
   CHECK(rt.run(try_link(lis, d1_long)).empty());
   CHECK(count_logged("certificate 'device-1' of peer 127.0.0.1:") == peer_before + 2);
+}
+
+TEST_CASE("a revocation list from upstream is put in force when the CA's and newer, saved, and kept over older files") {
+  federation f;
+  // The node's own directory, whose list stays as it was: a board that nobody touches.
+  const fs::path node = make_temp_dir("revoke-node");
+  for (const char* file : {"ca.crt", "device-1.crt", "device-1.key"}) fs::copy_file(f.dir / file, node / file);
+  tls_context ctx(tls_files_in(node, "device-1"));
+  CHECK(ctx.revocation_list().empty());
+  const auto serial2 = read_certificate_info(f.crt("device-2")).serial;
+  const auto serial1 = read_certificate_info(f.crt("device-1")).serial;
+
+  revoke_certificate(f.dir, f.crt("device-2"));
+  const auto first = tls_context(f.files("server")).revocation_list();
+  REQUIRE_FALSE(first.empty());
+  const auto now = ctx.adopt_revocation_list(first);
+  REQUIRE(now);
+  CHECK_MESSAGE(now->find("received from upstream (1 entry") != std::string::npos, *now);
+  CHECK(ctx.revokes(serial2));
+  CHECK(ctx.revocation_list() == first);
+  // Saved over the node's list file, for a restart before its upstream is back.
+  REQUIRE(fs::exists(node / "ca.crl"));
+  CHECK(read_revocations(node).size() == 1);
+  CHECK_FALSE(ctx.adopt_revocation_list(first));  // the list in force
+
+  const std::string older_pem = read(f.dir / "ca.crl");
+  revoke_certificate(f.dir, f.crt("device-1"), revocation_reason::superseded);
+  const auto second = tls_context(f.files("server")).revocation_list();
+  REQUIRE(ctx.adopt_revocation_list(second));
+  CHECK(ctx.revokes(serial1));
+  CHECK_FALSE(ctx.adopt_revocation_list(first));  // older: ignored
+  CHECK(ctx.revokes(serial1));
+  // An older list written back to the node's file and reloaded does not undo the newer one.
+  write(node / "ca.crl", older_pem);
+  const std::string reloaded = ctx.reload();
+  CHECK_MESSAGE(reloaded.find("received from upstream (2 entries") != std::string::npos, reloaded);
+  CHECK(ctx.revokes(serial1));
+
+  // Lists that are not this CA's, or not lists, are refused naming why; the list in force stays.
+  federation other;
+  revoke_certificate(other.dir, other.crt("device-2"));
+  revoke_certificate(other.dir, other.crt("device-1"));
+  revoke_certificate(other.dir, other.crt("server"));
+  const auto forged = tls_context(other.files("device-1")).revocation_list();
+  CHECK(error_of([&] { ctx.adopt_revocation_list(forged); }).find("is not the CA's") != std::string::npos);
+  std::vector<std::uint8_t> garbage(300, 0x30);
+  CHECK(error_of([&] { ctx.adopt_revocation_list(garbage); }).find("does not parse") != std::string::npos);
+  auto cut = second;
+  cut.resize(cut.size() / 2);
+  CHECK(error_of([&] { ctx.adopt_revocation_list(cut); }).find("does not parse") != std::string::npos);
+  CHECK(ctx.revocation_list() == second);
+  std::error_code ec;
+  fs::remove_all(node, ec);
 }

@@ -40,15 +40,6 @@ std::string pem_of_key(EVP_PKEY* key) {
   return std::string(p, static_cast<std::size_t>(n));
 }
 
-std::string pem_of_crl(X509_CRL* crl) {
-  bio_ptr bio(BIO_new(BIO_s_mem()));
-  CLEAVE_CHECK_SSL(bio);
-  CLEAVE_CHECK_SSL(PEM_write_bio_X509_CRL(bio.get(), crl));
-  char* p = nullptr;
-  const long n = BIO_get_mem_data(bio.get(), &p);
-  return std::string(p, static_cast<std::size_t>(n));
-}
-
 std::string pem_of_cert(X509* cert) {
   bio_ptr bio(BIO_new(BIO_s_mem()));
   CLEAVE_CHECK_SSL(bio);
@@ -59,27 +50,6 @@ std::string pem_of_cert(X509* cert) {
 }
 
 // Writes `text` to `path` with `mode`, through a temporary file renamed into place.
-void write_file(const fs::path& path, const std::string& text, mode_t mode) {
-  const fs::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) throw core::error("cannot write " + tmp.string() + ": " + std::strerror(errno));
-  bool ok = ::fchmod(fd, mode) == 0;
-  std::size_t done = 0;
-  while (ok && done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) done += static_cast<std::size_t>(n);
-  }
-  const int err = errno;
-  ok = (::fsync(fd) == 0) && ok;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw core::error("cannot write " + path.string() + ": " + std::strerror(err ? err : errno));
-  }
-}
-
 void add_extension(X509* cert, X509* issuer, int nid, const std::string& value) {
   X509V3_CTX ctx;
   X509V3_set_ctx_nodb(&ctx);

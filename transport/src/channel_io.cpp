@@ -30,6 +30,7 @@ void channel_impl::frame_length_known(std::uint32_t len) {
   const double secs = static_cast<double>(frame_header_bytes + len) / opts_.min_frame_rate;
   frame_due_ = frame_began_ + opts_.idle_timeout +
                std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(secs));
+  if (opts_.max_frame_time.count() > 0) frame_due_ = std::min(frame_due_, frame_began_ + opts_.max_frame_time);
 }
 
 void channel_impl::frame_complete() {
@@ -73,18 +74,35 @@ asio::awaitable<std::optional<message>> channel_impl::read_message() {
     co_return std::nullopt;
   }
   frame_length_known(len);
-  aligned_bytes buf = aligned_bytes::allocate(frame_header_bytes + len);
+  // A large frame's buffer grows as its bytes arrive (doubling): a peer that announces the
+  // largest frame allowed and sends little of it holds little memory here.
+  const std::size_t total = frame_header_bytes + static_cast<std::size_t>(len);
+  aligned_bytes buf = aligned_bytes::allocate(std::min(total, frame_header_bytes + initial_frame_buffer));
   if (buf.empty()) {
     abort(errc::out_of_memory, "cannot allocate " + std::to_string(len) + " bytes for a frame");
     co_return std::nullopt;
   }
   std::memcpy(buf.data(), header, frame_header_bytes);
   const auto t0 = clock::now();
-  st = co_await read_exact(buf.data() + frame_header_bytes, len, got);
-  if (!st) {
-    abort(errc::bad_frame,
-          "truncated frame (" + std::to_string(got) + " of " + std::to_string(len) + " bytes): " + st.error().reason());
-    co_return std::nullopt;
+  std::size_t have = 0;
+  while (have < len) {
+    if (frame_header_bytes + have == buf.size()) {
+      aligned_bytes bigger = aligned_bytes::allocate(std::min(total, 2 * buf.size()));
+      if (bigger.empty()) {
+        abort(errc::out_of_memory, "cannot allocate " + std::to_string(len) + " bytes for a frame");
+        co_return std::nullopt;
+      }
+      std::memcpy(bigger.data(), buf.data(), frame_header_bytes + have);
+      buf = std::move(bigger);
+    }
+    const std::size_t want = buf.size() - frame_header_bytes - have;
+    st = co_await read_exact(buf.data() + frame_header_bytes + have, want, got);
+    have += got;
+    if (!st) {
+      abort(errc::bad_frame, "truncated frame (" + std::to_string(have) + " of " + std::to_string(len) +
+                                 " bytes): " + st.error().reason());
+      co_return std::nullopt;
+    }
   }
   if (len >= bandwidth_min_frame) {
     const double secs = std::chrono::duration<double>(clock::now() - t0).count();

@@ -188,6 +188,10 @@ void body(std::string& s, const wire::SecAgg* b) {
   if (b->words()) add(s, "words", b->words()->size());
 }
 
+void body(std::string& s, const wire::Revocations* b) {
+  add(s, "bytes", b->crl() ? b->crl()->size() : 0);
+}
+
 void body(std::string& s, const wire::Ping* b) {
   add(s, "seq", b->sequence());
 }
@@ -218,7 +222,8 @@ std::string describe(const message& m) {
          describe_as<wire::RoundStart>(s, m) || describe_as<wire::ReplicaUpload>(s, m) ||
          describe_as<wire::GlobalWeights>(s, m) || describe_as<wire::Profile>(s, m) ||
          describe_as<wire::Migrate>(s, m) || describe_as<wire::Cutover>(s, m) || describe_as<wire::Ping>(s, m) ||
-         describe_as<wire::Pong>(s, m) || describe_as<wire::Error>(s, m) || describe_as<wire::SecAgg>(s, m));
+         describe_as<wire::Pong>(s, m) || describe_as<wire::Error>(s, m) || describe_as<wire::SecAgg>(s, m) ||
+         describe_as<wire::Revocations>(s, m));
   return s;
 }
 

@@ -32,7 +32,45 @@ struct loaded {
   bool has_crl = false;
   std::set<std::string> revoked;  // serials on the list
   std::string summary;            // for the log
+  x509_ptr ca;
+  std::vector<std::uint8_t> crl_der;            // the list in force (DER), empty without one
+  std::pair<std::int64_t, std::int64_t> order;  // of that list: its CRL number, then its lastUpdate
 };
+
+// Which of two lists of one CA is the newer: the higher CRL number (`cleave certs revoke` counts
+// them), then the later lastUpdate.
+std::pair<std::int64_t, std::int64_t> order_of(X509_CRL* crl) {
+  std::int64_t number = -1;
+  if (auto* n = static_cast<ASN1_INTEGER*>(X509_CRL_get_ext_d2i(crl, NID_crl_number, nullptr, nullptr))) {
+    if (ASN1_INTEGER_get_int64(&number, n) != 1) number = -1;
+    ASN1_INTEGER_free(n);
+  }
+  ERR_clear_error();
+  const auto t = asn1_time_point(X509_CRL_get0_lastUpdate(crl));
+  return {number, std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count()};
+}
+
+// A revocation list that is the CA's and in force now; `what` names where it came from.
+void check_crl(X509_CRL* crl, X509* ca, const std::string& what, const tls_files& files) {
+  if (auto why = crl_problem(crl, ca))
+    throw core::error(what + " is not the CA's (" + files.ca.string() + "): " + *why);
+  const auto now = std::chrono::system_clock::now();
+  const auto from = asn1_time_point(X509_CRL_get0_lastUpdate(crl));
+  if (from > now)
+    throw core::error(what + " is not valid before " + date_text(from) + " (is this machine's clock behind?)");
+  if (const ASN1_TIME* next = X509_CRL_get0_nextUpdate(crl); next && asn1_time_point(next) < now)
+    throw core::error(what + " expired on " + date_text(asn1_time_point(next)) +
+                      " (write a new one with `cleave certs revoke`)");
+}
+
+std::vector<std::uint8_t> der_of(X509_CRL* crl) {
+  const int n = i2d_X509_CRL(crl, nullptr);
+  CLEAVE_CHECK_SSL(n > 0);
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(n));
+  unsigned char* at = out.data();
+  CLEAVE_CHECK_SSL(i2d_X509_CRL(crl, &at) == n);
+  return out;
+}
 
 int days_until(std::chrono::system_clock::time_point t) {
   return static_cast<int>(std::chrono::duration_cast<std::chrono::hours>(t - std::chrono::system_clock::now()).count() /
@@ -43,9 +81,11 @@ bool expires_soon(std::chrono::system_clock::time_point t) {
   return t - std::chrono::system_clock::now() < std::chrono::hours(24 * expiry_warning_days);
 }
 
-loaded load(const tls_files& files) {
+// `received`: a list of the CA's that came over a channel (tls_context::adopt_revocation_list),
+// in force instead of the file's when newer.
+loaded load(const tls_files& files, X509_CRL* received = nullptr) {
   loaded out;
-  const x509_ptr ca = load_certificate(files.ca, "CA certificate");
+  x509_ptr ca = load_certificate(files.ca, "CA certificate");
   if (X509_check_ca(ca.get()) <= 0) throw core::error("CA certificate " + files.ca.string() + " is not a CA");
   x509_ptr cert;
   evp_pkey_ptr key;
@@ -76,23 +116,24 @@ loaded load(const tls_files& files) {
 
   x509_crl_ptr crl;
   std::error_code ec;
+  std::string crl_from;
   if (!files.crl.empty() && fs::exists(files.crl, ec)) {
     crl = load_crl(files.crl, "revocation list");
-    if (auto why = crl_problem(crl.get(), ca.get()))
-      throw core::error("revocation list " + files.crl.string() + " is not the CA's (" + files.ca.string() +
-                        "): " + *why);
-    const auto now = std::chrono::system_clock::now();
-    const auto from = asn1_time_point(X509_CRL_get0_lastUpdate(crl.get()));
-    if (from > now)
-      throw core::error("revocation list " + files.crl.string() + " is not valid before " + date_text(from) +
-                        " (is this machine's clock behind?)");
-    if (const ASN1_TIME* next = X509_CRL_get0_nextUpdate(crl.get()); next && asn1_time_point(next) < now)
-      throw core::error("revocation list " + files.crl.string() + " expired on " + date_text(asn1_time_point(next)) +
-                        " (write a new one with `cleave certs revoke`)");
+    check_crl(crl.get(), ca.get(), "revocation list " + files.crl.string(), files);
+    crl_from = files.crl.string();
+  }
+  if (received && (!crl || order_of(received) > order_of(crl.get()))) {
+    crl.reset(X509_CRL_dup(received));
+    CLEAVE_CHECK_SSL(crl);
+    crl_from = "received from upstream";
+  }
+  if (crl) {
     const STACK_OF(X509_REVOKED)* revs = X509_CRL_get_REVOKED(crl.get());
     for (int i = 0; revs && i < sk_X509_REVOKED_num(revs); ++i)
       out.revoked.insert(serial_hex(X509_REVOKED_get0_serialNumber(sk_X509_REVOKED_value(revs, i))));
     out.has_crl = true;
+    out.crl_der = der_of(crl.get());
+    out.order = order_of(crl.get());
   }
 
   SSL_CTX* raw = SSL_CTX_new(TLS_method());
@@ -137,10 +178,12 @@ loaded load(const tls_files& files) {
     out.summary = "no certificate";
   out.summary += ", CA " + files.ca.string();
   if (out.has_crl)
-    out.summary += ", revocation list " + files.crl.string() + " (" + std::to_string(out.revoked.size()) +
-                   (out.revoked.size() == 1 ? " entry)" : " entries)");
+    out.summary += ", revocation list " + crl_from + " (" + std::to_string(out.revoked.size()) +
+                   (out.revoked.size() == 1 ? " entry" : " entries") +
+                   (out.order.first >= 0 ? ", number " + std::to_string(out.order.first) : std::string()) + ")";
   else
     out.summary += ", no revocation list";
+  out.ca = std::move(ca);
   return out;
 }
 
@@ -161,6 +204,7 @@ struct tls_context::state {
   tls_files files;
   mutable std::mutex mu;
   loaded now;                            // guarded by mu
+  x509_crl_ptr received;                 // the newest list received from upstream, if any; guarded by mu
   mutable std::set<std::string> warned;  // peer certificates warned about (name + serial); guarded by mu
 };
 
@@ -178,7 +222,12 @@ tls_context::tls_context(const tls_files& files) : state_(std::make_shared<state
 }
 
 std::string tls_context::reload() {
-  loaded next = load(state_->files);
+  x509_crl_ptr received;
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->received) received.reset(X509_CRL_dup(state_->received.get()));
+  }
+  loaded next = load(state_->files, received.get());
   const auto same = [](const auto& a, const auto& b) { return a == b; };
   if (!same(next.identity, identity_) || !same(next.role, role_) || !same(next.node_id, node_id_))
     throw core::error("certificate " + state_->files.cert.string() + " is for '" + next.identity + "' (" +
@@ -204,6 +253,52 @@ std::string tls_context::reload() {
 std::shared_ptr<SSL_CTX> tls_context::current() const {
   std::lock_guard lock(state_->mu);
   return state_->now.ctx;
+}
+
+std::vector<std::uint8_t> tls_context::revocation_list() const {
+  std::lock_guard lock(state_->mu);
+  return state_->now.crl_der;
+}
+
+std::optional<std::string> tls_context::adopt_revocation_list(std::span<const std::uint8_t> der) {
+  const unsigned char* at = der.data();
+  x509_crl_ptr crl(d2i_X509_CRL(nullptr, &at, static_cast<long>(der.size())));
+  if (!crl || at != der.data() + der.size()) {
+    ERR_clear_error();
+    throw core::error("a revocation list of " + std::to_string(der.size()) + " bytes that does not parse");
+  }
+  const auto order = order_of(crl.get());
+  {
+    std::lock_guard lock(state_->mu);
+    check_crl(crl.get(), state_->now.ca.get(), "the revocation list received", state_->files);
+    if (state_->now.has_crl && !(order > state_->now.order)) return std::nullopt;  // not newer
+  }
+  loaded next = load(state_->files, crl.get());
+  if (next.identity != identity_ || next.role != role_ || next.node_id != node_id_)
+    throw core::error("certificate " + state_->files.cert.string() +
+                      " changed on disk to another node's; the revocation list received waits for a restart");
+  std::string summary = next.summary;
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->now.has_crl && !(next.order > state_->now.order)) return std::nullopt;  // a newer one came meanwhile
+    state_->received = std::move(crl);
+    state_->now = std::move(next);
+    warn_about(state_->now, state_->files);
+  }
+  // Kept for a restart before the upstream link is back (best effort: the node's files may be
+  // read-only; the list in memory is in force either way).
+  if (!state_->files.crl.empty()) try {
+      x509_crl_ptr copy;
+      {
+        std::lock_guard lock(state_->mu);
+        copy.reset(X509_CRL_dup(state_->received.get()));
+      }
+      CLEAVE_CHECK_SSL(copy);
+      write_file(state_->files.crl, pem_of_crl(copy.get()), 0644);
+    } catch (const core::error& e) {
+      logger()->warn("the revocation list received is in force but not saved: {}", e.what());
+    }
+  return summary;
 }
 
 bool tls_context::revokes(const std::string& serial) const {

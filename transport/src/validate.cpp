@@ -317,6 +317,14 @@ class checker {
 
   bool check(const wire::Cutover& m) { return node(m.device_id(), "device id"); }
 
+  bool check(const wire::Revocations& m) {
+    if (!m.crl() || m.crl()->size() == 0) return fail("no revocation list");
+    if (m.crl()->size() > max_crl_bytes)
+      return fail("a revocation list of " + std::to_string(m.crl()->size()) + " bytes (at most " +
+                  std::to_string(max_crl_bytes) + ")");
+    return true;
+  }
+
   bool check(const wire::SecAgg& m) {
     if (static_cast<unsigned>(m.phase()) > static_cast<unsigned>(wire::SecAggPhase::MAX))
       return fail("unknown secure aggregation phase " + std::to_string(static_cast<unsigned>(m.phase())));
@@ -327,14 +335,15 @@ class checker {
       return false;
     if (m.threshold() > lim_.max_list) return fail("threshold " + std::to_string(m.threshold()) + " out of range");
     if (m.keys())
-      for (const auto* k : *m.keys())
+      for (const auto* k : *m.keys()) {
         if (!node(k->device_id(), "key of device") || !k->mask_public() || k->mask_public()->size() != 32 ||
             !k->encrypt_public() || k->encrypt_public()->size() != 32)
           return fail("key of device " + std::to_string(k->device_id()) + ": public keys must be 32 bytes each");
-        else if ((k->certificate() && k->certificate()->size() > max_blob_bytes) ||
-                 (k->signature() && k->signature()->size() > max_blob_bytes))
+        if ((k->certificate() && k->certificate()->size() > max_blob_bytes) ||
+            (k->signature() && k->signature()->size() > max_blob_bytes))
           return fail("key of device " + std::to_string(k->device_id()) + ": certificate or signature exceeds " +
                       std::to_string(max_blob_bytes) + " bytes");
+      }
     if (m.blobs())
       for (const auto* b : *m.blobs())
         if (!node(b->device_id(), "blob of device") || (b->data() && b->data()->size() > max_blob_bytes))
@@ -354,6 +363,7 @@ class checker {
 
  private:
   static constexpr std::uint32_t max_blob_bytes = 4096;  // a sealed pair of shares is 116
+  static constexpr std::uint32_t max_crl_bytes = 8u << 20;  // about 200,000 revoked certificates
   const frame_limits& lim_;
   std::string reason_;
   std::uint32_t n_tensors_ = 0;
@@ -440,6 +450,9 @@ std::optional<std::string> check_message(const wire::Message& m, const frame_lim
       break;
     case wire::Body::SecAgg:
       ok = check_body<wire::SecAgg>(c, m, "SecAgg");
+      break;
+    case wire::Body::Revocations:
+      ok = check_body<wire::Revocations>(c, m, "Revocations");
       break;
     case wire::Body::NONE:
     default:

@@ -234,6 +234,8 @@ struct leave_desc {
   std::string_view reason;
 };
 message_builder make_leave(const leave_desc& l);
+// The federation CA's revocation list (DER) for the tiers below.
+message_builder make_revocations(std::span<const std::uint8_t> crl);
 
 // A copy of a received message, to pass it on unchanged.
 message_builder copy_of(const message& m);

@@ -94,6 +94,8 @@ class acceptor {
   // Closes, with an Error saying why, every session whose peer certificate the revocation list
   // now in force lists (after a reload); returns how many.
   std::size_t close_revoked();
+  // Sends the revocation list in force (if any) to every open session.
+  void send_revocations() const;
   // I/O thread: every peer that has connected, by certificate name: up now or not, bytes over all
   // its connections, and its open channel's figures (RTT, bandwidth; zero when it is down).
   struct link_report {
@@ -189,5 +191,15 @@ class upstream {
 // and `above` may be null). Channels of the other peers carry on. A bad file keeps the state in
 // force, with the reason logged. I/O thread.
 void reload_credentials(const executors& ex, transport::tls_context& tls, acceptor* below, upstream* above);
+
+// The revocation list in force (if any) to one session below, once it is welcomed.
+void send_revocations(const transport::tls_context& tls, const session_ptr& s);
+
+// A revocation list from upstream: when it is the CA's and newer than the one in force, it is put
+// in force (tls_context::adopt_revocation_list), the sessions of peers it revokes close, and it
+// goes on to the sessions below. One that is not the CA's is refused with an error in the log,
+// the list in force staying. I/O thread.
+void adopt_revocations(const executors& ex, transport::tls_context& tls, acceptor* below, upstream* above,
+                       const wire::Revocations& r);
 
 }  // namespace cleave::runtime

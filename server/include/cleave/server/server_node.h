@@ -49,6 +49,15 @@ struct round_report {
   std::vector<std::pair<int, int>> secure_blocks;  // the device blocks decoded from their secure sum
   double planner_seconds = 0;         // the longest search for a plan during the round
   std::vector<std::pair<std::uint32_t, std::string>> routes;  // device -> its route at the round's end
+  // Devices that re-split during the round: each plan their steps ran, in order, as the cost
+  // model priced it for predicted_step_seconds.
+  struct leg {
+    std::uint32_t device = 0;
+    std::string route;
+    std::uint64_t steps = 0;
+    double step_seconds = 0, migration_seconds = 0;
+  };
+  std::vector<leg> legs;
 };
 
 struct server_config : runtime::node_config {

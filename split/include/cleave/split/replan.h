@@ -58,10 +58,24 @@ struct plan_leg {
   route_choice choice;
   std::uint64_t until = 0;
 };
-// The mean predicted step of device `device` over a round of `steps` steps: its legs each priced
-// under their plan, the migrations between them, the rest at `now_seconds` on `current`.
-double mean_step_seconds(const split_problem& p, int device, const std::vector<plan_leg>& legs, const route& current,
-                         double now_seconds, std::uint64_t steps);
+// One plan a device's steps ran in a round, priced: how many steps, the predicted step under it,
+// and the predicted migration that ended it (0 for the plan in force at the round's end).
+struct priced_leg {
+  route r;
+  std::uint64_t steps = 0;
+  double step_seconds = 0;
+  double migration_seconds = 0;
+};
+// The plans device `device` ran over a round of `steps` steps, each priced: its legs under their
+// plans with the migrations between them, then `current` for the rest at `now_seconds`.
+std::vector<priced_leg> price_legs(const split_problem& p, int device, const std::vector<plan_leg>& legs,
+                                   const route& current, double now_seconds, std::uint64_t steps);
+// Their mean predicted step: every leg's steps and migration over the round's steps.
+double mean_step_seconds(const std::vector<priced_leg>& legs, std::uint64_t steps);
+inline double mean_step_seconds(const split_problem& p, int device, const std::vector<plan_leg>& legs,
+                                const route& current, double now_seconds, std::uint64_t steps) {
+  return mean_step_seconds(price_legs(p, device, legs, current, now_seconds, steps), steps);
+}
 
 // The fewest bottom blocks that hold a block with parameters (0: no block has any): fewer on a
 // device would send its input on only reshaped or pooled, which devices refuse.

@@ -29,8 +29,11 @@ struct channel_options {
   std::chrono::milliseconds heartbeat{1000};      // Ping period, at most idle_timeout / 4 (0: no Pings)
   std::chrono::milliseconds idle_timeout{10000};  // close when nothing arrives for this long (0: never)
   // A frame, once begun, must be complete within idle_timeout plus its size at this rate
-  // (bytes per second), so a peer trickling bytes cannot hold a channel (0: no bound).
+  // (bytes per second), so a peer trickling bytes cannot hold a channel (0: no bound)...
   double min_frame_rate = 32 * 1024;
+  // ...and within this in all, whatever its size (0: no bound beyond the rate's): 256 MiB at
+  // the rate above would take 2.3 hours.
+  std::chrono::milliseconds max_frame_time{300000};
   std::chrono::milliseconds close_timeout{2000};  // bound on a clean close
   // When no frame of 64 KiB or more went out for this long, a heartbeat carries 64 KiB of
   // padding so the link's bandwidth stays measured (0: never); this often instead while smaller

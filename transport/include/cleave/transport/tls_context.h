@@ -65,6 +65,14 @@ class tls_context {
 
   // Thread-safe: whether the revocation list in use lists this serial (upper-case hex).
   bool revokes(const std::string& serial) const;
+  // Thread-safe: the revocation list in use (DER, signed by the CA), empty without one. Servers
+  // and edges pass it down, so that a revocation reaches every tier without a reload there.
+  std::vector<std::uint8_t> revocation_list() const;
+  // A list received from upstream: put in force for new handshakes (and saved over this node's
+  // list file, when it has one) when it is the CA's, valid now and newer than the one in force
+  // (a higher CRL number, or a later lastUpdate). Returns what is now in force, for the log, or
+  // nullopt when it is not newer; throws core::error saying what is wrong with it. Thread-safe.
+  std::optional<std::string> adopt_revocation_list(std::span<const std::uint8_t> der);
   // Thread-safe: a peer's certificate passed the handshake; warns once per certificate when it
   // expires within expiry_warning_days.
   void note_peer(X509* cert, const std::string& remote) const;
