@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "cleave/core/atomic_file.h"
 #include "cleave/core/error.h"
 #include "cleave/transport/certs.h"
 #include "cleave/transport/tls_context.h"
@@ -284,7 +285,7 @@ provision_report provision(const project& p, const provision_options& opts) {
     }
     k.kit = p.kits / (n->name + ".tar.gz");
     // The kit holds the node's private key: readable by its owner only.
-    write_file_atomically(k.kit, tar_gz(kit_entries(p, *n, info), now), 0600);
+    core::write_file_atomically(k.kit, tar_gz(kit_entries(p, *n, info), now), 0600);
     k.note = (k.new_certificate ? "new certificate" : "existing certificate") + std::string(", serial ") + info.serial +
              ", valid until " + date_of(info.not_after);
     out.nodes.push_back(k);

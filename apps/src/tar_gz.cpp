@@ -1,14 +1,10 @@
 // ustar headers written by hand (POSIX.1-1988 layout, 512-byte blocks), deflated in memory by
-// zlib with a gzip wrapper; atomic file replacement.
+// zlib with a gzip wrapper.
 #include "tar_gz.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <array>
-#include <cerrno>
 #include <cstring>
 
 #include "cleave/core/error.h"
@@ -126,34 +122,6 @@ std::string tar_gz(const std::vector<archive_entry>& entries, std::time_t mtime)
   raw.append(2 * block, '\0');
   raw.append((20 * block - raw.size() % (20 * block)) % (20 * block), '\0');
   return gzip(raw);
-}
-
-void write_file_atomically(const std::filesystem::path& path, const std::string& bytes, mode_t mode) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) throw core::error("cannot write " + tmp.string() + ": " + std::strerror(errno));
-  bool ok = ::fchmod(fd, mode) == 0;
-  std::size_t done = 0;
-  while (ok && done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) done += static_cast<std::size_t>(n);
-  }
-  int err = ok ? 0 : errno;
-  if (ok && ::fsync(fd) != 0) {
-    ok = false;
-    err = errno;
-  }
-  ::close(fd);
-  if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ok = false;
-    err = errno;
-  }
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    throw core::error("cannot write " + path.string() + ": " + std::strerror(err ? err : EIO));
-  }
 }
 
 }  // namespace cleave::apps

@@ -1,11 +1,8 @@
-// Writing startup kits: a POSIX ustar archive compressed with zlib's gzip, and files replaced
-// atomically (a temporary file in the same directory, synced, then renamed).
+// Writing startup kits: a POSIX ustar archive compressed with zlib's gzip (written to disk with
+// core::write_file_atomically).
 #pragma once
 
-#include <sys/types.h>
-
 #include <ctime>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -27,9 +24,5 @@ inline constexpr const char* archive_owner = "cleave";
 // core::error for a path ustar cannot hold (over 255 bytes, or no split into a 155-byte prefix
 // and a 100-byte name) or a failure of zlib (naming the call).
 std::string tar_gz(const std::vector<archive_entry>& entries, std::time_t mtime);
-
-// Writes `bytes` to `path` with `mode` through `path`.tmp (fsync, rename): readers see the old
-// file or the whole new one, never a part. Throws core::error naming the file.
-void write_file_atomically(const std::filesystem::path& path, const std::string& bytes, mode_t mode);
 
 }  // namespace cleave::apps

@@ -475,7 +475,7 @@ TEST_CASE(
 TEST_CASE(
     "a device whose link to its edge resets or goes half-open is counted out of that round at once, not at the "
     "deadline, also when the devices take turns (sequential mode)") {
-  for (const auto [half, turns] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+  for (const auto& [half, turns] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
     CAPTURE(half);
     CAPTURE(turns);
     workspace w(std::string(half ? "dev-edge-half" : "dev-edge-reset") + (turns ? "-seq" : ""), 2);

@@ -290,7 +290,7 @@ TEST_CASE("kits unpacked into clean directories are enough to train a round: ser
     if (pid == 0) {
       std::FILE* f = std::freopen(log.c_str(), "w", stderr);
       if (f) ::dup2(::fileno(f), STDOUT_FILENO);
-      ::chdir("/");
+      if (::chdir("/") != 0) ::_exit(126);
       ::setenv("CLEAVE", CLEAVE_BINARY, 1);
       ::execl("/bin/sh", "sh", script.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);

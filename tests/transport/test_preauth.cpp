@@ -77,12 +77,14 @@ TEST_CASE("an idle connection is closed when the pre-authentication deadline pas
   CHECK(join_seconds(rt, lis) < 5.0);
 }
 
-TEST_CASE("an authenticated peer that trickles a frame one byte at a time is closed when the frame is overdue") {
+namespace {
+
+// An authenticated peer announces a frame of `len` bytes, then sends `chunk` bytes of it every
+// `every`, `times` times at most; the listener's side must end with a timeout naming the frame.
+// Returns how long that took, in seconds.
+double overdue_frame(const listener_options& lo, std::uint32_t len, std::size_t chunk, std::chrono::milliseconds every,
+                     int times) {
   io_thread rt;
-  listener_options lo;
-  lo.channel.heartbeat = 20ms;
-  lo.channel.idle_timeout = 300ms;
-  lo.channel.min_frame_rate = 1000;  // bytes per second: a 204-byte frame is due 0.5 s after it began
   listener lis(rt.executor(), tls_context(pki().server()), loopback(), lo);
   const tls_context device_ctx(pki().device());
   const auto t0 = std::chrono::steady_clock::now();
@@ -93,13 +95,14 @@ TEST_CASE("an authenticated peer that trickles a frame one byte at a time is clo
       co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), lis.port()}, asio::use_awaitable);
       tls_stream s(std::move(socket), device_ctx, tls_stream::side::client);
       REQUIRE((co_await s.handshake()).ok());
-      const std::byte frame[4] = {std::byte{200}, std::byte{0}, std::byte{0}, std::byte{0}};
+      std::vector<std::byte> bytes(4 + chunk * static_cast<std::size_t>(times));
+      for (int i = 0; i < 4; ++i) bytes[static_cast<std::size_t>(i)] = std::byte((len >> (8 * i)) & 0xff);
       asio::steady_timer t(ex);
-      // One byte every 50 ms: far quicker than the idle timeout, far slower than the frame rate.
-      for (int i = 0; i < 200; ++i) {
-        const std::byte b = i < 4 ? frame[i] : std::byte{0};
-        if (!(co_await s.write_all(std::span<const std::byte>(&b, 1))).ok()) break;
-        t.expires_after(50ms);
+      // The header goes out at the pace of the body, a chunk at a time.
+      for (std::size_t at = 0; at < bytes.size(); at += chunk) {
+        const std::size_t n = std::min(chunk, bytes.size() - at);
+        if (!(co_await s.write_all(std::span<const std::byte>(bytes.data() + at, n))).ok()) break;
+        t.expires_after(every);
         co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
       }
     };
@@ -109,55 +112,33 @@ TEST_CASE("an authenticated peer that trickles a frame one byte at a time is clo
       auto r = co_await ch->receive();
       REQUIRE_FALSE(r.ok());
       CHECK(r.error().code() == errc::timeout);
-      CHECK_MESSAGE(r.error().reason().find("a frame of 200 bytes still incomplete after") != std::string::npos,
+      CHECK_MESSAGE(r.error().reason().find("a frame of " + std::to_string(len) + " bytes still incomplete after") !=
+                        std::string::npos,
                     r.error().reason());
     };
     co_await (trickle() && server_side());
   }());
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+TEST_CASE("an authenticated peer that trickles a frame one byte at a time is closed when the frame is overdue") {
+  listener_options lo;
+  lo.channel.heartbeat = 20ms;
+  lo.channel.idle_timeout = 300ms;
+  lo.channel.min_frame_rate = 1000;  // bytes per second: a 204-byte frame is due 0.5 s after it began
+  // One byte every 50 ms: far quicker than the idle timeout, far slower than the frame rate.
+  const double s = overdue_frame(lo, 200, 1, 50ms, 200);
   CHECK(s < 5.0);  // the trickle alone would take 10 s
   CHECK(logged("closed:", "the peer sends too slowly"));
 }
 
 TEST_CASE("a frame sent faster than the minimum rate but announced huge is closed at the absolute frame deadline") {
-  io_thread rt;
   listener_options lo;
   lo.channel.heartbeat = 20ms;
   lo.channel.max_frame_time = 1000ms;  // the default rate alone would allow 200 MiB about 1.8 hours
-  listener lis(rt.executor(), tls_context(pki().server()), loopback(), lo);
-  const tls_context device_ctx(pki().device());
-  const auto t0 = std::chrono::steady_clock::now();
-  rt.run([&]() -> asio::awaitable<void> {
-    auto trickle = [&]() -> asio::awaitable<void> {
-      auto ex = co_await asio::this_coro::executor;
-      asio::ip::tcp::socket socket(ex);
-      co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), lis.port()}, asio::use_awaitable);
-      tls_stream s(std::move(socket), device_ctx, tls_stream::side::client);
-      REQUIRE((co_await s.handshake()).ok());
-      const std::uint32_t len = 200u << 20;
-      const std::byte header[4] = {std::byte(len & 0xff), std::byte((len >> 8) & 0xff), std::byte((len >> 16) & 0xff),
-                                   std::byte(len >> 24)};
-      if (!(co_await s.write_all(std::span<const std::byte>(header, 4))).ok()) co_return;
-      // 4 KiB every 40 ms: 100 KiB/s, above the minimum rate (32 KiB/s), the whole frame in 34 min.
-      const std::vector<std::byte> chunk(4096);
-      asio::steady_timer t(ex);
-      for (int i = 0; i < 250; ++i) {
-        if (!(co_await s.write_all(chunk)).ok()) break;
-        t.expires_after(40ms);
-        co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-      }
-    };
-    auto server_side = [&]() -> asio::awaitable<void> {
-      auto ch = co_await lis.accept();
-      REQUIRE_MESSAGE(ch.ok(), why(ch));
-      auto r = co_await ch->receive();
-      REQUIRE_FALSE(r.ok());
-      CHECK(r.error().code() == errc::timeout);
-      CHECK_MESSAGE(r.error().reason().find("a frame of 209715200 bytes still incomplete after") != std::string::npos,
-                    r.error().reason());
-    };
-    co_await (trickle() && server_side());
-  }());
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // 4 KiB every 40 ms: 100 KiB/s, above the minimum rate (32 KiB/s), the whole frame in 34 min.
+  const double s = overdue_frame(lo, 200u << 20, 4096, 40ms, 250);
   CHECK(s < 8.0);  // the trickle alone would take 10 s, the frame 34 min
 }

@@ -15,6 +15,7 @@
 #include <ctime>
 #include <set>
 
+#include "cleave/core/atomic_file.h"
 #include "cleave/core/error.h"
 #include "openssl_util.h"
 
@@ -151,8 +152,8 @@ pem_paths init_ca(const fs::path& dir, const ca_options& opts) {
   add_extension(cert.get(), cert.get(), NID_subject_key_identifier, "hash");
   CLEAVE_CHECK_SSL(X509_sign(cert.get(), key.get(), EVP_sha256()) > 0);
 
-  write_file(out.key, pem_of_key(key.get()), 0600);
-  write_file(out.cert, pem_of_cert(cert.get()), 0644);
+  core::write_file_atomically(out.key, pem_of_key(key.get()), 0600);
+  core::write_file_atomically(out.cert, pem_of_cert(cert.get()), 0644);
   return out;
 }
 
@@ -257,8 +258,8 @@ pem_paths issue_certificate(const fs::path& ca_dir, std::string_view name, const
   if (!san.empty()) add_extension(cert.get(), ca.cert.get(), NID_subject_alt_name, san);
   CLEAVE_CHECK_SSL(X509_sign(cert.get(), ca.key.get(), EVP_sha256()) > 0);
 
-  write_file(out.key, pem_of_key(key.get()), 0600);
-  write_file(out.cert, pem_of_cert(cert.get()), 0644);
+  core::write_file_atomically(out.key, pem_of_key(key.get()), 0600);
+  core::write_file_atomically(out.cert, pem_of_cert(cert.get()), 0644);
   return out;
 }
 
@@ -414,7 +415,7 @@ revocation add_to_crl(const fs::path& dir, const loaded_ca& ca, X509* cert, revo
   CLEAVE_CHECK_SSL(X509_CRL_add1_ext_i2d(crl.get(), NID_crl_number, crl_number.get(), 0, 0) == 1);
   CLEAVE_CHECK_SSL(X509_CRL_sort(crl.get()));
   CLEAVE_CHECK_SSL(X509_CRL_sign(crl.get(), ca.key.get(), EVP_sha256()) > 0);
-  write_file(out.crl, pem_of_crl(crl.get()), 0644);
+  core::write_file_atomically(out.crl, pem_of_crl(crl.get()), 0644);
   out.n_revoked = n_entries(crl.get());
   return out;
 }

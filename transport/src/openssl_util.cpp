@@ -3,13 +3,8 @@
 
 #include "cleave/transport/certs.h"
 
-#include <fcntl.h>
 #include <openssl/pem.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <ctime>
 #include <system_error>
 
@@ -193,27 +188,6 @@ std::string pem_of_crl(X509_CRL* crl) {
   char* p = nullptr;
   const long n = BIO_get_mem_data(bio.get(), &p);
   return std::string(p, static_cast<std::size_t>(n));
-}
-
-void write_file(const std::filesystem::path& path, const std::string& text, mode_t mode) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) throw core::error("cannot write " + tmp.string() + ": " + std::strerror(errno));
-  bool ok = ::fchmod(fd, mode) == 0;
-  std::size_t done = 0;
-  while (ok && done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) done += static_cast<std::size_t>(n);
-  }
-  const int err = errno;
-  ok = (::fsync(fd) == 0) && ok;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw core::error("cannot write " + path.string() + ": " + std::strerror(err ? err : errno));
-  }
 }
 
 }  // namespace cleave::transport::detail

@@ -8,7 +8,6 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
-#include <sys/types.h>
 
 #include <chrono>
 #include <filesystem>
@@ -53,9 +52,6 @@ evp_pkey_ptr load_private_key(const std::filesystem::path& path, const char* wha
 // Reads a PEM certificate revocation list; throws core::error with `what` and the path on failure.
 x509_crl_ptr load_crl(const std::filesystem::path& path, const char* what);
 std::string pem_of_crl(X509_CRL* crl);
-// Writes `text` to `path` atomically (path.tmp, fsync, rename) with `mode`; core::error naming the
-// file on failure, which leaves no partial file.
-void write_file(const std::filesystem::path& path, const std::string& text, mode_t mode);
 
 // The certificate's subject common name ("" when absent).
 std::string common_name(const X509* cert);

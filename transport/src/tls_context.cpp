@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "cleave/core/atomic_file.h"
 #include "cleave/transport/certs.h"
 #include "cleave/transport/log.h"
 #include "openssl_util.h"
@@ -294,7 +295,7 @@ std::optional<std::string> tls_context::adopt_revocation_list(std::span<const st
         copy.reset(X509_CRL_dup(state_->received.get()));
       }
       CLEAVE_CHECK_SSL(copy);
-      write_file(state_->files.crl, pem_of_crl(copy.get()), 0644);
+      core::write_file_atomically(state_->files.crl, pem_of_crl(copy.get()), 0644);
     } catch (const core::error& e) {
       logger()->warn("the revocation list received is in force but not saved: {}", e.what());
     }

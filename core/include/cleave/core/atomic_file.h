@@ -1,0 +1,16 @@
+// Files written whole or not at all: through PATH.tmp, fsync, rename.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string_view>
+
+namespace cleave::core {
+
+// Writes `bytes` to `path` with `mode` through `path`.tmp (fsync, rename): readers see the old
+// file or the whole new one, never a part, and a failure leaves no temporary behind. Throws
+// core::error naming the file and the reason.
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes, mode_t mode);
+
+}  // namespace cleave::core
