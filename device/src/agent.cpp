@@ -255,7 +255,7 @@ void agent::impl::on_round_start(const wire::RoundStart& r) {
   }
   // A sign of this round's work goes up at least this often: the server counts out a device it
   // hears nothing of for a quarter of its deadline.
-  progress_every_ = std::max<clock::duration>(std::chrono::seconds(1), std::chrono::milliseconds(r.deadline_ms()) / 8);
+  progress_every_ = runtime::progress_every(std::chrono::milliseconds(r.deadline_ms()));
   ex_.spawn(run_round(r.round(), r.local_steps(), r.learning_rate(), ++round_gen_), "a round",
             runtime::executors::thread::compute);
 }

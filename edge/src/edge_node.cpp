@@ -181,7 +181,7 @@ void edge_node::impl::on_round_start(const wire::RoundStart& r) {
       for (auto id : *r.devices())
         if (const auto it = devices_.find(id); it != devices_.end() && it->second.s) it->second.expected = true;
     patience_ = std::chrono::milliseconds(static_cast<long>(static_cast<double>(r.deadline_ms()) * 0.9));
-    silence_ = std::max<clock::duration>(std::chrono::seconds(10), std::chrono::milliseconds(r.deadline_ms()) / 4);
+    silence_ = runtime::silence_allowed(std::chrono::milliseconds(r.deadline_ms()));
     for (auto& [id, d] : devices_) d.heard = clock::now();
     ex_.spawn(count_out_silent(turn_), "watching for silent devices");
     ex_.post_compute([this] { runner_->take_compute_seconds(); });

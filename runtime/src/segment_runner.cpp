@@ -46,7 +46,8 @@ bool segment_runner::set_model(const std::string& json, const protocol::training
 double segment_runner::timed(const std::function<void()>& f) {
   if (shared_) shared_->acquire();  // timed once it holds a core
   const auto t0 = clock::now();
-  const double cpu0 = thread_cpu_seconds();
+  const bool slowed = slowdown_ > 1.0;
+  const double cpu0 = slowed ? thread_cpu_seconds() : 0.0;
   try {
     f();
     b_->synchronize();
@@ -55,9 +56,9 @@ double segment_runner::timed(const std::function<void()>& f) {
     throw;
   }
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
-  const double cpu = thread_cpu_seconds() - cpu0;
+  const double cpu = slowed ? thread_cpu_seconds() - cpu0 : 0.0;
   if (shared_) shared_->release();
-  if (!(slowdown_ > 1.0)) {
+  if (!slowed) {
     compute_s_ += secs * slowdown_;
     return secs * slowdown_;
   }

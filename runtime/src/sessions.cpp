@@ -414,6 +414,19 @@ bool upstream::drop_revoked() {
   return true;
 }
 
+namespace {
+
+// A revocation list newly in force: the sessions it revokes close, it goes on below.
+void revocations_changed(acceptor* below, upstream* above) {
+  if (below) {
+    below->close_revoked();
+    below->send_revocations();
+  }
+  if (above) above->drop_revoked();
+}
+
+}  // namespace
+
 void reload_credentials(const executors& ex, transport::tls_context& tls, acceptor* below, upstream* above) {
   std::string loaded;
   try {
@@ -423,11 +436,7 @@ void reload_credentials(const executors& ex, transport::tls_context& tls, accept
     return;
   }
   spdlog::info("{}: reloaded for new connections: {}", ex.who(), loaded);
-  if (below) {
-    below->close_revoked();
-    below->send_revocations();
-  }
-  if (above) above->drop_revoked();
+  revocations_changed(below, above);
 }
 
 void send_revocations(const transport::tls_context& tls, const session_ptr& s) {
@@ -445,11 +454,7 @@ void adopt_revocations(const executors& ex, transport::tls_context& tls, accepto
   }
   if (!now) return;  // the one in force, or an older one
   spdlog::info("{}: revocation list from upstream in force: {}", ex.who(), *now);
-  if (below) {
-    below->close_revoked();
-    below->send_revocations();
-  }
-  if (above) above->drop_revoked();
+  revocations_changed(below, above);
 }
 
 asio::awaitable<void> upstream::shutdown() {

@@ -112,11 +112,8 @@ asio::awaitable<void> round::take_turns(clock::time_point deadline) {
   }
 }
 
-asio::awaitable<void> round::collect(clock::time_point deadline, clock::duration silence) {
-  const auto all_done = [this] {
-    const auto& done = uploads_.done();
-    return std::includes(done.begin(), done.end(), members_.begin(), members_.end());
-  };
+asio::awaitable<void> round::collect(clock::time_point deadline, clock::duration silence,
+                                     const std::function<bool()>& all_done) {
   while (!all_done() && clock::now() < deadline) {
     // Until the earliest moment a member still training may be counted out as silent.
     auto next = deadline;
@@ -154,7 +151,7 @@ asio::awaitable<bool> round::run(std::uint64_t number, float lr, global_model& g
   if (c_.on_round_start) c_.on_round_start(number, static_cast<int>(participants_.size()));
   const auto deadline = clock::now() + std::chrono::milliseconds(static_cast<long>(c_.round_deadline_s * 1000));
   // A round waits for its members only: a device that leaves or comes back is counted out.
-  const auto all_done = [this] {
+  const std::function<bool()> all_done = [this] {
     const auto& done = uploads_.done();
     return std::includes(done.begin(), done.end(), members_.begin(), members_.end());
   };
@@ -165,9 +162,8 @@ asio::awaitable<bool> round::run(std::uint64_t number, float lr, global_model& g
       start_training(id, deadline);
     }
     if (c_.secure_aggregation) co_await secure_.roster(members_, deadline);
-    const auto quarter =
-        std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(c_.round_deadline_s / 4));
-    co_await collect(deadline, std::max<clock::duration>(quarter, min_silence));
+    const auto whole = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(c_.round_deadline_s));
+    co_await collect(deadline, runtime::silence_allowed(whole), all_done);
   } else {
     co_await take_turns(deadline);
   }

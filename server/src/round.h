@@ -111,9 +111,8 @@ class round {
   bool takes_step(std::uint32_t dev, std::uint64_t step, std::uint32_t attempt, bool device_activation = false);
   // A sign of device `dev`'s work at global step `step` (a profile, or a cut-over to a new plan:
   // `resplit`, counted while the round collects): in SplitFed mode a member that shows none for a
-  // quarter of the deadline (at least min_silence) is counted out.
+  // quarter of the deadline (at least 10 s: runtime::silence_allowed) is counted out.
   void heard_from(std::uint32_t dev, std::uint64_t step, bool resplit = false);
-  static constexpr std::chrono::seconds min_silence{10};
   // The loss of samples computed here, in round `number`.
   void add_loss(std::uint64_t number, double loss, std::int64_t n, std::uint64_t correct);
   // A part of an upload from `via` (tier `from`, named `who` in refusals) for `devices`, each
@@ -132,8 +131,9 @@ class round {
   asio::awaitable<void> open(std::uint64_t number, float lr, const global_model& g);
   void start_training(std::uint32_t id, clock::time_point until);
   asio::awaitable<void> take_turns(clock::time_point deadline);
-  // Waits for every member's upload until the deadline, counting out members silent for `silence`.
-  asio::awaitable<void> collect(clock::time_point deadline, clock::duration silence);
+  // Waits until all_done() or the deadline, counting out members silent for `silence`.
+  asio::awaitable<void> collect(clock::time_point deadline, clock::duration silence,
+                                const std::function<bool()>& all_done);
   void abandon();
   asio::awaitable<void> close(global_model& g);
   round_report report(const evaluation& ev) const;

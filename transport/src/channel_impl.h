@@ -32,7 +32,7 @@ using clock = std::chrono::steady_clock;
 constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
 constexpr std::size_t emulation_chunk = 64 << 10;      // emulated links send in pieces this large
 constexpr std::size_t bandwidth_min_frame = 64 << 10;  // smaller frames do not measure bandwidth
-constexpr std::size_t initial_frame_buffer = 4u << 20;  // frames above it get a buffer that grows
+constexpr std::size_t initial_frame_buffer = 4u << 20;  // larger frames: their whole size once this arrived
 // ... except sent frames that take this long on a link as fast as measured (at 10 Mbit/s 20 KB
 // do): a link's burst allowance (an emulated link's 1 ms) then distorts a sample by 7% at most,
 // and a probe on a slow link holds the frames behind it 16 ms, not 52.

@@ -74,8 +74,9 @@ asio::awaitable<std::optional<message>> channel_impl::read_message() {
     co_return std::nullopt;
   }
   frame_length_known(len);
-  // A large frame's buffer grows as its bytes arrive (doubling): a peer that announces the
-  // largest frame allowed and sends little of it holds little memory here.
+  // A large frame's buffer starts at initial_frame_buffer and takes the whole frame's size once
+  // that much has arrived (one copy): a peer that announces the largest frame allowed and sends
+  // little of it holds little memory here.
   const std::size_t total = frame_header_bytes + static_cast<std::size_t>(len);
   aligned_bytes buf = aligned_bytes::allocate(std::min(total, frame_header_bytes + initial_frame_buffer));
   if (buf.empty()) {
@@ -87,7 +88,7 @@ asio::awaitable<std::optional<message>> channel_impl::read_message() {
   std::size_t have = 0;
   while (have < len) {
     if (frame_header_bytes + have == buf.size()) {
-      aligned_bytes bigger = aligned_bytes::allocate(std::min(total, 2 * buf.size()));
+      aligned_bytes bigger = aligned_bytes::allocate(total);
       if (bigger.empty()) {
         abort(errc::out_of_memory, "cannot allocate " + std::to_string(len) + " bytes for a frame");
         co_return std::nullopt;

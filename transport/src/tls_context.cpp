@@ -199,6 +199,20 @@ void warn_about(const loaded& l, const tls_files& files) {
                    l.identity, l.serial, files.crl.string());
 }
 
+// Throws core::error when a fresh load of the files names another node than the one in force.
+void keep_identity(const loaded& next, const std::string& identity, const std::optional<core::tier>& role,
+                   const std::optional<std::uint32_t>& node_id, const tls_files& files) {
+  const auto same = [](const auto& a, const auto& b) { return a == b; };
+  if (!same(next.identity, identity) || !same(next.role, role) || !same(next.node_id, node_id))
+    throw core::error("certificate " + files.cert.string() + " is for '" + next.identity + "' (" +
+                      (next.role ? std::string(core::tier_name(*next.role)) : std::string("no role")) +
+                      (next.node_id ? ", id " + std::to_string(*next.node_id) : std::string()) +
+                      "), not for this node '" + identity + "' (" +
+                      (role ? std::string(core::tier_name(*role)) : std::string("no role")) +
+                      (node_id ? ", id " + std::to_string(*node_id) : std::string()) +
+                      "); a reload keeps the node's identity (restart it to change that)");
+}
+
 }  // namespace
 
 struct tls_context::state {
@@ -229,15 +243,7 @@ std::string tls_context::reload() {
     if (state_->received) received.reset(X509_CRL_dup(state_->received.get()));
   }
   loaded next = load(state_->files, received.get());
-  const auto same = [](const auto& a, const auto& b) { return a == b; };
-  if (!same(next.identity, identity_) || !same(next.role, role_) || !same(next.node_id, node_id_))
-    throw core::error("certificate " + state_->files.cert.string() + " is for '" + next.identity + "' (" +
-                      (next.role ? std::string(core::tier_name(*next.role)) : std::string("no role")) +
-                      (next.node_id ? ", id " + std::to_string(*next.node_id) : std::string()) +
-                      "), not for this node '" + identity_ + "' (" +
-                      (role_ ? std::string(core::tier_name(*role_)) : std::string("no role")) +
-                      (node_id_ ? ", id " + std::to_string(*node_id_) : std::string()) +
-                      "); a reload keeps the node's identity (restart it to change that)");
+  keep_identity(next, identity_, role_, node_id_, state_->files);
   std::string summary = next.summary;
   {
     std::lock_guard lock(state_->mu);
@@ -275,10 +281,9 @@ std::optional<std::string> tls_context::adopt_revocation_list(std::span<const st
     if (state_->now.has_crl && !(order > state_->now.order)) return std::nullopt;  // not newer
   }
   loaded next = load(state_->files, crl.get());
-  if (next.identity != identity_ || next.role != role_ || next.node_id != node_id_)
-    throw core::error("certificate " + state_->files.cert.string() +
-                      " changed on disk to another node's; the revocation list received waits for a restart");
+  keep_identity(next, identity_, role_, node_id_, state_->files);
   std::string summary = next.summary;
+  const std::string pem = pem_of_crl(crl.get());
   {
     std::lock_guard lock(state_->mu);
     if (state_->now.has_crl && !(next.order > state_->now.order)) return std::nullopt;  // a newer one came meanwhile
@@ -289,13 +294,7 @@ std::optional<std::string> tls_context::adopt_revocation_list(std::span<const st
   // Kept for a restart before the upstream link is back (best effort: the node's files may be
   // read-only; the list in memory is in force either way).
   if (!state_->files.crl.empty()) try {
-      x509_crl_ptr copy;
-      {
-        std::lock_guard lock(state_->mu);
-        copy.reset(X509_CRL_dup(state_->received.get()));
-      }
-      CLEAVE_CHECK_SSL(copy);
-      core::write_file_atomically(state_->files.crl, pem_of_crl(copy.get()), 0644);
+      core::write_file_atomically(state_->files.crl, pem, 0644);
     } catch (const core::error& e) {
       logger()->warn("the revocation list received is in force but not saved: {}", e.what());
     }

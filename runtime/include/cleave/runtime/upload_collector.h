@@ -2,6 +2,7 @@
 // devices and edges, an edge from its devices), and the one place a round's statistics are summed.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -16,6 +17,16 @@
 #include "cleave/split/replica_checks.h"
 
 namespace cleave::runtime {
+
+// A SplitFed round's pace of signs of life, for a round (or a turn) of `deadline`: a device at
+// work shows its round's work at least every progress_every, and the tier above counts out a
+// member it hears nothing of for silence_allowed.
+inline std::chrono::steady_clock::duration progress_every(std::chrono::steady_clock::duration deadline) {
+  return std::max<std::chrono::steady_clock::duration>(std::chrono::seconds(1), deadline / 8);
+}
+inline std::chrono::steady_clock::duration silence_allowed(std::chrono::steady_clock::duration deadline) {
+  return std::max<std::chrono::steady_clock::duration>(std::chrono::seconds(10), deadline / 4);
+}
 
 // What a round's work adds up to: compute per tier, bytes moved below the server, the training
 // loss and accuracy over the samples whose loss was computed. Every node sums into one of these.
