@@ -104,8 +104,8 @@ void run_init(const init_args& a) {
 }
 
 void run_issue(const issue_args& a) {
-  const auto role = core::tier_from_name(a.role);
-  if (!role) throw core::error("unknown role '" + a.role + "': use server, edge or device");
+  const auto role = core::role_from_name(a.role);
+  if (!role) throw core::error("unknown role '" + a.role + "': use server, edge, device or admin");
   transport::issue_options opts;
   opts.role = *role;
   opts.valid_days = a.days;
@@ -142,7 +142,7 @@ void register_certs_command(CLI::App& app) {
   issue->add_option("name", ua->name, "Node name: its identity on the wire ([A-Za-z0-9._-], up to 64)")->required();
   issue->add_option("--role", ua->role, "Role of the node")
       ->required()
-      ->check(CLI::IsMember({"server", "edge", "device"}));
+      ->check(CLI::IsMember({"server", "edge", "device", "admin"}));
   issue->add_option("--dir", ua->dir, "Directory of the CA")->capture_default_str();
   issue->add_option("--out", ua->out, "Directory for NAME.crt and NAME.key (default: the CA directory)");
   issue->add_option("--days", ua->days, "Validity in days")->capture_default_str()->check(CLI::Range(1, 36500));

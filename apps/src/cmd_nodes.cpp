@@ -1,6 +1,7 @@
 // `cleave server`, `cleave edge`, `cleave agent` and `cleave demo`: the split-learning nodes and
 // a local federation of them on loopback.
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
@@ -13,16 +14,22 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "cleave/backend/registry.h"
 #include "cleave/device/agent.h"
 #include "cleave/edge/edge_node.h"
 #include "cleave/federation/local_federation.h"
+#include "cleave/server/job_service.h"
 #include "cleave/server/server_node.h"
 #include "cleave/transport/certs.h"
 #include "cleave/transport/listener.h"
 #include "commands.h"
+#include "job_file.h"
 #include "node_options.h"
 
 namespace cleave::apps {
@@ -60,18 +67,91 @@ split::aggregate_rule parse_aggregate_option(const std::string& s) {
 
 namespace {
 
-// A stop signal that arrives while a node is already ending (its signal set gone, the process not
-// yet exited) must not kill it with status 143, as it would once Asio gives SIGINT and SIGTERM
-// back to their default action. Called once the node's own set holds them, this keeps Asio's
-// handler for the rest of the process's life: a second set, on an io_context that never runs,
-// takes what arrives after the node's set is gone.
+// Stop signals for the whole process. A stop signal that arrives while a node is already ending
+// (its signal set gone, the process not yet exited) must not kill it with status 143, as it would
+// once Asio gives SIGINT and SIGTERM back to their default action; and a node that serves job
+// after job (--stay, --state) must end for good, whichever node is running when it comes. A second
+// signal set, on a thread of its own for the process's life, records the signal and stops the
+// node now running.
+struct stop_watch {
+  std::mutex mu;
+  bool seen = false;
+  std::function<void()> stop_current;
+};
+
+stop_watch& watch() {
+  static stop_watch w;
+  return w;
+}
+
 void keep_stop_signals_handled() {
-  static auto* const io = new asio::io_context;
-  static auto* const held = new asio::signal_set(*io, SIGINT, SIGTERM);
-  static_cast<void>(held);
+  static const bool started = [] {
+    auto* io = new asio::io_context;
+    auto* held = new asio::signal_set(*io, SIGINT, SIGTERM);
+    held->async_wait([](const std::error_code& ec, int) {
+      if (ec) return;
+      std::lock_guard lock(watch().mu);
+      watch().seen = true;
+      if (watch().stop_current) watch().stop_current();
+    });
+    std::thread([io] { io->run(); }).detach();
+    return true;
+  }();
+  static_cast<void>(started);
+}
+
+// Makes `stop` what a stop signal calls (nothing: none); false when one already came.
+bool on_stop_signal(std::function<void()> stop) {
+  std::lock_guard lock(watch().mu);
+  watch().stop_current = std::move(stop);
+  return !watch().seen;
+}
+
+// Runs a node built from c, and with c.stay a new one each time the run ends (the next job of a
+// long-running server), until a stop signal; nothing of one run is kept into the next.
+template <class Node, class C>
+void serve_runs(const C& c, const char* who) {
+  keep_stop_signals_handled();
+  for (int run = 1;; ++run) {
+    {
+      Node node(c);
+      node.stop_on_signals();
+      if (!on_stop_signal([&node] { node.stop(); })) break;
+      node.run();
+      if (!on_stop_signal(nullptr) || !c.stay) break;
+    }
+    ::malloc_trim(0);  // what the run freed goes back to the system, not kept for the next job
+    spdlog::info("{}: run {} ended; staying up for the next job", who, run);
+  }
+}
+
+server::server_config job_file_settings(const server::server_config& c) {
+  std::ifstream in(c.job_file, std::ios::binary);
+  if (!in) throw core::error("job file '" + c.job_file.string() + "': cannot read it");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return job_settings(c, text.str(), c.job_file.string());
+}
+
+void run_jobs(const server::server_config& c) {
+  server::job_service_config jc;
+  jc.node = c;
+  jc.state_dir = c.state_dir;
+  jc.settings_for = [base = c](const std::string& text, const std::string& file) {
+    return job_settings(base, text, file);
+  };
+  server::job_service service(std::move(jc));
+  keep_stop_signals_handled();
+  if (!on_stop_signal([&service] { service.stop(); })) return;
+  service.run();
+  on_stop_signal(nullptr);
 }
 
 void run_server(server::server_config c) {
+  if (!c.state_dir.empty() && !c.job_file.empty())
+    throw core::error("--state runs the jobs submitted to it; --job runs one job file: give one of them");
+  if (!c.state_dir.empty()) return run_jobs(c);
+  if (!c.job_file.empty()) c = job_file_settings(c);
   server::server_node node(c);
   node.stop_on_signals();
   keep_stop_signals_handled();
@@ -82,18 +162,12 @@ void run_server(server::server_config c) {
 }
 
 void run_edge(edge::edge_config c) {
-  edge::edge_node node(std::move(c));
-  node.stop_on_signals();
-  keep_stop_signals_handled();
-  node.run();
+  serve_runs<edge::edge_node>(c, c.name.c_str());
 }
 
 void run_agent(device::agent_config c) {
   if (c.name.empty()) c.name = "device-" + std::to_string(c.id);
-  device::agent node(std::move(c));
-  node.stop_on_signals();
-  keep_stop_signals_handled();
-  node.run();
+  serve_runs<device::agent>(c, c.name.c_str());
 }
 
 // A node command: its options from its table, bound to settings that live as long as the app.

@@ -36,6 +36,7 @@ void register_export_command(CLI::App& app);     // export (safetensors)
 void register_certs_command(CLI::App& app);      // certs init / issue / renew / revoke
 void register_provision_command(CLI::App& app);  // provision (startup kits)
 void register_node_commands(CLI::App& app);      // server, edge, agent, demo
+void register_job_command(CLI::App& app);        // job (a long-running server's queue, cmd_job.cpp)
 void register_demo_command(CLI::App& app);       // demo (cmd_demo.cpp)
 std::vector<option_doc> demo_option_docs();      // the demo's options as the docs list them
 std::vector<option_doc> train_option_docs();     // train's (cmd_train.cpp)

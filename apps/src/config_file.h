@@ -20,6 +20,12 @@ class strict_toml : public CLI::Config {
   // CLI11's error about an item no option took ("INI was not able to parse server.rouns"), as
   // "line 2: unknown key 'rouns' in [server]" (or an unknown section); other messages unchanged.
   std::string explain(const std::string& message, const CLI::App& app) const;
+  // "line N: " of the key ("section.key", or "key" outside any section) in the last file read;
+  // "" when it was not there.
+  std::string where(const std::string& key) const {
+    const auto it = lines_.find(key);
+    return it == lines_.end() ? "" : "line " + std::to_string(it->second) + ": ";
+  }
 
  private:
   mutable std::map<std::string, int> lines_;  // "section.key" -> its line

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   cleave::apps::register_models_command(app);
   cleave::apps::register_export_command(app);
   cleave::apps::register_node_commands(app);
+  cleave::apps::register_job_command(app);
   cleave::apps::register_certs_command(app);
   cleave::apps::register_provision_command(app);
   cleave::apps::register_options_command(app);

@@ -68,6 +68,14 @@ void add_common(option_table<C>& t, const char* name_help) {
       "name", "NAME", name_help, [](C & c) -> auto& { return c.name; }));
 }
 
+// A node that serves job after job of a long-running server.
+template <class C>
+option<C> stay_option() {
+  return flag<C>(
+      "stay", "stay up when a run ends and serve the next job of a long-running server (until SIGTERM)",
+      [](C & c) -> auto& { return c.stay; });
+}
+
 template <class C>
 option<C> backend_option() {
   return value<C>(
@@ -171,6 +179,9 @@ option_table<server::server_config> make_server_options() {
   t.push_back(value<C>(
       "data", "NAME|DIR", "data set whose test split evaluates the global model",
       [](C & c) -> auto& { return c.data; }));
+  t.push_back(value<C>(
+      "dataset", "NAME", "name of the data set the devices train on; a device holding another refuses (default: any)",
+      [](C & c) -> auto& { return c.dataset; }));
   t.push_back(parsed<C>(
       "mode", "MODE", "splitfed (per-device server replicas) or sequential (one shared)",
       [](C& c, const std::string& v) {
@@ -324,6 +335,13 @@ option_table<server::server_config> make_server_options() {
       "run-log", "PATH", "append one JSON object per round to this file (for plots and scripts)",
       [](C & c) -> auto& { return c.run_log; }));
   t.push_back(value<C>(
+      "state", "DIR",
+      "run as a long-running server: jobs submitted with `cleave job` are queued in DIR and run one after another",
+      [](C & c) -> auto& { return c.state_dir; }));
+  t.push_back(value<C>(
+      "job", "FILE", "take this run's settings from a job file (as `cleave job submit` takes them)",
+      [](C & c) -> auto& { return c.job_file; }));
+  t.push_back(value<C>(
       "dashboard", "ADDR",
       "serve the live dashboard on http://ADDR/: PORT (loopback) or HOST:PORT (beyond loopback only "
       "with --dashboard-token)",
@@ -365,6 +383,7 @@ option_table<edge::edge_config> make_edge_options() {
   t.push_back(give_up_option<C>());
   t.push_back(profile_every_option<C>(
       "device steps between profiles sent upstream (and at once when a link's bandwidth moved by 1.5x)"));
+  t.push_back(stay_option<C>());
   return t;
 }
 
@@ -395,6 +414,11 @@ option_table<device::agent_config> make_agent_options() {
   t.push_back(value<C>(
       "data", "NAME|DIR", "'fashion-mnist', or a directory of IDX or CIFAR binary files",
       [](C & c) -> auto& { return c.data; }));
+  t.push_back(value<C>(
+      "data-name", "NAME",
+      "the name jobs know this device's data set by (default: --data); a plan naming another is refused",
+      [](C & c) -> auto& { return c.data_name; }));
+  t.push_back(stay_option<C>());
   t.push_back(parsed<C>(
       "shard", "K/N", "K/N: this device holds shard K of N",
       [](C& c, const std::string& v) {

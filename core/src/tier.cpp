@@ -11,6 +11,8 @@ std::string_view tier_name(tier t) {
       return "edge";
     case tier::device:
       return "device";
+    case tier::admin:
+      return "admin";
   }
   return "?";
 }
@@ -19,6 +21,11 @@ std::optional<tier> tier_from_name(std::string_view name) {
   for (tier t : {tier::server, tier::edge, tier::device})
     if (name == tier_name(t)) return t;
   return std::nullopt;
+}
+
+std::optional<tier> role_from_name(std::string_view name) {
+  if (name == tier_name(tier::admin)) return tier::admin;
+  return tier_from_name(name);
 }
 
 }  // namespace cleave::core

@@ -152,9 +152,11 @@ void agent::impl::on_plan(const wire::Plan& p) {
   if (json != model_.json) {
     auto m = core::parse_model_spec(json, "plan");
     if (!(m.input == item_) || m.n_classes < n_classes_) {
-      auto e = std::make_exception_ptr(core::error("the server's model takes " + m.input.str() + " inputs and " +
-                                                   std::to_string(m.n_classes) + " classes; this device's data has " +
-                                                   item_.str() + " and " + std::to_string(n_classes_)));
+      const core::error misfit("the server's model takes " + m.input.str() + " inputs and " +
+                               std::to_string(m.n_classes) + " classes; this device's data has " + item_.str() +
+                               " and " + std::to_string(n_classes_));
+      if (c_.stay) throw misfit;  // this job's plan refused; the next job may fit
+      auto e = std::make_exception_ptr(misfit);
       ex_.post_io([this, e] { ex_.fail(e, "joining"); });
       return;
     }
@@ -163,7 +165,8 @@ void agent::impl::on_plan(const wire::Plan& p) {
   const split::route route = protocol::route_for(p, c_.id, model_.n_blocks());
   const auto training = protocol::training_of(p);
   // Refused: the link drops with the reason, the agent stays up.
-  check_plan_policy(c_, model_, route, {training.opt, p.micro_batch_size(), memory_budget_});
+  check_plan_policy(c_, model_, route,
+                    {training.opt, p.micro_batch_size(), memory_budget_, p.dataset() ? p.dataset()->str() : ""});
   secure_plan_ = p.secure_aggregation();
   if ((c_.cut_gradient_noise >= 0 || c_.equalise_cut_gradients) && !route.u_shape() && !plan_)
     spdlog::warn(
@@ -171,9 +174,11 @@ void agent::impl::on_plan(const wire::Plan& p) {
         "the server computes the loss",
         c_.id);
   if (c_.secure_aggregation && !secure_plan_) {
-    auto e = std::make_exception_ptr(
-        core::error("the server does not aggregate securely (its plan would have this device upload its replicas in "
-                    "the clear), and this device runs with --secure-aggregation"));
+    const core::error clear(
+        "the server does not aggregate securely (its plan would have this device upload its "
+        "replicas in the clear), and this device runs with --secure-aggregation");
+    if (c_.stay) throw clear;  // this job's plan refused; the next job may aggregate securely
+    auto e = std::make_exception_ptr(clear);
     ex_.post_io([this, e] { ex_.fail(e, "joining"); });
     return;
   }

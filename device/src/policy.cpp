@@ -14,6 +14,10 @@
 namespace cleave::device {
 
 void check_plan_policy(const agent_config& c, const core::model_spec& m, const split::route& r, const plan_terms& t) {
+  const std::string& held = c.data_name.empty() ? c.data : c.data_name;
+  if (!t.dataset.empty() && t.dataset != held)
+    throw core::error("the plan trains on data set '" + t.dataset + "'; this device holds '" + held +
+                      "' (--data-name)");
   if (!c.allowed_models.empty()) {
     const std::string hash = privacy::sha256_hex(m.json);
     if (std::find(c.allowed_models.begin(), c.allowed_models.end(), hash) == c.allowed_models.end())

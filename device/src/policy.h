@@ -15,6 +15,7 @@ struct plan_terms {
   core::optimizer_config opt;
   std::uint32_t micro_batch = 1;
   std::uint64_t memory_budget = 0;  // this device's (0: unlimited)
+  std::string dataset;              // the data set the plan trains on ("": any)
 };
 
 // Throws core::error naming the rule route r of model m (its spec as the plan carried it) breaks;

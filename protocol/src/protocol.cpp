@@ -134,7 +134,7 @@ message_builder make_plan(const plan_desc& p) {
   b.finish(wire::CreatePlan(f, p.epoch, static_cast<std::uint32_t>(p.route.n_blocks), p.route.u_shape(), model,
                             p.micro_batch_size, p.n_micro_batches, devices, training, p.training.seed, p.resplit,
                             p.run_id, p.topk_fraction, p.stochastic_rounding, p.topk_feedback, p.secure_aggregation,
-                            p.resume));
+                            p.resume, f.CreateString(p.dataset.data(), p.dataset.size())));
   return b;
 }
 
@@ -462,6 +462,42 @@ message_builder make_revocations(std::span<const std::uint8_t> crl) {
   const auto v = m.fbb().CreateVector(crl.data(), crl.size());
   m.finish(wire::CreateRevocations(m.fbb(), v));
   return m;
+}
+
+message_builder make_admin_request(const admin_request& r) {
+  message_builder m(256 + r.action.size() + r.text.size() + r.data.size());
+  auto& f = m.fbb();
+  const auto action = f.CreateString(r.action);
+  const auto text = f.CreateString(r.text);
+  const auto data = f.CreateVector(r.data);
+  m.finish(wire::CreateAdminRequest(f, action, r.job, text, data, r.offset));
+  return m;
+}
+
+message_builder make_admin_reply(const admin_reply& r) {
+  message_builder m(256 + r.text.size() + r.data.size());
+  auto& f = m.fbb();
+  const auto text = f.CreateString(r.text);
+  const auto data = f.CreateVector(r.data);
+  m.finish(wire::CreateAdminReply(f, r.ok, text, data, r.offset, r.done, r.job));
+  return m;
+}
+
+namespace {
+std::vector<std::uint8_t> bytes_of(const flatbuffers::Vector<std::uint8_t>* v) {
+  return v ? std::vector<std::uint8_t>(v->begin(), v->end()) : std::vector<std::uint8_t>{};
+}
+std::string text_of(const flatbuffers::String* s) {
+  return s ? s->str() : std::string();
+}
+}  // namespace
+
+admin_request admin_request_of(const wire::AdminRequest& m) {
+  return {text_of(m.action()), m.job(), text_of(m.text()), bytes_of(m.data()), m.offset()};
+}
+
+admin_reply admin_reply_of(const wire::AdminReply& m) {
+  return {m.ok(), text_of(m.text()), bytes_of(m.data()), m.offset(), m.done(), m.job()};
 }
 
 message_builder make_secagg(const secagg_desc& d) {

@@ -331,11 +331,19 @@ asio::awaitable<std::string> upstream::serve(session_ptr s) {
       break;
     }
     try {
-      if (const auto* err = m->as<wire::Error>()) {
+      if (const auto* err = m->as<wire::Error>(); err && err->code() == wire::ErrorCode::no_job) {
+        // Not a refusal: a long-running server between jobs (a job starts, or it stops). Back
+        // after the backoff, short when this link held.
+        spdlog::info("{}: {}: {}; reconnecting", ex_.who(), name_.empty() ? host_ : name_,
+                     core::printable(err->message() ? err->message()->str() : "no job"));
+        waiting_for_job_ = true;
+        why = "no job running";
+      } else if (err) {
         if (auto r = on_error(*err); !r.empty() && !admitted) refusal = r;
       } else {
         admitted = true;
         n_refused_ = 0;
+        waiting_for_job_ = false;
         h_.on_message(std::move(m.value()));
       }
     } catch (const core::error& e) {
@@ -352,7 +360,7 @@ asio::awaitable<std::string> upstream::serve(session_ptr s) {
   closed_bytes_.first += st.bytes_sent;
   closed_bytes_.second += st.bytes_received;
   s->open = false;
-  h_.on_lost(why);
+  if (!waiting_for_job_) h_.on_lost(why);  // turned away before anything was in flight
   co_await s->ch.close();
   co_return refusal;
 }

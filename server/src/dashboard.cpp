@@ -73,24 +73,26 @@ nlohmann::json publisher::board() const {
   json edges = json::array();
   for (const auto& l : links)
     if (l["role"] == "edge") edges.push_back({{"name", l["to"]}, {"connected", l["up"]}});
-  return {{"server", c.name},
-          {"model", model.name},
-          {"params", model.n_params()},
-          {"mode", mode_name(c.mode)},
-          {"u_shape", c.u_shape},
-          {"adaptive", v_.plans.book() != nullptr},
-          {"backend", backend_},
-          {"run_id", fmt::format("{:016x}", run_id_)},
-          {"rounds", c.rounds},
-          {"round", v_.now.last().round},
-          {"current_round", v_.now.number()},
-          {"phase", phase_name(v_.now.phase())},
-          {"devices_connected", v_.members.n_connected()},
-          {"blocks", blocks},
-          {"edges", edges},
-          {"devices", board_devices()},
-          {"links", links},
-          {"history", history_}};
+  json out = {{"server", c.name},
+              {"model", model.name},
+              {"params", model.n_params()},
+              {"mode", mode_name(c.mode)},
+              {"u_shape", c.u_shape},
+              {"adaptive", v_.plans.book() != nullptr},
+              {"backend", backend_},
+              {"run_id", fmt::format("{:016x}", run_id_)},
+              {"rounds", c.rounds},
+              {"round", v_.now.last().round},
+              {"current_round", v_.now.number()},
+              {"phase", phase_name(v_.now.phase())},
+              {"devices_connected", v_.members.n_connected()},
+              {"blocks", blocks},
+              {"edges", edges},
+              {"devices", board_devices()},
+              {"links", links},
+              {"history", history_}};
+  if (c.jobs_state) out["jobs"] = json::parse(c.jobs_state());  // a long-running server's queue
+  return out;
 }
 
 nlohmann::json publisher::board_devices() const {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 
+#include "admin_desk.h"
 #include "checkpoint_store.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/node_metrics.h"
@@ -22,7 +23,7 @@ class server_node::impl {
  public:
   explicit impl(server_config c);
   round_report run();
-  void stop() { ex_.stop("stopped"); }
+  void stop(std::string why = "stopped") { ex_.stop(std::move(why)); }
   void stop_on_signals() { ex_.stop_on_signals(); }
   global_model global_;
   std::string checkpoint_failure_;  // the last failed checkpoint write
@@ -93,6 +94,7 @@ class server_node::impl {
   int n_stepped_ = 0;                              // compute thread
   std::uint64_t memory_budget_ = 0;
   membership members_;
+  admin_desk desk_{c_.on_admin};  // operators' sessions (a long-running server's jobs)
   splitter plans_;
   checkpoint_store store_;
   wiring wiring_;

@@ -35,6 +35,9 @@ round_report server_node::run() {
 void server_node::stop() {
   impl_->stop();
 }
+void server_node::stop(const std::string& why) {
+  impl_->stop(why);
+}
 void server_node::stop_on_signals() {
   impl_->stop_on_signals();
 }
@@ -62,6 +65,7 @@ void server_node::impl::send_global(const runtime::session_ptr& to, std::uint32_
 
 void server_node::impl::on_hello(const runtime::session_ptr& s, const transport::message& hello) {
   if (s->role == core::tier::device) return register_device(s, *hello.as<wire::Hello>());
+  if (s->role == core::tier::admin) return desk_.admit(s);
   if (s->role != core::tier::edge) throw core::error("a server cannot join another server");
   spdlog::info("server: edge {} ({}) connected", s->id, s->identity);
   schedule_->apply(s->ch, s->identity);
@@ -124,6 +128,7 @@ void server_node::impl::device_gone(std::uint32_t id, const std::string& reason)
 }
 
 void server_node::impl::on_closed(const runtime::session_ptr& s, const std::string& why) {
+  if (s->role == core::tier::admin) return;  // an operator's request answered
   spdlog::log(ex_.stopping() ? spdlog::level::debug : spdlog::level::warn, "server: channel to {} closed: {}",
               s->identity, why);
   round_.channel_closed(s.get());
@@ -134,6 +139,7 @@ void server_node::impl::on_closed(const runtime::session_ptr& s, const std::stri
 
 void server_node::impl::on_message(const runtime::session_ptr& s, transport::message m) {
   const bool edge = s->role == core::tier::edge;
+  if (s->role == core::tier::admin) return desk_.on_message(s, m);
   switch (m.type()) {
     case wire::Body::Activations:
     case wire::Body::Gradients:

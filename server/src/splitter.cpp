@@ -273,6 +273,7 @@ transport::message_builder splitter::plan_message(std::uint32_t device, bool res
   p.edge_id = d.behind_edge ? d.via->id : 0;
   p.route = resplit ? *d.rs.next : d.rs.route;
   p.run_id = run_id_;
+  p.dataset = c_.dataset;
   const auto cut = cut_of(p.route, resplit ? &d.next_hops : &d.hops);
   if (std::any_of(cut.hops.begin(), cut.hops.end(), [](const auto& h) { return !(h == core::hop_codecs{}); }))
     p.hops = cut.hops;  // f32 everywhere: nothing to say (plans as before)

@@ -23,6 +23,7 @@ inline const device_costs& dev_of(const split_problem& p, int d) {
 inline double share_of(const split_problem& p, int d, core::tier t) {
   switch (t) {
     case core::tier::device:
+    case core::tier::admin:  // runs no blocks
       return 1.0;
     case core::tier::server:
       return static_cast<double>(p.devices.size());
@@ -42,6 +43,7 @@ inline const node_costs& node_of(const split_problem& p, int d, core::tier t) {
     case core::tier::edge:
       return p.edges[static_cast<std::size_t>(dev_of(p, d).edge)];
     case core::tier::server:
+    case core::tier::admin:  // runs no blocks
       break;
   }
   return p.server;

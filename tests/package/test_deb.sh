@@ -24,6 +24,8 @@ work=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # The nodes themselves (runuser's children) run as user cleave: nothing else of this test does.
+  pkill -u cleave 2>/dev/null || true
   if [ -n "$(dpkg-query -W -f='${db:Status-Status}' cleave 2>/dev/null | grep -v not-installed)" ]; then
     rm -rf /etc/cleave/certs /etc/cleave/device-1
     dpkg -P cleave >/dev/null 2>&1 || true
@@ -134,6 +136,35 @@ wait "$agent" || { cat "$work/agent.log"; fail "the agent failed"; }
 cat "$work/server.log"
 grep -q 'training finished' "$work/server.log" || fail "no 'training finished' in the server's log"
 [ "$(stat -c %U /var/lib/cleave/server.ckpt)" = cleave ] || fail "no checkpoint of user cleave in /var/lib/cleave"
+
+echo "== two jobs: a long-running server and an agent that stays, as the units run them"
+# The fleet's form of the same nodes: the server keeps jobs in /var/lib/cleave/jobs, the agent
+# stays up between runs; an operator's certificate of the admin role submits the jobs.
+/usr/bin/cleave certs issue admin --role admin --dir "$work/project/certs" >/dev/null
+job() { /usr/bin/cleave job --certs "$work/project/certs" --name admin --server "127.0.0.1:$port" "$@"; }
+printf 'rounds = 1\nlocal-steps = 5\nmin-devices = 1\n' >"$work/short.toml"
+as_cleave /etc/cleave --config /etc/cleave/server.toml server --listen "127.0.0.1:$port" \
+  --state /var/lib/cleave >"$work/jobs-server.log" 2>&1 &
+server=$!
+pids+=("$server")
+as_cleave /etc/cleave/device-1 --config /etc/cleave/device-1/agent.toml agent --stay >"$work/jobs-agent.log" 2>&1 &
+agent=$!
+pids+=("$agent")
+for _ in $(seq 100); do job list >/dev/null 2>&1 && break; sleep 0.2; done
+for n in 1 2; do
+  [ "$(job submit "$work/short.toml" 2>/dev/null)" = "$n" ] || { cat "$work/jobs-server.log"; fail "job $n not queued"; }
+  for _ in $(seq 600); do job status "$n" 2>/dev/null | grep -q ': done' && break; sleep 0.5; done
+  job status "$n" | grep -q ': done' || { cat "$work/jobs-server.log" "$work/jobs-agent.log"; fail "job $n not done"; }
+done
+job list
+kill -0 "$server" && kill -0 "$agent" || fail "a node did not stay up between the jobs"
+[ "$(stat -c %U /var/lib/cleave/jobs/2/model.ckpt)" = cleave ] ||
+  { ls -laR /var/lib/cleave; cat "$work/jobs-server.log"; fail "no checkpoint of job 2 of user cleave"; }
+# SIGTERM to the nodes themselves (user cleave's processes, runuser's children: runuser would pass
+# a signal of its own on and end with it), as systemctl stop sends it to the service's process.
+pkill -TERM -u cleave -x cleave
+wait "$server" || { cat "$work/jobs-server.log"; fail "the job server did not exit 0 on SIGTERM"; }
+wait "$agent" || { cat "$work/jobs-agent.log"; fail "the staying agent did not exit 0 on SIGTERM"; }
 
 echo "== dpkg -r"
 dpkg -r cleave

@@ -181,6 +181,10 @@ std::vector<std::pair<std::string, message_builder>> sample_messages() {
   // The transport carries the list's bytes; the node checks them against its CA.
   const std::uint8_t crl[] = {0x30, 0x03, 0x02, 0x01, 0x07};
   out.emplace_back("Revocations", protocol::make_revocations(crl));
+  protocol::admin_request ask{"submit", 0, "job.toml", {'r', 'o', 'u', 'n', 'd', 's', '=', '2', '\n'}, 0};
+  out.emplace_back("AdminRequest", protocol::make_admin_request(ask));
+  protocol::admin_reply answer{true, "job 3 queued", {}, 0, true, 3};
+  out.emplace_back("AdminReply", protocol::make_admin_reply(answer));
   return out;
 }
 

@@ -237,8 +237,9 @@ pem_paths issue_certificate(const fs::path& ca_dir, std::string_view name, const
 
   add_extension(cert.get(), ca.cert.get(), NID_basic_constraints, "critical,CA:FALSE");
   add_extension(cert.get(), ca.cert.get(), NID_key_usage, "critical,digitalSignature");
-  add_extension(cert.get(), ca.cert.get(), NID_ext_key_usage,
-                opts.role == core::tier::device ? "clientAuth" : "serverAuth,clientAuth");
+  add_extension(
+      cert.get(), ca.cert.get(), NID_ext_key_usage,
+      opts.role == core::tier::device || opts.role == core::tier::admin ? "clientAuth" : "serverAuth,clientAuth");
   add_extension(cert.get(), ca.cert.get(), NID_subject_key_identifier, "hash");
   add_extension(cert.get(), ca.cert.get(), NID_authority_key_identifier, "keyid:always");
   std::string san;

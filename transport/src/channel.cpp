@@ -160,7 +160,9 @@ void channel_impl::finish() {
     code = close_code_;
   }
   open_.store(false);
-  const auto level = (code == errc::closed) ? spdlog::level::info : spdlog::level::warn;
+  // An operator's request answered is routine; the links of the federation are worth a line.
+  const bool admin = stream_->peer_role() == core::tier::admin;
+  const auto level = code != errc::closed ? spdlog::level::warn : admin ? spdlog::level::debug : spdlog::level::info;
   logger()->log(level, "channel {} closed: {} (sent {} msgs / {} B, received {} msgs / {} B)", peer_label(*stream_),
                 reason, messages_sent_.load(), bytes_sent_.load(), messages_received_.load(), bytes_received_.load());
   wake_all();

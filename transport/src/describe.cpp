@@ -192,6 +192,17 @@ void body(std::string& s, const wire::Revocations* b) {
   add(s, "bytes", b->crl() ? b->crl()->size() : 0);
 }
 
+void body(std::string& s, const wire::AdminRequest* b) {
+  add_text(s, "action", b->action());
+  add(s, "job", b->job());
+}
+
+void body(std::string& s, const wire::AdminReply* b) {
+  add(s, "ok", b->ok() ? 1 : 0);
+  add(s, "job", b->job());
+  add(s, "bytes", b->data() ? b->data()->size() : 0);
+}
+
 void body(std::string& s, const wire::Ping* b) {
   add(s, "seq", b->sequence());
 }
@@ -223,7 +234,8 @@ std::string describe(const message& m) {
          describe_as<wire::GlobalWeights>(s, m) || describe_as<wire::Profile>(s, m) ||
          describe_as<wire::Migrate>(s, m) || describe_as<wire::Cutover>(s, m) || describe_as<wire::Ping>(s, m) ||
          describe_as<wire::Pong>(s, m) || describe_as<wire::Error>(s, m) || describe_as<wire::SecAgg>(s, m) ||
-         describe_as<wire::Revocations>(s, m));
+         describe_as<wire::Revocations>(s, m) || describe_as<wire::AdminRequest>(s, m) ||
+         describe_as<wire::AdminReply>(s, m));
   return s;
 }
 

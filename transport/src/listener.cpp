@@ -263,8 +263,9 @@ class listener_impl : public std::enable_shared_from_this<listener_impl> {
       refuse(stream->remote(), st.error().reason());
       co_return;
     }
-    logger()->info("accepted {} ({}) from {}", stream->peer_identity(),
-                   stream->peer_role() ? core::tier_name(*stream->peer_role()) : "no role", stream->remote());
+    logger()->log(stream->peer_role() == core::tier::admin ? spdlog::level::debug : spdlog::level::info,
+                  "accepted {} ({}) from {}", stream->peer_identity(),
+                  stream->peer_role() ? core::tier_name(*stream->peer_role()) : "no role", stream->remote());
     ++n_accepted_;
     if (closed_) co_return;
     ready_.push_back(start_channel(std::move(stream), opts_.channel));

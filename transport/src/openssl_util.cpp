@@ -99,7 +99,7 @@ std::string common_name(const X509* cert) {
 }
 
 std::optional<core::tier> certificate_role(const X509* cert) {
-  return core::tier_from_name(subject_entry(cert, NID_organizationalUnitName));
+  return core::role_from_name(subject_entry(cert, NID_organizationalUnitName));
 }
 
 std::optional<std::uint32_t> certificate_node_id(const X509* cert) {

@@ -76,8 +76,9 @@ class checker {
     return true;
   }
 
-  bool role(wire::Role r, const char* what) {
-    if (static_cast<unsigned>(r) > static_cast<unsigned>(wire::Role::MAX))
+  // A tier blocks run on (the admin role runs none: only a Hello may name it).
+  bool role(wire::Role r, const char* what, bool admin_allowed = false) {
+    if (static_cast<unsigned>(r) > static_cast<unsigned>(wire::Role::MAX) || (r == wire::Role::admin && !admin_allowed))
       return fail(std::string(what) + ": unknown role " + std::to_string(static_cast<unsigned>(r)));
     return true;
   }
@@ -192,7 +193,7 @@ class checker {
   }
 
   bool check(const wire::Hello& m) {
-    if (!role(m.role(), "hello") || !node(m.node_id(), "node id") || !string(m.name(), "name") ||
+    if (!role(m.role(), "hello", true) || !node(m.node_id(), "node id") || !string(m.name(), "name") ||
         !count(m.backends(), lim_.max_list, "backends") || !measure(m.gflops(), "gflops"))
       return false;
     if (m.backends())
@@ -361,9 +362,23 @@ class checker {
   bool check(const wire::Pong&) { return true; }
   bool check(const wire::Error& m) { return string(m.message(), "error text"); }
 
+  bool check(const wire::AdminRequest& m) {
+    return string(m.action(), "action") && string(m.text(), "text") && bytes(m.data(), "data");
+  }
+
+  bool check(const wire::AdminReply& m) { return string(m.text(), "text") && bytes(m.data(), "data"); }
+
  private:
   static constexpr std::uint32_t max_blob_bytes = 4096;  // a sealed pair of shares is 116
   static constexpr std::uint32_t max_crl_bytes = 8u << 20;  // about 200,000 revoked certificates
+  static constexpr std::uint32_t max_admin_bytes = 4u << 20;  // a job file, a piece of a log or model
+
+  bool bytes(const flatbuffers::Vector<std::uint8_t>* v, const char* what) {
+    if (v && v->size() > max_admin_bytes)
+      return fail(std::string(what) + " of " + std::to_string(v->size()) + " bytes (at most " +
+                  std::to_string(max_admin_bytes) + ")");
+    return true;
+  }
   const frame_limits& lim_;
   std::string reason_;
   std::uint32_t n_tensors_ = 0;
@@ -453,6 +468,12 @@ std::optional<std::string> check_message(const wire::Message& m, const frame_lim
       break;
     case wire::Body::Revocations:
       ok = check_body<wire::Revocations>(c, m, "Revocations");
+      break;
+    case wire::Body::AdminRequest:
+      ok = check_body<wire::AdminRequest>(c, m, "AdminRequest");
+      break;
+    case wire::Body::AdminReply:
+      ok = check_body<wire::AdminReply>(c, m, "AdminReply");
       break;
     case wire::Body::NONE:
     default:

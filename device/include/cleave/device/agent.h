@@ -35,6 +35,9 @@ struct agent_config : runtime::node_config {  // name: e.g. "device-1"
   // set, an app's own samples (a sensor, a camera); the shard below is picked from its labels
   // the same way either way.
   std::string data = "fashion-mnist";
+  // The name this device's data set goes by in jobs ("": `data` itself): a plan naming another
+  // data set is refused.
+  std::string data_name;
   std::shared_ptr<const core::data_source> source;
   // Which part of the training set this device holds: shard `shard` of `n_shards` under
   // `partition`, drawn with `partition_seed`.

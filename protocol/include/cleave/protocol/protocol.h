@@ -93,6 +93,7 @@ struct plan_desc {
   bool topk_feedback = false;
   bool secure_aggregation = false;  // device replicas go up masked (SecAgg), never in the clear
   bool resume = false;              // continues from the server's checkpoint (see wire::Plan)
+  std::string_view dataset;         // the data set the devices train on ("": any)
 };
 // A plan for one device.
 message_builder make_plan(const plan_desc& p);
@@ -236,6 +237,27 @@ struct leave_desc {
 message_builder make_leave(const leave_desc& l);
 // The federation CA's revocation list (DER) for the tiers below.
 message_builder make_revocations(std::span<const std::uint8_t> crl);
+
+// ---- operators (a long-running server's jobs) ----
+struct admin_request {
+  std::string action;  // submit, list, status, logs, cancel, download
+  std::uint64_t job = 0;
+  std::string text;                // submit: the job file's name
+  std::vector<std::uint8_t> data;  // submit: the job file
+  std::uint64_t offset = 0;        // logs, download: from this byte
+};
+struct admin_reply {
+  bool ok = false;
+  std::string text;  // for the operator, or why the request failed
+  std::vector<std::uint8_t> data;
+  std::uint64_t offset = 0;
+  bool done = true;  // logs, download: this piece is the file's last
+  std::uint64_t job = 0;
+};
+message_builder make_admin_request(const admin_request& r);
+message_builder make_admin_reply(const admin_reply& r);
+admin_request admin_request_of(const wire::AdminRequest& m);
+admin_reply admin_reply_of(const wire::AdminReply& m);
 
 // A copy of a received message, to pass it on unchanged.
 message_builder copy_of(const message& m);

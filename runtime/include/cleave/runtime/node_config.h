@@ -22,6 +22,9 @@ struct node_config {
   std::string metrics_token;        // what every /metrics request carries (beyond loopback: needed)
   bool metrics_public = false;      // beyond loopback without a token, knowingly
   std::uint64_t memory_budget = 0;  // bytes its blocks may use (0: from the machine)
+  // An agent or edge that stays up when the run ends: `cleave agent --stay` starts the node again
+  // for the next job of a long-running server, until a stop signal.
+  bool stay = false;
 };
 
 }  // namespace cleave::runtime

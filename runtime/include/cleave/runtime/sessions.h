@@ -179,6 +179,7 @@ class upstream {
   mutable std::mutex mu_;
   session_ptr cur_;
   int n_refused_ = 0;                                                          // in a row
+  bool waiting_for_job_ = false;  // the upstream said it runs no job (logged once)
   int n_unreachable_ = 0;                                                      // attempts in a row that reached nothing
   std::chrono::steady_clock::time_point unreachable_since_{}, next_report_{};  // the first of those, the next summary
   std::chrono::seconds report_every_{30};

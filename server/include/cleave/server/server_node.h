@@ -17,6 +17,7 @@
 #include "cleave/core/data_source.h"
 #include "cleave/core/model.h"
 #include "cleave/core/optimizer.h"
+#include "cleave/protocol/protocol.h"
 #include "cleave/runtime/node_config.h"
 #include "cleave/split/aggregator.h"
 #include "cleave/split/plan.h"
@@ -144,6 +145,17 @@ struct server_config : runtime::node_config {
   // /api/state); "" = none. Beyond loopback only with a token, which every request must then
   // carry (?token=TOKEN or Authorization: Bearer TOKEN); on loopback a token given is required too.
   std::string dashboard, dashboard_token;
+  // The name of the data set the devices train on, sent in every plan: a device holding another
+  // refuses the plan ("": whichever each holds).
+  std::string dataset;
+  // `cleave server --state DIR`: a long-running server (job_service) keeping its queue of jobs
+  // there; `--job FILE`: one run of a job file. The node itself reads neither.
+  std::filesystem::path state_dir, job_file;
+  // A long-running server's jobs (job_service): requests of certificates of the admin role,
+  // answered on the node's I/O thread. Unset: such certificates are refused.
+  std::function<protocol::admin_reply(const protocol::admin_request&, const std::string& who)> on_admin;
+  // ...and its jobs for the dashboard: a JSON array, one object per job (job_record's fields).
+  std::function<std::string()> jobs_state;
   std::function<void(const round_report&)> on_round;
   std::function<void(std::uint64_t round, int n_participants)> on_round_start;
   std::function<void(std::uint16_t port)> on_listening;
@@ -164,6 +176,7 @@ class server_node {
   // core::error on fatal problems (certificates, data, no devices joined in time).
   round_report run();
   void stop();  // thread-safe
+  void stop(const std::string& why);  // thread-safe: the reason logged and sent to every node
   // SIGINT and SIGTERM end run() cleanly; SIGHUP reloads the certificate, key, CA and revocation
   // list for new connections, closing those of peers now revoked (call before run()).
   void stop_on_signals();
