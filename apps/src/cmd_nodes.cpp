@@ -110,7 +110,7 @@ bool on_stop_signal(std::function<void()> stop) {
 // Runs a node built from c, and with c.stay a new one each time the run ends (the next job of a
 // long-running server), until a stop signal; nothing of one run is kept into the next.
 template <class Node, class C>
-void serve_runs(const C& c, const char* who) {
+void serve_runs(C c, const std::string& who) {
   keep_stop_signals_handled();
   for (int run = 1;; ++run) {
     {
@@ -119,6 +119,18 @@ void serve_runs(const C& c, const char* who) {
       if (!on_stop_signal([&node] { node.stop(); })) break;
       node.run();
       if (!on_stop_signal(nullptr) || !c.stay) break;
+      if constexpr (std::is_same_v<Node, device::agent>) {
+        // A job on another data set this device offers: the next run holds that one, and the
+        // one it held stays offered.
+        if (const std::string want = node.data_set_wanted(); !want.empty()) {
+          const std::string held = c.data_name.empty() ? c.data : c.data_name;
+          if (std::none_of(c.offers.begin(), c.offers.end(),
+                           [&](const std::string& o) { return o.rfind(held + "=", 0) == 0; }))
+            c.offers.push_back(held + "=" + c.data);
+          c.data_name = want.substr(0, want.find('='));
+          c.data = want.substr(want.find('=') + 1);
+        }
+      }
     }
     ::malloc_trim(0);  // what the run freed goes back to the system, not kept for the next job
     spdlog::info("{}: run {} ended; staying up for the next job", who, run);
@@ -162,12 +174,12 @@ void run_server(server::server_config c) {
 }
 
 void run_edge(edge::edge_config c) {
-  serve_runs<edge::edge_node>(c, c.name.c_str());
+  serve_runs<edge::edge_node>(c, c.name);
 }
 
 void run_agent(device::agent_config c) {
   if (c.name.empty()) c.name = "device-" + std::to_string(c.id);
-  serve_runs<device::agent>(c, c.name.c_str());
+  serve_runs<device::agent>(c, c.name);
 }
 
 // A node command: its options from its table, bound to settings that live as long as the app.

@@ -418,6 +418,10 @@ option_table<device::agent_config> make_agent_options() {
       "data-name", "NAME",
       "the name jobs know this device's data set by (default: --data); a plan naming another is refused",
       [](C & c) -> auto& { return c.data_name; }));
+  t.push_back(value<C>(
+      "offer", "NAME=DIR",
+      "another data set this device trains on when a job names it (repeatable; with --stay it then reloads)",
+      [](C & c) -> auto& { return c.offers; }));
   t.push_back(stay_option<C>());
   t.push_back(parsed<C>(
       "shard", "K/N", "K/N: this device holds shard K of N",

@@ -73,6 +73,9 @@ void agent::stop() {
 void agent::stop_on_signals() {
   impl_->stop_on_signals();
 }
+std::string agent::data_set_wanted() const {
+  return impl_->data_wanted_;
+}
 
 void agent::impl::post(transport::message_builder&& m) {
   if (c_.on_send) c_.on_send(m.frame());
@@ -148,40 +151,40 @@ void agent::impl::abandon(const std::string& why) {
 }
 
 void agent::impl::on_plan(const wire::Plan& p) {
+  // A plan it can never take ends the agent; with --stay it refuses this job's (the next may do).
+  const auto never = [this](const core::error& err) {
+    if (c_.stay) throw err;
+    ex_.post_io([this, e = std::make_exception_ptr(err)] { ex_.fail(e, "joining"); });
+  };
   const std::string json = p.model() ? p.model()->str() : "";
   if (json != model_.json) {
     auto m = core::parse_model_spec(json, "plan");
-    if (!(m.input == item_) || m.n_classes < n_classes_) {
-      const core::error misfit("the server's model takes " + m.input.str() + " inputs and " +
+    if (!(m.input == item_) || m.n_classes < n_classes_)
+      return never(core::error("the server's model takes " + m.input.str() + " inputs and " +
                                std::to_string(m.n_classes) + " classes; this device's data has " + item_.str() +
-                               " and " + std::to_string(n_classes_));
-      if (c_.stay) throw misfit;  // this job's plan refused; the next job may fit
-      auto e = std::make_exception_ptr(misfit);
-      ex_.post_io([this, e] { ex_.fail(e, "joining"); });
-      return;
-    }
+                               " and " + std::to_string(n_classes_)));
     model_ = std::move(m);
+  }
+  const std::string dataset = p.dataset() ? p.dataset()->str() : "";
+  if (c_.stay && !dataset.empty() && dataset != held_data_set(c_) && !offer_of(c_, dataset).empty()) {
+    data_wanted_ = offer_of(c_, dataset);  // another it offers: this run ends, the next holds it
+    ex_.post_io([this, dataset] { ex_.stop("the job trains on data set '" + dataset + "': loading it"); });
+    return;
   }
   const split::route route = protocol::route_for(p, c_.id, model_.n_blocks());
   const auto training = protocol::training_of(p);
   // Refused: the link drops with the reason, the agent stays up.
-  check_plan_policy(c_, model_, route,
-                    {training.opt, p.micro_batch_size(), memory_budget_, p.dataset() ? p.dataset()->str() : ""});
+  check_plan_policy(c_, model_, route, {training.opt, p.micro_batch_size(), memory_budget_, dataset});
   secure_plan_ = p.secure_aggregation();
   if ((c_.cut_gradient_noise >= 0 || c_.equalise_cut_gradients) && !route.u_shape() && !plan_)
     spdlog::warn(
         "device {}: --cut-gradient-noise and --equalise-cut-gradients protect labels in U-shaped plans only; here "
         "the server computes the loss",
         c_.id);
-  if (c_.secure_aggregation && !secure_plan_) {
-    const core::error clear(
-        "the server does not aggregate securely (its plan would have this device upload its "
-        "replicas in the clear), and this device runs with --secure-aggregation");
-    if (c_.stay) throw clear;  // this job's plan refused; the next job may aggregate securely
-    auto e = std::make_exception_ptr(clear);
-    ex_.post_io([this, e] { ex_.fail(e, "joining"); });
-    return;
-  }
+  if (c_.secure_aggregation && !secure_plan_)
+    return never(
+        core::error("the server does not aggregate securely (its plan would have this device upload its "
+                    "replicas in the clear), and this device runs with --secure-aggregation"));
   edge_id_ = 0;  // a device that reconnects directly has none
   for (const auto* dp : *p.devices())
     if (dp->device_id() == c_.id && dp->stages())
@@ -431,6 +434,7 @@ void agent::impl::send_profile(std::uint64_t step) {
 
 int agent::impl::run() {
   schedule_.emplace(c_.schedule, c_.name, ex_.who());  // configuration errors first
+  offer_of(c_, "");                                    // every --offer well formed
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   if (const auto bound = tls_->node_id(); !bound || *bound != c_.id)
     throw core::error("device id " + std::to_string(c_.id) + " does not match certificate '" + c_.name + "' (" +

@@ -29,6 +29,8 @@ class agent::impl {
   void stop() { ex_.stop("stopped"); }
   void stop_on_signals() { ex_.stop_on_signals(); }
 
+  std::string data_wanted_;  // "NAME=DIR" of an offered data set a job named (the run then ends)
+
  private:
   // ---- I/O thread ----
   void on_connected(const runtime::session_ptr& s);

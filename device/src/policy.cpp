@@ -13,11 +13,30 @@
 
 namespace cleave::device {
 
+std::string held_data_set(const agent_config& c) {
+  return c.data_name.empty() ? c.data : c.data_name;
+}
+
+std::string offer_of(const agent_config& c, const std::string& name) {
+  for (const auto& o : c.offers) {
+    const auto eq = o.find('=');
+    if (eq == 0 || eq == std::string::npos || eq + 1 == o.size())
+      throw core::error("--offer '" + o + "': expected NAME=DIR");
+    if (o.substr(0, eq) == name) return o;
+  }
+  return {};
+}
+
 void check_plan_policy(const agent_config& c, const core::model_spec& m, const split::route& r, const plan_terms& t) {
-  const std::string& held = c.data_name.empty() ? c.data : c.data_name;
+  const std::string held = held_data_set(c);
   if (!t.dataset.empty() && t.dataset != held)
     throw core::error("the plan trains on data set '" + t.dataset + "'; this device holds '" + held +
-                      "' (--data-name)");
+                      "' (--data-name) and offers " + (c.offers.empty() ? "no other (--offer)" : "only " + [&c] {
+                        std::string names;
+                        for (const auto& o : c.offers)
+                          names += (names.empty() ? "'" : ", '") + o.substr(0, o.find('=')) + "'";
+                        return names;
+                      }()));
   if (!c.allowed_models.empty()) {
     const std::string hash = privacy::sha256_hex(m.json);
     if (std::find(c.allowed_models.begin(), c.allowed_models.end(), hash) == c.allowed_models.end())

@@ -21,6 +21,11 @@ struct plan_terms {
 // Throws core::error naming the rule route r of model m (its spec as the plan carried it) breaks;
 // nothing of the plan is allocated before.
 void check_plan_policy(const agent_config& c, const core::model_spec& m, const split::route& r, const plan_terms& t);
+// The data set a device holds by name ("" when `c` names none), and the offer ("NAME=DIR") of
+// data set `name` among c.offers ("" when it offers none such). Throws core::error naming a
+// malformed offer.
+std::string held_data_set(const agent_config& c);
+std::string offer_of(const agent_config& c, const std::string& name);
 // Throws core::error when global weights of `round` hold a value that is not finite.
 void check_global_weights(std::uint64_t round, std::span<const float> params, std::span<const float> buffers);
 

@@ -125,7 +125,8 @@ TEST_CASE(
   node server(f.w, "server", f.server());
   REQUIRE_MESSAGE(server.wait_for("waiting for one on", 30), server.log());
   node edge(f.w, "edge", f.edge());
-  node a1(f.w, "agent-1", f.agent(1, false));
+  // Device 1 offers a second data set (the same files under another name).
+  node a1(f.w, "agent-1", f.agent(1, false, {"--offer", "digits2=" + f.w.data.string()}));
   node a2(f.w, "agent-2", f.agent(2, false));
   node a3(f.w, "agent-3", f.agent(3, true));
   // Device 4 trains mlp only.
@@ -212,6 +213,16 @@ TEST_CASE(
     CHECK_MESSAGE(f.status(3).find("3 devices") != std::string::npos, f.status(3));
     CHECK(a4.logged("is not one this device allows"));
 
+    // 4: a data set only device 1 offers: it reloads and trains alone; the others refuse.
+    const auto j4 = f.job({"submit", f.job_file("four.toml",
+                                                "model = \"mlp\"\nrounds = 1\nlocal-steps = 3\n"
+                                                "batch = 16\nmin-devices = 1\nno-adapt = true\n"
+                                                "dataset = \"digits2\"\n")});
+    REQUIRE_MESSAGE(j4.status == 0, j4.output);
+    REQUIRE_MESSAGE(f.wait_status(4, "done", 120), (f.status(4) + server.log()));
+    CHECK_MESSAGE(f.status(4).find(", 1 devices") != std::string::npos, f.status(4));
+    CHECK(a1.logged("the job trains on data set 'digits2': loading it"));
+    CHECK(a2.logged("this device holds 'digits' (--data-name) and offers no other (--offer)"));
     const std::string list = f.job({"list"}).output;
     CHECK(list.find("job 1 (one.toml): done") != std::string::npos);
     CHECK(list.find("job 2 (two.toml): cancelled") != std::string::npos);

@@ -36,8 +36,11 @@ struct agent_config : runtime::node_config {  // name: e.g. "device-1"
   // the same way either way.
   std::string data = "fashion-mnist";
   // The name this device's data set goes by in jobs ("": `data` itself): a plan naming another
-  // data set is refused.
+  // data set is refused, unless `offers` holds it ("NAME=DIR", more data sets this device trains
+  // on): with `stay`, the agent then ends this run to be started again on that one
+  // (data_set_wanted()).
   std::string data_name;
+  std::vector<std::string> offers;
   std::shared_ptr<const core::data_source> source;
   // Which part of the training set this device holds: shard `shard` of `n_shards` under
   // `partition`, drawn with `partition_seed`.
@@ -127,6 +130,9 @@ class agent {
   // SIGINT and SIGTERM end run() cleanly; SIGHUP reloads the certificate, key, CA and revocation
   // list for new connections, closing those of peers now revoked (call before run()).
   void stop_on_signals();
+  // After run(): the offered data set ("NAME=DIR") a job wanted instead of the one held, if
+  // that ended the run; "" otherwise.
+  std::string data_set_wanted() const;
 
  private:
   class impl;
