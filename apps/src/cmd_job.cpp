@@ -8,9 +8,7 @@
 #include <asio/use_future.hpp>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 #include "cleave/core/atomic_file.h"
@@ -87,17 +85,9 @@ protocol::admin_reply ask(const job_args& a, const protocol::admin_request& req)
   }
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw core::error("job file '" + path + "': cannot read it");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 void submit(const job_args& a) {
   protocol::admin_request req{"submit"};
-  const std::string text = read_file(a.file);
+  const std::string text = core::read_file(a.file);
   req.data.assign(text.begin(), text.end());
   req.text = std::filesystem::path(a.file).filename().string();
   const auto r = ask(a, req);

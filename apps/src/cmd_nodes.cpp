@@ -14,13 +14,12 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "cleave/backend/registry.h"
+#include "cleave/core/atomic_file.h"
 #include "cleave/device/agent.h"
 #include "cleave/edge/edge_node.h"
 #include "cleave/federation/local_federation.h"
@@ -138,11 +137,7 @@ void serve_runs(C c, const std::string& who) {
 }
 
 server::server_config job_file_settings(const server::server_config& c) {
-  std::ifstream in(c.job_file, std::ios::binary);
-  if (!in) throw core::error("job file '" + c.job_file.string() + "': cannot read it");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return job_settings(c, text.str(), c.job_file.string());
+  return job_settings(c, core::read_file(c.job_file), c.job_file.string());
 }
 
 void run_jobs(const server::server_config& c) {

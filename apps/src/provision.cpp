@@ -22,14 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_all(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw core::error("cannot read " + p.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 std::string date_of(std::chrono::system_clock::time_point t) {
   const std::time_t tt = std::chrono::system_clock::to_time_t(t);
   std::tm tm{};
@@ -167,10 +159,10 @@ std::vector<archive_entry> kit_entries(const project& p, const node_spec& n, con
   e.push_back({top + "/" + cmd + ".toml", config_of(p, n), 0644, false});
   e.push_back({top + "/certs", "", 0700, true});
   e.push_back({top + "/certs/" + std::string(transport::ca_cert_file),
-               read_all(p.certs / std::string(transport::ca_cert_file)), 0644, false});
-  e.push_back({top + "/certs/" + n.name + ".crt", read_all(p.certs / (n.name + ".crt")), 0644, false});
-  e.push_back({top + "/certs/" + n.name + ".key", read_all(p.certs / (n.name + ".key")), 0600, false});
-  if (has_crl) e.push_back({top + "/certs/" + std::string(transport::ca_crl_file), read_all(crl), 0644, false});
+               core::read_file(p.certs / std::string(transport::ca_cert_file)), 0644, false});
+  e.push_back({top + "/certs/" + n.name + ".crt", core::read_file(p.certs / (n.name + ".crt")), 0644, false});
+  e.push_back({top + "/certs/" + n.name + ".key", core::read_file(p.certs / (n.name + ".key")), 0600, false});
+  if (has_crl) e.push_back({top + "/certs/" + std::string(transport::ca_crl_file), core::read_file(crl), 0644, false});
   return e;
 }
 

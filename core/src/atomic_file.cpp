@@ -6,6 +6,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "cleave/core/error.h"
@@ -38,6 +40,14 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view b
     ::unlink(tmp.c_str());
     throw error("cannot write " + path.string() + ": " + std::strerror(err ? err : EIO));
   }
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw error("cannot read " + path.string());
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 }  // namespace cleave::core

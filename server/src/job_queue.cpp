@@ -2,9 +2,7 @@
 #include "cleave/server/job_queue.h"
 
 #include <chrono>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cleave/core/atomic_file.h"
 #include "cleave/core/error.h"
@@ -54,14 +52,6 @@ job_record from_json(const nlohmann::json& j) {
   return r;
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw core::error("cannot read '" + p.string() + "'");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 }  // namespace
 
 std::string jobs_json(const std::vector<job_record>& jobs) {
@@ -97,8 +87,15 @@ job_queue::job_queue(fs::path state_dir) : dir_(std::move(state_dir)) {
   for (const auto& e : fs::directory_iterator(dir_ / "jobs")) {
     const std::string name = e.path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    last_id_ = std::max<std::uint64_t>(last_id_, std::stoull(name));
+    const std::uint64_t id = std::stoull(name);
+    last_id_ = std::max(last_id_, id);
+    if (auto r = read(id)) records_.emplace(id, std::move(*r));
   }
+}
+
+void job_queue::store(const job_record& r) {
+  core::write_file_atomically(dir_of(r.id) / "job.json", to_json(r).dump(2) + "\n", 0640);
+  records_[r.id] = r;
 }
 
 fs::path job_queue::dir_of(std::uint64_t id) const {
@@ -106,7 +103,7 @@ fs::path job_queue::dir_of(std::uint64_t id) const {
 }
 
 std::string job_queue::text_of(std::uint64_t id) const {
-  return read_text(dir_of(id) / "job.toml");
+  return core::read_file(dir_of(id) / "job.toml");
 }
 
 std::uint64_t job_queue::submit(const std::string& text, const std::string& file, const std::string& who) {
@@ -122,8 +119,7 @@ std::uint64_t job_queue::submit(const std::string& text, const std::string& file
   r.file = file;
   r.submitted_by = who;
   r.submitted_at = unix_now();
-  // The record last: a job without one (a crash between the two writes) is never run.
-  core::write_file_atomically(d / "job.json", to_json(r).dump(2) + "\n", 0640);
+  store(r);  // the record last: a job without one (a crash between the two writes) is never run
   return id;
 }
 
@@ -131,7 +127,7 @@ std::optional<job_record> job_queue::read(std::uint64_t id) const {
   const auto p = dir_of(id) / "job.json";
   if (!fs::exists(p)) return std::nullopt;
   try {
-    return from_json(nlohmann::json::parse(read_text(p)));
+    return from_json(nlohmann::json::parse(core::read_file(p)));
   } catch (const std::exception& e) {
     throw core::error("job record '" + p.string() + "': " + e.what());
   }
@@ -140,14 +136,14 @@ std::optional<job_record> job_queue::read(std::uint64_t id) const {
 std::vector<job_record> job_queue::list() const {
   std::lock_guard lock(mu_);
   std::vector<job_record> out;
-  for (std::uint64_t id = 1; id <= last_id_; ++id)
-    if (auto r = read(id)) out.push_back(std::move(*r));
+  for (const auto& [id, r] : records_) out.push_back(r);
   return out;
 }
 
 std::optional<job_record> job_queue::find(std::uint64_t id) const {
   std::lock_guard lock(mu_);
-  return id <= last_id_ ? read(id) : std::nullopt;
+  const auto it = records_.find(id);
+  return it == records_.end() ? std::nullopt : std::optional<job_record>(it->second);
 }
 
 std::optional<job_record> job_queue::next() const {
@@ -161,17 +157,18 @@ std::optional<job_record> job_queue::next() const {
 
 void job_queue::update(const job_record& r) {
   std::lock_guard lock(mu_);
-  core::write_file_atomically(dir_of(r.id) / "job.json", to_json(r).dump(2) + "\n", 0640);
+  store(r);
 }
 
 bool job_queue::cancel_queued(std::uint64_t id, const std::string& who) {
   std::lock_guard lock(mu_);
-  auto r = id <= last_id_ ? read(id) : std::nullopt;
-  if (!r || r->state != job_state::queued) return false;
-  r->state = job_state::cancelled;
-  r->ended_at = unix_now();
-  r->message = "cancelled by " + who + " before it started";
-  core::write_file_atomically(dir_of(id) / "job.json", to_json(*r).dump(2) + "\n", 0640);
+  const auto it = records_.find(id);
+  if (it == records_.end() || it->second.state != job_state::queued) return false;
+  job_record r = it->second;
+  r.state = job_state::cancelled;
+  r.ended_at = unix_now();
+  r.message = "cancelled by " + who + " before it started";
+  store(r);
   return true;
 }
 

@@ -2,11 +2,13 @@
 // STATE/jobs/ID holding the job file as submitted (job.toml), its record (job.json: state, who
 // submitted it, when, how far it got), and what its run writes (checkpoints, the JSONL run log,
 // the log, the exported model). Every write is atomic, so a server killed at any point finds
-// each job as it last was: a running job is resumed, the queued ones follow in order.
+// each job as it last was: a running job is resumed, the queued ones follow in order. The
+// records are read once, when the queue opens; this process is their only writer after.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -51,11 +53,13 @@ class job_queue {
   const std::filesystem::path& state_dir() const { return dir_; }
 
  private:
-  std::optional<job_record> read(std::uint64_t id) const;
+  std::optional<job_record> read(std::uint64_t id) const;  // from its job.json
+  void store(const job_record& r);                         // to its job.json and records_ (mu_ held)
 
   std::filesystem::path dir_;
   mutable std::mutex mu_;
   std::uint64_t last_id_ = 0;
+  std::map<std::uint64_t, job_record> records_;  // every job with a record, by id
 };
 
 // The jobs as a JSON array (the dashboard's), one object per record.
