@@ -49,6 +49,8 @@ asio::awaitable<protocol::admin_reply> exchange(transport::tls_context tls, std:
   co_await ch->send(protocol::make_hello(h));
   auto first = co_await ch->receive();
   if (!first) throw unreachable("the server at " + a.server + " closed the channel: " + first.error().reason());
+  if (const auto* e = first->as<wire::Error>(); e && e->code() == wire::ErrorCode::shutting_down)
+    throw unreachable("the server at " + a.server + " is between jobs");  // its next listener comes
   if (const auto* e = first->as<wire::Error>())
     throw core::error("the server refused '" + a.name +
                       "': " + core::printable(e->message() ? e->message()->str() : ""));

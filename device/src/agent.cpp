@@ -56,6 +56,7 @@ agent::impl::impl(agent_config c) : c_(std::move(c)), ex_("device " + std::to_st
   for (const auto& h : c_.allowed_models)
     if (h.size() != 64 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
       throw core::error("--allow-model '" + h + "': expected a SHA-256 as 64 lowercase hex digits");
+  offer_of(c_, "");  // every --offer is NAME=DIR
   if (c_.min_device_blocks < 0) throw core::error("--min-device-blocks must be >= 0");
   if (c_.secagg_min_roster < 2)
     throw core::error("--secagg-min-roster " + std::to_string(c_.secagg_min_roster) +
@@ -434,7 +435,6 @@ void agent::impl::send_profile(std::uint64_t step) {
 
 int agent::impl::run() {
   schedule_.emplace(c_.schedule, c_.name, ex_.who());  // configuration errors first
-  offer_of(c_, "");                                    // every --offer well formed
   tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
   if (const auto bound = tls_->node_id(); !bound || *bound != c_.id)
     throw core::error("device id " + std::to_string(c_.id) + " does not match certificate '" + c_.name + "' (" +

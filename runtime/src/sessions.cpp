@@ -76,6 +76,11 @@ asio::awaitable<void> acceptor::accept_loop() {
 asio::awaitable<void> acceptor::serve(session_ptr s) {
   auto first = co_await s->ch.receive();
   if (!first) co_return;
+  if (closing_) {  // accepted as the node stopped: shutdown() has already closed the sessions it had
+    s->post(transport::make_error(wire::ErrorCode::shutting_down, "this node is stopping"));
+    co_await s->ch.close();
+    co_return;
+  }
   std::string refused;
   const char* reason = "revoked";
   try {
@@ -181,6 +186,7 @@ void acceptor::send_revocations() const {
 }
 
 asio::awaitable<void> acceptor::shutdown() {
+  closing_ = true;
   listener_.close();
   const auto all = sessions_;
   sessions_.clear();

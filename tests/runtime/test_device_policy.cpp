@@ -108,4 +108,11 @@ TEST_CASE("a device refuses a plan outside its own policy, sends nothing of its 
     ac.allowed_models = {"abc"};
     CHECK_THROWS_WITH_AS(device::agent{ac}, doctest::Contains("--allow-model 'abc': expected a SHA-256"), core::error);
   }
+  SUBCASE("a malformed --offer is refused at start") {
+    device::agent_config ac = agent_cfg(w, 1, 1, be, "server");
+    for (const char* bad : {"digits", "=dir", "digits="}) {
+      ac.offers = {bad};
+      CHECK_THROWS_WITH_AS(device::agent{ac}, doctest::Contains("': expected NAME=DIR"), core::error);
+    }
+  }
 }

@@ -120,6 +120,7 @@ class acceptor {
   transport::listener listener_;
   handlers h_;
   std::list<session_ptr> sessions_;
+  bool closing_ = false;  // shutdown() began: a session that comes after is closed, not admitted
   // Bytes of each peer's closed sessions (sent, received), so that its totals never go back.
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> closed_bytes_;
 };
