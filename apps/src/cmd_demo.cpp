@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "cleave/backend/registry.h"
+#include "cleave/core/clock.h"
 #include "cleave/device/agent.h"
 #include "cleave/federation/local_federation.h"
 #include "cleave/metrics/registry.h"
@@ -661,7 +662,7 @@ void run_demo(demo_options o) {
   spdlog::info("demo: certificates for the CA, server, {}device-1..{} in {}",
                o.edges ? fmt::format("edge-1..{}, ", o.edges) : std::string(), o.devices, p.certs.string());
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);  // idle OpenMP threads sleep
-  const double started_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double started_at = core::unix_now();
   const time_to_target adaptive = summarise(o, p, started_at, run_nodes(o, p, false));
   // Sequential mode keeps its cuts (the splitter plans SplitFed rounds): a second run would be the same.
   if (!o.no_emulation && o.server.adaptive && !o.no_compare && o.server.mode != server::training_mode::sequential)

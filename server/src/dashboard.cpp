@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cleave/backend/registry.h"
+#include "cleave/core/clock.h"
 #include "cleave/metrics/exporter.h"
 #include "publisher.h"
 
@@ -90,7 +91,13 @@ nlohmann::json publisher::board() const {
               {"edges", edges},
               {"devices", board_devices()},
               {"links", links},
-              {"history", history_}};
+              {"local_steps", c.local_steps},
+              {"batch", c.batch},
+              {"started_at", started_at_},
+              {"now", core::unix_now()},
+              {"history", history_},
+              {"cuts", board_cuts()},
+              {"cuts_total", v_.plans.cut_events().empty() ? 0 : v_.plans.cut_events().back().n}};
   if (c.jobs_state) out["jobs"] = json::parse(c.jobs_state());  // a long-running server's queue
   return out;
 }
@@ -100,6 +107,7 @@ nlohmann::json publisher::board_devices() const {
   json devices = json::array();
   for (const auto& [id, d] : v_.members.all()) {
     json segments = json::array();
+    const auto pace = v_.now.pace_of(id);
     for (int s = 0; s < d.rs.route.n_segments(); ++s)
       segments.push_back({{"tier", core::tier_name(d.rs.route.path[static_cast<std::size_t>(s)])},
                           {"begin", d.rs.route.begin(s)},
@@ -113,9 +121,32 @@ nlohmann::json publisher::board_devices() const {
                        {"joined_round", d.joined_round},
                        {"moved_round", d.moved_round},
                        {"training", v_.now.member(id) && !v_.now.done(id)},
+                       {"state", !d.connected         ? "offline"
+                                 : !v_.now.member(id) ? "waiting"
+                                 : v_.now.done(id)    ? "done"
+                                                      : "training"},
+                       {"steps", pace.steps},
+                       {"step_seconds", pace.step_seconds},
                        {"predicted_step_seconds", predicted_.count(id) ? predicted_.at(id) : 0.0}});
   }
   return devices;
+}
+
+nlohmann::json publisher::board_cuts() const {
+  nlohmann::json cuts = nlohmann::json::array();
+  const auto& events = v_.plans.cut_events();
+  const std::size_t from = events.size() > max_board_cuts ? events.size() - max_board_cuts : 0;
+  for (std::size_t i = from; i < events.size(); ++i) {
+    const auto& e = events[i];
+    cuts.push_back({{"at", e.at},
+                    {"device", e.device},
+                    {"from", e.from},
+                    {"to", e.to},
+                    {"why", e.why.text},
+                    {"step_before", e.why.step_before},
+                    {"step_after", e.why.step_after}});
+  }
+  return cuts;
 }
 
 nlohmann::json publisher::board_links() const {

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cleave/core/atomic_file.h"
+#include "cleave/core/clock.h"
 #include "cleave/core/error.h"
 
 namespace cleave::server {
@@ -76,10 +77,6 @@ std::string_view job_state_name(job_state s) {
   return "?";
 }
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 job_queue::job_queue(fs::path state_dir) : dir_(std::move(state_dir)) {
   std::error_code ec;
   fs::create_directories(dir_ / "jobs", ec);
@@ -118,7 +115,7 @@ std::uint64_t job_queue::submit(const std::string& text, const std::string& file
   r.id = id;
   r.file = file;
   r.submitted_by = who;
-  r.submitted_at = unix_now();
+  r.submitted_at = core::unix_now();
   store(r);  // the record last: a job without one (a crash between the two writes) is never run
   return id;
 }
@@ -166,7 +163,7 @@ bool job_queue::cancel_queued(std::uint64_t id, const std::string& who) {
   if (it == records_.end() || it->second.state != job_state::queued) return false;
   job_record r = it->second;
   r.state = job_state::cancelled;
-  r.ended_at = unix_now();
+  r.ended_at = core::unix_now();
   r.message = "cancelled by " + who + " before it started";
   store(r);
   return true;

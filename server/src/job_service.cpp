@@ -14,6 +14,7 @@
 
 #include "admin_desk.h"
 #include "cleave/core/checkpoint.h"
+#include "cleave/core/clock.h"
 #include "cleave/core/error.h"
 #include "cleave/core/model.h"
 #include "cleave/core/safetensors.h"
@@ -208,7 +209,7 @@ void job_service::impl::run_job(job_record rec) {
     cfg = c_.settings_for(queue_.text_of(rec.id), rec.file);
   } catch (const std::exception& e) {
     rec.state = job_state::failed;
-    rec.ended_at = unix_now();
+    rec.ended_at = core::unix_now();
     rec.message = e.what();
     queue_.update(rec);
     spdlog::error("server: job {} failed: {}", rec.id, e.what());
@@ -231,7 +232,7 @@ void job_service::impl::run_job(job_record rec) {
   const bool resumed = rec.state == job_state::running;
   rec.state = job_state::running;
   rec.rounds = static_cast<std::uint64_t>(cfg.rounds);
-  if (!resumed) rec.started_at = unix_now();
+  if (!resumed) rec.started_at = core::unix_now();
   queue_.update(rec);
   sink_->open(dir / "log");
   spdlog::info("server: job {} ({}, submitted by {}) {}", rec.id, rec.file, rec.submitted_by,
@@ -268,7 +269,7 @@ void job_service::impl::finish_job(job_record& rec, const std::string& checkpoin
     by = cancelled_by_;
     stopping = stopping_;
   }
-  rec.ended_at = unix_now();
+  rec.ended_at = core::unix_now();
   if (!failure.empty()) {
     rec.state = job_state::failed;
     rec.message = failure;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <map>
 
+#include "cleave/core/clock.h"
 #include "cleave/metrics/exporter.h"
 
 namespace cleave::server {
@@ -15,6 +16,7 @@ namespace cleave::server {
 void publisher::open(std::string backend, std::int64_t test_size) {
   backend_ = std::move(backend);
   test_size_ = test_size;
+  started_at_ = core::unix_now();
   const auto& c = v_.c;
   if (!c.run_log.empty()) {
     run_log_.open(c.run_log, std::ios::app);
@@ -129,17 +131,21 @@ void publisher::observe(const round_report& rep) {
     predicted_[id] = predicted;
     devices.push_back({{"id", id}, {"route", route}, {"predicted_step_seconds", predicted}});
   }
-  history_.push_back({{"round", rep.round},
-                      {"train_loss", rep.train_loss},
-                      {"train_accuracy", rep.train_accuracy},
-                      {"evaluated", rep.evaluated},
-                      {"test_loss", rep.test_loss},
-                      {"test_accuracy", rep.test_accuracy},
-                      {"step_seconds", rep.step_seconds},
-                      {"predicted_step_seconds", rep.predicted_step_seconds},
-                      {"devices", rep.n_devices},
-                      {"resplits", rep.n_resplits},
-                      {"seconds", rep.seconds}});
+  history_.push_back(
+      {{"round", rep.round},
+       {"train_loss", rep.train_loss},
+       {"train_accuracy", rep.train_accuracy},
+       {"evaluated", rep.evaluated},
+       {"test_loss", rep.test_loss},
+       {"test_accuracy", rep.test_accuracy},
+       {"step_seconds", rep.step_seconds},
+       {"predicted_step_seconds", rep.predicted_step_seconds},
+       {"devices", rep.n_devices},
+       {"resplits", rep.n_resplits},
+       {"seconds", rep.seconds},
+       {"at", core::unix_now()},
+       {"samples_per_second",
+        rep.seconds > 0 ? static_cast<double>(rep.n_devices) * v_.c.local_steps * v_.c.batch / rep.seconds : 0.0}});
   if (!run_log_.is_open()) return;
   run_log_ << log_line(rep, std::move(devices)).dump() << '\n';
   run_log_.flush();
@@ -172,8 +178,7 @@ nlohmann::json publisher::log_line(const round_report& rep, nlohmann::json devic
           {"resplits", rep.n_resplits},
           {"planner_seconds", rep.planner_seconds},
           {"refusals", v_.ex.metrics().value("cleave_refusals_total", {{"reason", "upload"}})},
-          {"started_at",
-           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() - rep.seconds},
+          {"started_at", core::unix_now() - rep.seconds},
           {"resident_bytes", metrics::resident_bytes()},
           {"routes", std::move(devices)}};
 }

@@ -49,6 +49,8 @@ class publisher {
   nlohmann::json board() const;
   nlohmann::json board_devices() const;
   nlohmann::json board_links() const;  // the server's own, then those below the edges
+  nlohmann::json board_cuts() const;   // the newest re-splits, oldest first
+  static constexpr std::size_t max_board_cuts = 1000;
   nlohmann::json log_line(const round_report& rep, nlohmann::json devices);
 
   view v_;
@@ -57,6 +59,7 @@ class publisher {
   std::int64_t test_size_ = 0;
   std::ofstream run_log_;
   std::vector<nlohmann::json> history_;        // one row per round closed, for the dashboard's curves
+  double started_at_ = 0;                      // Unix seconds when the run opened
   std::map<std::uint32_t, double> predicted_;  // the cost model's step of each device last round
   std::mutex board_mu_;
   std::string board_cache_ = "{}";

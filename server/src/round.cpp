@@ -41,6 +41,7 @@ asio::awaitable<void> round::open(std::uint64_t number, float lr, const global_m
   attempt_ = number_ == number ? attempt_ + 1 : 1;
   number_ = number;
   t0_ = clock::now();
+  paces_.clear();
   lr_ = lr;
   routes_.clear();
   participants_.clear();
@@ -141,8 +142,12 @@ asio::awaitable<void> round::collect(clock::time_point deadline, clock::duration
 void round::heard_from(std::uint32_t dev, std::uint64_t step, bool resplit) {
   if (resplit) ++n_resplits_;
   if (at_ == round_phase::collecting && members_.count(dev) &&
-      step / static_cast<std::uint64_t>(c_.local_steps) == number_)
+      step / static_cast<std::uint64_t>(c_.local_steps) == number_) {
     heard_[dev] = clock::now();
+    auto& [steps, last] = paces_[dev];
+    steps = std::max(steps, static_cast<std::uint32_t>(step % static_cast<std::uint64_t>(c_.local_steps)) + 1);
+    last = heard_[dev];
+  }
 }
 
 asio::awaitable<bool> round::run(std::uint64_t number, float lr, global_model& g) {
@@ -271,9 +276,19 @@ bool round::takes_step(std::uint32_t dev, std::uint64_t step, std::uint32_t atte
   // Not of a round closed, of an attempt at it that is over, or of a device counted out.
   const bool in = at_ == round_phase::collecting && members_.count(dev) && !uploads_.is_done(dev) &&
                   step / static_cast<std::uint64_t>(c_.local_steps) == number_ && attempt == attempt_;
-  if (in) heard_[dev] = clock::now();
+  if (in) heard_from(dev, step);
   if (in && device_activation) uploads_.saw(dev);
   return in;
+}
+
+round::pace round::pace_of(std::uint32_t id) const {
+  pace p;
+  if (const auto it = paces_.find(id); it != paces_.end()) {
+    const auto& [steps, last] = it->second;
+    p = {steps, std::chrono::duration<double>(last - t0_).count() / steps};
+  }
+  if (uploads_.is_done(id)) p.steps = static_cast<std::uint32_t>(c_.local_steps);
+  return p;
 }
 
 void round::add_loss(std::uint64_t number, double loss, std::int64_t n, std::uint64_t correct) {

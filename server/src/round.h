@@ -111,7 +111,8 @@ class round {
   bool takes_step(std::uint32_t dev, std::uint64_t step, std::uint32_t attempt, bool device_activation = false);
   // A sign of device `dev`'s work at global step `step` (a profile, or a cut-over to a new plan:
   // `resplit`, counted while the round collects): in SplitFed mode a member that shows none for a
-  // quarter of the deadline (at least 10 s: runtime::silence_allowed) is counted out.
+  // quarter of the deadline (at least 10 s: runtime::silence_allowed) is counted out. It also
+  // tells how far the device is in the round (pace_of).
   void heard_from(std::uint32_t dev, std::uint64_t step, bool resplit = false);
   // The loss of samples computed here, in round `number`.
   void add_loss(std::uint64_t number, double loss, std::int64_t n, std::uint64_t correct);
@@ -126,6 +127,13 @@ class round {
     return at_ == round_phase::collecting && number == number_ && attempt == attempt_;
   }
   void planner_ran(double seconds) { planner_s_ = std::max(planner_s_, seconds); }
+  // How far member `id` is in the round (or was in the last): the steps it showed and their mean
+  // time since the round started (0: none yet).
+  struct pace {
+    std::uint32_t steps = 0;
+    double step_seconds = 0;
+  };
+  pace pace_of(std::uint32_t id) const;
 
  private:
   asio::awaitable<void> open(std::uint64_t number, float lr, const global_model& g);
@@ -154,6 +162,7 @@ class round {
   std::vector<std::uint32_t> participants_;  // asked to train
   std::set<std::uint32_t> members_;          // asked to train and still counted
   std::map<std::uint32_t, clock::time_point> heard_;  // the last sign of each member's work
+  std::map<std::uint32_t, std::pair<std::uint32_t, clock::time_point>> paces_;  // steps shown, and when the last
   double train_seconds_ = 0;
   std::unique_ptr<split::aggregator> avg_;
   runtime::upload_collector uploads_;

@@ -205,7 +205,7 @@ void server_node::impl::on_step(const runtime::session_ptr& s, transport::messag
     d.last_step = step;
     if (c_.force_route && !d.rs.next && c_.mode == training_mode::splitfed)
       if (auto r = c_.force_route(dev, step, d.rs.route); r && !(*r == d.rs.route))
-        plans_.propose(dev, *r, d.hops, "forced");
+        plans_.propose(dev, *r, d.hops, {"forced"});
   }
   auto held = std::make_shared<transport::message>(std::move(m));
   const core::tier from = d.behind_edge ? core::tier::edge : core::tier::device;

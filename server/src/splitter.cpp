@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include "cleave/core/clock.h"
+
 namespace cleave::server {
 
 namespace {
@@ -67,7 +69,7 @@ std::vector<split::route_choice> splitter::running_choices(
 }
 
 void splitter::propose(std::uint32_t device, const split::route& r, const std::vector<core::hop_codecs>& hops,
-                       const std::string& why) {
+                       const move_why& why) {
   auto& d = *members_.find(device);
   if (d.rs.next || !d.connected) return;
   if (in_round_ && in_round_() && split::takes_off_device(d.rs.route, r)) {
@@ -75,7 +77,7 @@ void splitter::propose(std::uint32_t device, const split::route& r, const std::v
       spdlog::info(
           "server: re-split of device {} ({}) to {} waits for the next round (blocks leave a device only "
           "between rounds under secure aggregation)",
-          device, why, r.str());
+          device, why.text, r.str());
     deferred_[device] = {r, hops, why};
     return;
   }
@@ -84,9 +86,11 @@ void splitter::propose(std::uint32_t device, const split::route& r, const std::v
   d.rs.announce(r, ++epoch_);
   d.next_hops = hops;
   const std::string codecs_after = codecs_text(cut_of(r, &d.next_hops).hops);
-  spdlog::info("server: re-split device {} ({}): {} -> {}{} (plan {})", device, why, d.rs.route.str(), r.str(),
+  spdlog::info("server: re-split device {} ({}): {} -> {}{} (plan {})", device, why.text, d.rs.route.str(), r.str(),
                codecs_before == codecs_after ? std::string() : ", codecs " + codecs_before + " -> " + codecs_after,
                d.rs.next_epoch);
+  if (cuts_.size() == max_cut_events) cuts_.pop_front();
+  cuts_.push_back({++n_cuts_, core::unix_now(), device, d.rs.route.str(), r.str(), why});
   d.via->post(plan_message(device, true));
 }
 
@@ -94,7 +98,8 @@ void splitter::release_deferred() {
   auto moves = std::move(deferred_);
   deferred_.clear();
   for (const auto& [id, m] : moves)
-    if (const auto* d = members_.find(id); d && d->connected) propose(id, m.to, m.hops, m.why + ", at the round's end");
+    if (const auto* d = members_.find(id); d && d->connected)
+      propose(id, m.to, m.hops, {m.why.text + ", at the round's end", m.why.step_before, m.why.step_after});
 }
 
 split::route splitter::cut_over(device_state& d, std::uint32_t epoch, std::uint64_t step, std::uint64_t round,
@@ -225,7 +230,8 @@ double splitter::maybe_replan(const std::string& why, const std::list<runtime::s
     spdlog::info("server: re-plan ({}): {}", why, plan.decision.reason);
     for (const auto& m : plan.moves)
       propose(devs[m.device].id, m.to, m.hops,
-              fmt::format("its step {:.1f} -> {:.1f} ms", m.now_seconds * 1e3, m.next_seconds * 1e3));
+              {fmt::format("its step {:.1f} -> {:.1f} ms", m.now_seconds * 1e3, m.next_seconds * 1e3), m.now_seconds,
+               m.next_seconds});
   }
   return plan.planner_seconds;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <map>
@@ -21,6 +22,23 @@
 #include "membership.h"
 
 namespace cleave::server {
+
+// Why a device is to move: for the log, and the cost model's step of the device on its route
+// and on the new one (0: not priced, as for a forced move).
+struct move_why {
+  std::string text;
+  double step_before = 0, step_after = 0;
+};
+
+// A re-split announced (the n-th of the run): when (Unix seconds), of which device, from and to
+// which route, and why.
+struct cut_event {
+  std::uint64_t n = 0;
+  double at = 0;
+  std::uint32_t device = 0;
+  std::string from, to;
+  move_why why;
+};
 
 class splitter {
  public:
@@ -56,7 +74,10 @@ class splitter {
   // aggregation), a route that takes blocks off the device waits for the next round's opening
   // (release_deferred): a device's in-round state never reaches another tier in the clear.
   void propose(std::uint32_t device, const split::route& r, const std::vector<core::hop_codecs>& hops,
-               const std::string& why);
+               const move_why& why);
+  // The re-splits announced, oldest first (the newest max_cut_events).
+  const std::deque<cut_event>& cut_events() const { return cuts_; }
+  static constexpr std::size_t max_cut_events = 4096;
   void defer_off_device_moves_while(std::function<bool()> in_round) { in_round_ = std::move(in_round); }
   void release_deferred();
   // Device d cut over at `step` to its announced plan (epoch) in round `round` (`leg`: during it);
@@ -100,9 +121,11 @@ class splitter {
   struct deferred_move {
     split::route to;
     std::vector<core::hop_codecs> hops;
-    std::string why;
+    move_why why;
   };
   std::map<std::uint32_t, deferred_move> deferred_;
+  std::deque<cut_event> cuts_;
+  std::uint64_t n_cuts_ = 0;
 };
 
 }  // namespace cleave::server

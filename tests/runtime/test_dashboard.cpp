@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "../support/chromium.h"
 #include "../support/error_of.h"
 #include "cleave/transport/listener.h"
 #include "federation.h"
@@ -22,28 +23,6 @@ using namespace cleave;
 using namespace cleave::testing;
 
 namespace {
-
-std::string find_chromium() {
-  for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"})
-    if (::access(p, X_OK) == 0) return p;
-  return {};
-}
-
-// Runs the browser headless on `url` with `mode` (--dump-dom, --screenshot=FILE); its stdout.
-std::string chromium(const std::string& browser, const fs::path& profile, const std::string& mode,
-                     const std::string& url) {
-  const std::string cmd = browser +
-                          " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run"
-                          " --hide-scrollbars --window-size=1400,1100 --user-data-dir='" +
-                          profile.string() + "' " + mode + " '" + url + "' 2>/dev/null";
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  CHECK(::pclose(p) == 0);
-  return out;
-}
 
 struct shown_device {
   std::string route;
@@ -55,7 +34,7 @@ struct shown_device {
 std::map<int, shown_device> devices_in(const std::string& dom) {
   std::map<int, shown_device> out;
   static const std::regex row(
-      R"re(<tr class="device" data-device="(\d+)" data-route="([^"]*)" data-connected="([01])">([\s\S]*?)</tr>)re");
+      R"re(<tr class="device" data-device="(\d+)" data-route="([^"]*)" data-connected="([01])"[^>]*>([\s\S]*?)</tr>)re");
   static const std::regex block(R"re(class="block [a-z]+-tier" data-block="\d+" data-tier="([a-z]+)")re");
   for (auto it = std::sregex_iterator(dom.begin(), dom.end(), row); it != std::sregex_iterator(); ++it) {
     auto& d = out[std::stoi((*it)[1])];
@@ -71,12 +50,7 @@ std::map<int, shown_device> devices_in(const std::string& dom) {
 }  // namespace
 
 TEST_CASE("the dashboard in headless Chromium shows every device, the round and each device's planned route") {
-  const std::string browser = find_chromium();
-  if (browser.empty()) {
-    if (std::getenv("CLEAVE_REQUIRE_BROWSER")) FAIL("Chromium is not installed (/usr/bin/chromium)");
-    MESSAGE("skipped: no Chromium");
-    std::exit(77);
-  }
+  const std::string browser = require_chromium();
   const std::string be = test_backend();
   workspace w("dashboard", 3, 1024, 256);
   const std::uint16_t dash = transport::free_loopback_port();

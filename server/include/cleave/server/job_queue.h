@@ -65,7 +65,4 @@ class job_queue {
 // The jobs as a JSON array (the dashboard's), one object per record.
 std::string jobs_json(const std::vector<job_record>& jobs);
 
-// Seconds since the Unix epoch, now.
-double unix_now();
-
 }  // namespace cleave::server
