@@ -12,4 +12,6 @@ jobs=$(nproc 2>/dev/null || echo 2)
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # setup.sh installs Chromium: the dashboard test must not skip for want of it.
 export CLEAVE_REQUIRE_BROWSER=1
+# ...and Prometheus's promtool (the prometheus package), which lints every node's /metrics.
+export CLEAVE_REQUIRE_PROMTOOL=1
 ctest --test-dir "$root/build" --output-on-failure -j "$jobs" "$@"

@@ -4,7 +4,10 @@
 #include <doctest/doctest.h>
 #include <httplib.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <map>
@@ -13,6 +16,7 @@
 #include <sstream>
 
 #include "../support/error_of.h"
+#include "../support/run_cleave.h"
 #include "cleave/metrics/exporter.h"
 #include "cleave/metrics/registry.h"
 #include "cleave/runtime/node_metrics.h"
@@ -56,6 +60,12 @@ scrape parse_exposition(const std::string& text) {
     }
   }
   return s;
+}
+
+std::string find_promtool() {
+  for (const char* p : {"/usr/bin/promtool", "/usr/local/bin/promtool"})
+    if (::access(p, X_OK) == 0) return p;
+  return {};
 }
 
 std::string get_metrics(std::uint16_t port) {
@@ -177,9 +187,10 @@ TEST_CASE(
     "log has one line per round") {
   const std::string be = test_backend();
   workspace w("metrics", 2, 1024, 256);
-  const auto metrics_ports = transport::free_loopback_ports(2);
+  const auto metrics_ports = transport::free_loopback_ports(3);
   const std::uint16_t server_metrics = metrics_ports[0];
   const std::uint16_t agent_metrics = metrics_ports[1];
+  const std::uint16_t edge_metrics = metrics_ports[2];
   auto sc = server_cfg(w, be);
   sc.rounds = 4;
   sc.local_steps = 30;
@@ -201,7 +212,7 @@ TEST_CASE(
     srv.run();
   });
   const std::uint16_t p = port.get_future().get();
-  auto edge = start_edge(w, be, p);
+  auto edge = start_edge(w, be, p, [&](edge::edge_config& ec) { ec.metrics = std::to_string(edge_metrics); });
   auto a1 = agent_cfg(w, 1, edge.port, be, "edge-1");
   a1.metrics = "127.0.0.1:" + std::to_string(agent_metrics);
   device::agent d1(a1);
@@ -211,10 +222,13 @@ TEST_CASE(
 
   // Scrape both while it trains, until the server has finished (its endpoint then closes).
   std::vector<scrape> server_scrapes, agent_scrapes;
+  std::map<std::string, std::string> texts;  // node -> its last scrape, for promtool
   while (!finished) {
-    const std::string s = get_metrics(server_metrics), a = get_metrics(agent_metrics);
+    const std::string s = get_metrics(server_metrics), a = get_metrics(agent_metrics), e = get_metrics(edge_metrics);
     if (!s.empty()) server_scrapes.push_back(parse_exposition(s));
     if (!a.empty()) agent_scrapes.push_back(parse_exposition(a));
+    for (const auto& [node, text] : {std::pair{"server", s}, {"agent", a}, {"edge", e}})
+      if (!text.empty()) texts[node] = text;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   CHECK(get_metrics(server_metrics).empty());
@@ -227,6 +241,22 @@ TEST_CASE(
   REQUIRE(reports.size() == 4);
   REQUIRE(server_scrapes.size() >= 2);
   REQUIRE(agent_scrapes.size() >= 2);
+  REQUIRE(texts.size() == 3);
+
+  // Prometheus's own linter on every node's exposition (Debian's prometheus package; the test
+  // script requires it, elsewhere this part is skipped without it).
+  if (const std::string promtool = find_promtool(); !promtool.empty()) {
+    for (const auto& [node, text] : texts) {
+      const fs::path file = w.dir / (node + ".prom");
+      std::ofstream(file) << text;
+      const auto lint = run_program("/bin/sh", {"-c", promtool + " check metrics < '" + file.string() + "' 2>&1"});
+      CHECK_MESSAGE(lint.status == 0, node << ": promtool check metrics: " << lint.output);
+    }
+  } else if (std::getenv("CLEAVE_REQUIRE_PROMTOOL")) {
+    FAIL("promtool is not installed (Debian's prometheus package)");
+  } else {
+    MESSAGE("promtool not installed: its check of the expositions is left out");
+  }
 
   // Types, and counters never going back between scrapes.
   for (const auto* scrapes : {&server_scrapes, &agent_scrapes})
