@@ -208,17 +208,37 @@ def read_labels(path):
 
 
 def load_test_split(directory):
+    """The test images scaled to [0,1], their labels, and the training split's per-channel mean
+    and standard deviation computed here (to check the exported model's metadata against)."""
     train = read_images(idx_file(directory, "train-images-idx3-ubyte")).float() * (1.0 / 255.0)
     test = read_images(idx_file(directory, "t10k-images-idx3-ubyte")).float() * (1.0 / 255.0)
     labels = read_labels(idx_file(directory, "t10k-labels-idx1-ubyte"))
-    x = torch.empty(test.shape, dtype=torch.float32)
+    means, stds = [], []
     for ch in range(train.shape[1]):
         v = train[:, ch].double()
         mean = v.mean().item()
         var = (v * v).mean().item() - mean * mean
-        std = math.sqrt(max(1e-12, var))
-        x[:, ch] = ((test[:, ch].double() - mean) / std).float()
-    return x, labels
+        means.append(mean)
+        stds.append(math.sqrt(max(1e-12, var)))
+    return test, labels, means, stds
+
+
+def normalised(test, meta, means, stds):
+    """The test images normalised as the exported model's metadata says its inputs were in
+    training; the metadata must be there and agree with the statistics computed here."""
+    if "input_mean" not in meta or "input_std" not in meta:
+        raise SystemExit("export_check: the exported model carries no input_mean/input_std metadata")
+    mean, std = json.loads(meta["input_mean"]), json.loads(meta["input_std"])
+    if len(mean) != test.shape[1] or len(std) != test.shape[1]:
+        raise SystemExit(f"export_check: input_mean {mean} / input_std {std} for {test.shape[1]} channels")
+    for ch in range(test.shape[1]):
+        if abs(mean[ch] - means[ch]) > 1e-5 or abs(std[ch] / stds[ch] - 1) > 1e-5:
+            raise SystemExit(f"export_check: channel {ch}: metadata mean {mean[ch]} std {std[ch]}, "
+                             f"the training split's {means[ch]} {stds[ch]}")
+    x = torch.empty(test.shape, dtype=torch.float32)
+    for ch in range(test.shape[1]):
+        x[:, ch] = ((test[:, ch].double() - mean[ch]) / std[ch]).float()
+    return x
 
 
 def write_synthetic(directory, n_train=600, n_test=200, classes=10, seed=3):
@@ -276,7 +296,7 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     data = a.data or write_synthetic(os.path.join(a.work, "data"))
     data_dir = FASHION_MNIST if data == "fashion-mnist" else data
-    x, y = load_test_split(data_dir)
+    raw, y, means, stds = load_test_split(data_dir)
     classes = int(max(y.max().item(), read_labels(idx_file(data_dir, "train-labels-idx1-ubyte")).max().item())) + 1
     torch.manual_seed(0)
 
@@ -302,6 +322,7 @@ def main():
                 "safetensors.torch reads other tensors"
         except ImportError:
             pass
+        x = normalised(raw, meta, means, stds)
         model = ZOO[name](tuple(x.shape[1:]), classes)
         model.load_state_dict(state, strict=True)
         t_loss, t_acc = torch_eval(model, x, y)

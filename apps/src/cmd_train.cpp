@@ -153,7 +153,9 @@ void run_train(const train_options& o) {
     const auto ev = t.evaluate(data.test);
     spdlog::info("epoch {}/{}: train loss {:.4f}, test loss {:.4f}, test accuracy {:.4f} ({} images), {}", e + 1,
                  o.epochs, last.loss, ev.loss, ev.accuracy, ev.n, format_rate(last.images_per_s));
-    core::save_checkpoint(ckpt, core::capture(t.model_stage(), t.opt(), o.seed, e + 1));
+    auto ck = core::capture(t.model_stage(), t.opt(), o.seed, e + 1);
+    ck.meta = data.train.input_normalisation();  // for the model exported from it
+    core::save_checkpoint(ckpt, ck);
     spdlog::info("saved checkpoint {}", ckpt);
   }
 }

@@ -1,6 +1,7 @@
 // IDX reading (through zlib, which also reads uncompressed files), normalisation, ordering.
 #include "cleave/core/dataset.h"
 
+#include <fmt/format.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -158,6 +159,18 @@ void dataset::gather(const std::int64_t* idx, std::int64_t n, float* x_out, std:
     }
     y_out[i] = y[s];
   }
+}
+
+std::map<std::string, std::string> dataset::input_normalisation() const {
+  // table[c * 256 + p] = (p / 255 - mean_c) / stdev_c: its ends give both.
+  std::string mean = "[", stdev = "[";
+  for (std::size_t c = 0; c * 256 < table.size(); ++c) {
+    const double lo = table[c * 256], hi = table[c * 256 + 255];
+    const double s = 1.0 / (hi - lo);
+    mean += fmt::format("{}{:.9g}", c ? "," : "", -lo * s);
+    stdev += fmt::format("{}{:.9g}", c ? "," : "", s);
+  }
+  return {{"input_mean", mean + "]"}, {"input_std", stdev + "]"}};
 }
 
 dataset dataset::subset(std::span<const std::int64_t> idx) const {

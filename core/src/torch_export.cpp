@@ -97,6 +97,9 @@ torch_state torch_state_dict(const checkpoint& c, const model_spec& m, const std
                   {"epoch", std::to_string(c.epoch)},
                   {"step", std::to_string(c.step)},
                   {"seed", std::to_string(c.seed)}};
+  // How its inputs were normalised in training, where the checkpoint says.
+  for (const char* key : {"input_mean", "input_std"})
+    if (const auto it = c.meta.find(key); it != c.meta.end()) out.metadata[key] = it->second;
   return out;
 }
 

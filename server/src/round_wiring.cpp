@@ -120,6 +120,7 @@ asio::awaitable<void> server_node::impl::wiring::closed(const round_report& rep,
   meta["run_id"] = std::to_string(s_.run_id_);
   meta["test_accuracy"] = std::to_string(rep.test_accuracy);
   meta["test_loss"] = std::to_string(rep.test_loss);
+  meta.merge(s_.test_->input_normalisation());  // for the model exported from it
   // Named, not a temporary in the co_await expression (g++ 12 destroys those twice).
   auto save = [this, r = rep.round, routes, meta = std::move(meta)] {
     core::checkpoint ck =

@@ -161,6 +161,10 @@ TEST_CASE(
   CHECK(same("layer2.0.bn2.weight", "p:4.body.4.weight"));
   CHECK(same("fc.bias", "p:7.bias"));
   CHECK(st.metadata.at("step") == std::to_string(2 * 2));  // rounds x local steps
+  // How the inputs were normalised: the training split's statistics, as every node used them.
+  const auto norm = core::load_dataset(w.data.string()).train.input_normalisation();
+  CHECK(st.metadata.at("input_mean").get<std::string>() == norm.at("input_mean"));
+  CHECK(st.metadata.at("input_std").get<std::string>() == norm.at("input_std"));
 }
 
 TEST_CASE("--eval-every and --eval-samples: skipped rounds say so, subsets are fixed, the last round sees all") {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,11 @@ class data_source {
                                const augment_config& a, std::uint64_t seed, std::int64_t epoch) const;
   // What the logs call it.
   virtual std::string describe() const { return "data source"; }
+  // How a raw input becomes one of these samples, for the users of a model trained on them: the
+  // metadata an exported model carries, text by name ("input_mean", "input_std": JSON arrays of
+  // the per-channel mean and standard deviation the pixel values, scaled to [0,1], are
+  // normalised with). None when the source does not say.
+  virtual std::map<std::string, std::string> input_normalisation() const { return {}; }
 };
 
 // Checks what a source says of itself (a positive shape of 3 dims, classes >= 1, labels in

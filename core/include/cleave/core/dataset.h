@@ -32,6 +32,7 @@ struct dataset : data_source {
   int class_count() const override { return n_classes; }
   std::vector<std::int32_t> labels() const override { return y; }
   std::string describe() const override { return name; }
+  std::map<std::string, std::string> input_normalisation() const override;
   void fetch(const std::int64_t* idx, std::int64_t n, float* x_out, std::int32_t* y_out) const override {
     gather(idx, n, x_out, y_out);
   }
