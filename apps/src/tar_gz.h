@@ -1,5 +1,5 @@
-// Writing startup kits: a POSIX ustar archive compressed with zlib's gzip (written to disk with
-// core::write_file_atomically).
+// Writing startup kits: a POSIX ustar archive compressed with gzip, by libarchive (written to
+// disk with core::write_file_atomically).
 #pragma once
 
 #include <ctime>
@@ -21,8 +21,9 @@ struct archive_entry {
 inline constexpr const char* archive_owner = "cleave";
 
 // A gzip-compressed ustar archive of `entries`, in order, every one stamped `mtime`. Throws
-// core::error for a path ustar cannot hold (over 255 bytes, or no split into a 155-byte prefix
-// and a 100-byte name) or a failure of zlib (naming the call).
+// core::error for a bad path (absolute, or with an empty, "." or ".." part), one ustar cannot
+// hold (over 255 bytes, or no split into a 155-byte prefix and a 100-byte name) or any other
+// failure of libarchive (naming the call).
 std::string tar_gz(const std::vector<archive_entry>& entries, std::time_t mtime);
 
 }  // namespace cleave::apps
