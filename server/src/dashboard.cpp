@@ -25,18 +25,18 @@ std::string script_safe(std::string json) {
 
 }  // namespace
 
+std::string dashboard_page(const std::string& state) {
+  // The first state comes with the page: it shows the federation before any script polls.
+  std::string html = dashboard_html;
+  static const std::string slot = "__CLEAVE_STATE__";
+  if (const auto at = html.find(slot); at != std::string::npos) html.replace(at, slot.size(), script_safe(state));
+  return html;
+}
+
 void publisher::open_dashboard() {
   const auto& c = v_.c;
   std::vector<metrics::page> pages{
-      {"/", "text/html; charset=utf-8",
-       [this] {
-         // The first state comes with the page: it shows the federation before any script polls.
-         std::string html = dashboard_html;
-         static const std::string slot = "__CLEAVE_STATE__";
-         if (const auto at = html.find(slot); at != std::string::npos)
-           html.replace(at, slot.size(), script_safe(dashboard_state()));
-         return html;
-       }},
+      {"/", "text/html; charset=utf-8", [this] { return dashboard_page(dashboard_state()); }},
       {"/api/state", "application/json", [this] { return dashboard_state(); }},
   };
   metrics::http_options o{"--dashboard", c.dashboard_token};

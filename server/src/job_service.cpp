@@ -19,8 +19,10 @@
 #include "cleave/core/model.h"
 #include "cleave/core/safetensors.h"
 #include "cleave/core/torch_export.h"
+#include "cleave/metrics/exporter.h"
 #include "cleave/runtime/executors.h"
 #include "cleave/runtime/sessions.h"
+#include "publisher.h"
 
 namespace cleave::server {
 
@@ -62,7 +64,8 @@ class job_log_sink : public spdlog::sinks::base_sink<std::mutex> {
 // the next job at once instead of polling.
 class lobby {
  public:
-  lobby(const server_config& c, const admin_handler& h) : c_(c), desk_(h), ex_("server") {}
+  lobby(const server_config& c, const admin_handler& h, std::function<std::string()> jobs)
+      : c_(c), desk_(h), jobs_(std::move(jobs)), ex_("server") {}
 
   void run(const std::function<void(std::uint16_t)>& on_port) {
     tls_.emplace(transport::tls_files_in(c_.certs, c_.name));
@@ -78,6 +81,7 @@ class lobby {
                                                   [](const runtime::session_ptr&, const std::string&) {}});
     on_port(acceptor_->port());
     if (!c_.metrics.empty()) ex_.serve_metrics(c_, [] { return std::string(); });
+    if (!c_.dashboard.empty()) open_dashboard();
     ex_.on_reload([this] { runtime::reload_credentials(ex_, *tls_, &*acceptor_, nullptr); });
     ex_.on_shutdown([this](std::string why) -> asio::awaitable<void> {
       for (const auto& s : acceptor_->sessions())
@@ -90,8 +94,72 @@ class lobby {
   void stop(const std::string& why) { ex_.stop(why); }
 
  private:
+  // The dashboard between jobs: the queue, and the edges and devices waiting for the next job.
+  void open_dashboard() {
+    std::vector<metrics::page> pages{{"/", "text/html; charset=utf-8", [this] { return dashboard_page(state()); }},
+                                     {"/api/state", "application/json", [this] { return state(); }}};
+    ex_.serve_pages(c_.dashboard, std::move(pages), metrics::http_options{"--dashboard", c_.dashboard_token});
+  }
+  std::string state() {
+    auto made = std::make_shared<std::string>();
+    if (ex_.run_on_io([this, made] { *made = board().dump(); }, std::chrono::seconds(1))) return *made;
+    return board_without_sessions().dump();  // a stopping node
+  }
+  nlohmann::json board_without_sessions() const {
+    using nlohmann::json;
+    const double now = core::unix_now();
+    return {{"server", c_.name},
+            {"model", ""},
+            {"params", 0},
+            {"mode", ""},
+            {"u_shape", false},
+            {"adaptive", false},
+            {"backend", ""},
+            {"run_id", ""},
+            {"rounds", 0},
+            {"round", 0},
+            {"current_round", 0},
+            {"phase", "between jobs"},
+            {"devices_connected", 0},
+            {"blocks", json::array()},
+            {"edges", json::array()},
+            {"devices", json::array()},
+            {"links", json::array()},
+            {"local_steps", 0},
+            {"batch", 0},
+            {"started_at", now},
+            {"now", now},
+            {"history", json::array()},
+            {"cuts", json::array()},
+            {"cuts_total", 0},
+            {"jobs", json::parse(jobs_())}};
+  }
+  nlohmann::json board() const {  // on the I/O thread
+    auto out = board_without_sessions();
+    for (const auto& s : acceptor_->sessions()) {
+      if (s->role == core::tier::edge) out["edges"].push_back({{"name", s->identity}, {"connected", true}});
+      if (s->role != core::tier::device) continue;
+      out["devices"].push_back({{"id", s->id},
+                                {"name", s->identity},
+                                {"connected", true},
+                                {"via", c_.name},
+                                {"route", ""},
+                                {"segments", nlohmann::json::array()},
+                                {"joined_round", 0},
+                                {"moved_round", 0},
+                                {"training", false},
+                                {"state", "waiting"},
+                                {"steps", 0},
+                                {"step_seconds", 0.0},
+                                {"predicted_step_seconds", 0.0}});
+    }
+    out["devices_connected"] = out["devices"].size();
+    return out;
+  }
+
   const server_config& c_;
   admin_desk desk_;
+  std::function<std::string()> jobs_;
   runtime::executors ex_;
   std::optional<transport::tls_context> tls_;
   std::optional<runtime::acceptor> acceptor_;
@@ -193,7 +261,7 @@ void job_service::impl::run() {
 void job_service::impl::run_lobby() {
   auto node = c_.node;
   node.port = port_.load();
-  lobby l(node, handler_);
+  lobby l(node, handler_, [this] { return jobs_json(queue_.list()); });
   if (!attach([&l](const std::string& why) { l.stop(why); })) return;
   if (queue_.next()) return;  // submitted in between
   l.run([this](std::uint16_t p) {

@@ -19,6 +19,10 @@
 
 namespace cleave::server {
 
+// The dashboard's page (dashboard/index.html) with its first state, a JSON object as
+// /api/state gives it.
+std::string dashboard_page(const std::string& state);
+
 class publisher {
  public:
   // What it reads, all on the I/O thread (the acceptor once it listens).

@@ -163,6 +163,27 @@ TEST_CASE(
     REQUIRE_MESSAGE(broken.status == 0, broken.output);
     REQUIRE_MESSAGE(f.wait_status(1, "failed", 60), (f.status(1) + server.log()));
     CHECK(server.alive());
+    // Between jobs the dashboard shows the queue and who waits for the next job.
+    httplib::Client dash("127.0.0.1", f.dashboard_port);
+    nlohmann::json board;
+    for (int i = 0; i < 100; ++i) {
+      if (const auto res = dash.Get("/api/state"); res && res->status == 200) {
+        board = nlohmann::json::parse(res->body);
+        if (board["phase"] == "between jobs" && board["jobs"].size() == 1 && board["devices"].size() == 2 &&
+            board["edges"].size() == 1)
+          break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    INFO(board.dump());
+    CHECK(board["phase"] == "between jobs");
+    REQUIRE(board["jobs"].size() == 1);
+    CHECK(board["jobs"][0]["state"] == "failed");
+    CHECK(board["devices"].size() == 2);  // devices 1 and 2; 3 and 4 wait behind the edge
+    CHECK(board["edges"].size() == 1);
+    const auto page = dash.Get("/");
+    REQUIRE(page);
+    CHECK(page->body.find("\"phase\":\"between jobs\"") != std::string::npos);
     CHECK(server.logged("server: admin admin: submit"));
   }
 
