@@ -166,7 +166,8 @@ TEST_CASE(
     // Between jobs the dashboard shows the queue and who waits for the next job.
     httplib::Client dash("127.0.0.1", f.dashboard_port);
     nlohmann::json board;
-    for (int i = 0; i < 100; ++i) {
+    // Up to 30 s: the devices come back after the backoff the failed job's start gave them.
+    for (int i = 0; i < 300; ++i) {
       if (const auto res = dash.Get("/api/state"); res && res->status == 200) {
         board = nlohmann::json::parse(res->body);
         if (board["phase"] == "between jobs" && board["jobs"].size() == 1 && board["devices"].size() == 2 &&
