@@ -1,7 +1,6 @@
 // The state directory of a long-running server: one directory per job, its record as JSON.
 #include "cleave/server/job_queue.h"
 
-#include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "cleave/core/atomic_file.h"

@@ -105,53 +105,25 @@ class lobby {
     if (ex_.run_on_io([this, made] { *made = board().dump(); }, std::chrono::seconds(1))) return *made;
     return board_without_sessions().dump();  // a stopping node
   }
+  // What there is between jobs; the page fills in the rest of a job's state.
   nlohmann::json board_without_sessions() const {
-    using nlohmann::json;
     const double now = core::unix_now();
     return {{"server", c_.name},
-            {"model", ""},
-            {"params", 0},
-            {"mode", ""},
-            {"u_shape", false},
-            {"adaptive", false},
-            {"backend", ""},
-            {"run_id", ""},
-            {"rounds", 0},
-            {"round", 0},
-            {"current_round", 0},
             {"phase", "between jobs"},
-            {"devices_connected", 0},
-            {"blocks", json::array()},
-            {"edges", json::array()},
-            {"devices", json::array()},
-            {"links", json::array()},
-            {"local_steps", 0},
-            {"batch", 0},
             {"started_at", now},
             {"now", now},
-            {"history", json::array()},
-            {"cuts", json::array()},
-            {"cuts_total", 0},
-            {"jobs", json::parse(jobs_())}};
+            {"edges", nlohmann::json::array()},
+            {"devices", nlohmann::json::array()},
+            {"devices_connected", 0},
+            {"jobs", nlohmann::json::parse(jobs_())}};
   }
   nlohmann::json board() const {  // on the I/O thread
     auto out = board_without_sessions();
     for (const auto& s : acceptor_->sessions()) {
       if (s->role == core::tier::edge) out["edges"].push_back({{"name", s->identity}, {"connected", true}});
       if (s->role != core::tier::device) continue;
-      out["devices"].push_back({{"id", s->id},
-                                {"name", s->identity},
-                                {"connected", true},
-                                {"via", c_.name},
-                                {"route", ""},
-                                {"segments", nlohmann::json::array()},
-                                {"joined_round", 0},
-                                {"moved_round", 0},
-                                {"training", false},
-                                {"state", "waiting"},
-                                {"steps", 0},
-                                {"step_seconds", 0.0},
-                                {"predicted_step_seconds", 0.0}});
+      out["devices"].push_back(
+          {{"id", s->id}, {"name", s->identity}, {"connected", true}, {"via", c_.name}, {"state", "waiting"}});
     }
     out["devices_connected"] = out["devices"].size();
     return out;

@@ -4,8 +4,6 @@
 #include <doctest/doctest.h>
 #include <httplib.h>
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -15,6 +13,7 @@
 #include <regex>
 #include <sstream>
 
+#include "../support/chromium.h"
 #include "../support/error_of.h"
 #include "../support/run_cleave.h"
 #include "cleave/metrics/exporter.h"
@@ -60,12 +59,6 @@ scrape parse_exposition(const std::string& text) {
     }
   }
   return s;
-}
-
-std::string find_promtool() {
-  for (const char* p : {"/usr/bin/promtool", "/usr/local/bin/promtool"})
-    if (::access(p, X_OK) == 0) return p;
-  return {};
 }
 
 std::string get_metrics(std::uint16_t port) {
@@ -245,7 +238,8 @@ TEST_CASE(
 
   // Prometheus's own linter on every node's exposition (Debian's prometheus package; the test
   // script requires it, elsewhere this part is skipped without it).
-  if (const std::string promtool = find_promtool(); !promtool.empty()) {
+  if (const std::string promtool = first_executable({"/usr/bin/promtool", "/usr/local/bin/promtool"});
+      !promtool.empty()) {
     for (const auto& [node, text] : texts) {
       const fs::path file = w.dir / (node + ".prom");
       std::ofstream(file) << text;

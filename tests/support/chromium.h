@@ -1,6 +1,6 @@
 // Headless Chromium for the dashboard's browser tests: found at its Debian path, or the test is
 // skipped (exit 77) unless CLEAVE_REQUIRE_BROWSER is set (the test script sets it: there
-// Chromium is installed).
+// Chromium is installed). Also: the first of a few paths that is a program (promtool's too).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -9,14 +9,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <string>
 
 namespace cleave::testing {
 
-inline std::string find_chromium() {
-  for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"})
+// The first of `paths` that is an executable file ("": none).
+inline std::string first_executable(std::initializer_list<const char*> paths) {
+  for (const char* p : paths)
     if (::access(p, X_OK) == 0) return p;
   return {};
+}
+
+inline std::string find_chromium() {
+  return first_executable({"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"});
 }
 
 // The browser's path; without one, a failure or a skip.
