@@ -237,10 +237,13 @@ TEST_CASE(
 
     // 4: a data set only device 1 offers: it reloads and trains alone; the others refuse.
     const auto j4 = f.job({"submit", f.job_file("four.toml",
-                                                "model = \"mlp\"\nrounds = 1\nlocal-steps = 3\n"
+                                                "model = \"mlp\"\nrounds = 8\nlocal-steps = 3\n"
                                                 "batch = 16\nmin-devices = 1\nno-adapt = true\n"
                                                 "dataset = \"digits2\"\n")});
     REQUIRE_MESSAGE(j4.status == 0, j4.output);
+    // Device 2 is refused once it is back from the previous job's end: the job runs 8 rounds, so
+    // that it is still running then (1 round could end before that).
+    a2.wait_for("this device holds 'digits' (--data-name) and offers no other (--offer)", 30);
     REQUIRE_MESSAGE(f.wait_status(4, "done", 120), (f.status(4) + server.log()));
     CHECK_MESSAGE(f.status(4).find(", 1 devices") != std::string::npos, f.status(4));
     CHECK(a1.logged("the job trains on data set 'digits2': loading it"));
